@@ -1,0 +1,31 @@
+# make demo   create the environment if missing, run the main job on embedded defaults
+# make test   create the environment if missing, run every test tier
+# make bench  benchmarks (ratios against in-run baselines)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hvdtrain-env
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="-m 'not e2e'"
+PYTEST_ARGS ?=
+
+.PHONY: env demo test bench clean check-build
+env: $(STAMP)
+
+$(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/hvdtrain demo configs/demo.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+check-build: $(STAMP)
+	$(VENV)/bin/horovodrun --check-build
+
+clean:
+	rm -rf work .pytest_cache

@@ -1,0 +1,277 @@
+"""The ETL job: a Hive table (or files) to validated, tokenized TFRecord shards + manifest.
+
+Entry points, all running :func:`run`:
+
+    spark-submit etl/job.py --config configs/job.yaml            # cluster or local
+    python -m etl.job --config configs/demo.yaml --master local[2]
+    hvdtrain etl configs/demo.yaml                               # local, via this module
+
+Stages: read -> validate (quarantine rejects) -> split by key hash -> learn
+vocabulary on train -> tokenize + write shards in Spark tasks -> publish
+(move shards, write manifest last).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import platform
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo importable
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import hvdtrain
+from hvdtrain import config as config_mod
+from hvdtrain import fs, manifest
+from hvdtrain.config import SPLITS, JobConfig
+from hvdtrain.errors import DataError, HvdtrainError
+
+log = logging.getLogger("hvdtrain.etl")
+
+
+class StageTimer:
+    """Wall time per stage, for the log and the report."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        log.info("etl: %s ...", name)
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 2)
+        log.info("etl: %s done in %.1fs", name, self.seconds[name])
+
+
+def check_output(cfg: JobConfig) -> None:
+    """Refuse to clobber a published dataset unless asked; clear a dead run's staging."""
+    out = cfg.etl.output
+    if not fs.exists(out):
+        return
+    names = [n for n in fs.listdir(out) if n != "_staging"]
+    if manifest.MANIFEST_NAME in names and not cfg.etl.overwrite:
+        raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
+                        "(or etl.overwrite=true) to replace it, or choose another etl.output")
+    if names and manifest.MANIFEST_NAME not in names and not cfg.etl.overwrite:
+        raise DataError(f"etl.output {out} is not empty and holds no manifest ({', '.join(names[:5])}); "
+                        "pass --overwrite to replace it, or choose an empty folder")
+
+
+def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
+    """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
+    from pyspark import StorageLevel
+
+    from etl import sources, split as split_mod, validate, writer
+
+    timer = StageTimer()
+    check_output(cfg)
+    run_id = uuid.uuid4().hex[:12]
+    staging = fs.join(cfg.etl.output, "_staging", run_id)
+    try:
+        with timer.stage("read"):
+            raw = sources.read(spark, cfg)
+        with timer.stage("validate"):
+            checked = validate.run(raw, cfg)
+            rows = split_mod.add_split(checked.valid, cfg.etl.splits).persist(StorageLevel.MEMORY_AND_DISK)
+            labels = split_mod.label_list(rows)
+            rows = validate.reject_unknown_labels(rows, labels, checked)
+            counts = split_mod.count_by_split(rows)
+            validate.write_rejects(checked, fs.join(staging, "rejects"))
+        if counts.get("train", 0) == 0:
+            raise DataError(f"no valid training rows in {sources.describe(cfg)} "
+                            f"(rows in: {checked.rows_in}, rejected: {checked.rejected_total}); see the rejects")
+        with timer.stage("vocabulary"):
+            tok = _tokenizer(rows, cfg)
+        with timer.stage("tokenize and write shards"):
+            plan = writer.plan_shards(counts, cfg.etl.max_length, cfg.etl.target_shard_mb,
+                                      cfg.etl.min_shards_per_split)
+            results = _write_shards(rows, labels, tok.to_str(), plan, staging, cfg)
+        rows.unpersist()
+        with timer.stage("publish"):
+            report = _publish(cfg, staging, plan, results, labels, tok, checked, counts, timer)
+    except BaseException:
+        _clean(staging)
+        raise
+    _clean(fs.join(cfg.etl.output, "_staging"))
+    return report
+
+
+def _tokenizer(rows: Any, cfg: JobConfig):
+    from etl import text, writer
+
+    if cfg.etl.vocab_file:
+        lines = fs.read_bytes(cfg.etl.vocab_file).decode("utf-8").splitlines()
+        try:
+            return text.from_vocab(lines, cfg.etl.lowercase, cfg.etl.max_length)
+        except ValueError as exc:
+            raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
+    texts = (r.text for r in rows.where("split = 'train'").select("text").toLocalIterator())
+    return text.learn(texts, cfg.etl.vocab_size, cfg.etl.lowercase, cfg.etl.max_length)
+
+
+def _write_shards(rows: Any, labels: list[str], tokenizer_json: str, plan: Any, staging: str,
+                  cfg: JobConfig) -> list[dict]:
+    from functools import partial
+
+    from etl import writer
+
+    label_index = {name: i for i, name in enumerate(labels)}
+    offsets = {s: plan.offset(s) for s in SPLITS}
+    counts = dict(plan.counts)
+    # Partition = shard: (split offset + a hash of the key), rows sorted by key inside it,
+    # so shard contents are the same on every rerun, whatever the input partitioning.
+    keyed = (rows.select("split", "key", "text", "label").rdd
+             .map(lambda r: ((offsets[r.split] + _stable_shard(r.key, counts[r.split]), r.key),
+                             (r.text, label_index[r.label]))))
+    ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
+    task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
+                   compression=cfg.etl.compression)
+    return ordered.mapPartitionsWithIndex(task).collect()
+
+
+def _stable_shard(key: str, count: int) -> int:
+    import zlib
+
+    return zlib.crc32(key.encode("utf-8")[::-1]) % count
+
+
+def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], labels: list[str], tok: Any,
+             checked: Any, counts: dict[str, int], timer: StageTimer) -> dict[str, Any]:
+    from etl import text, writer
+
+    out = cfg.etl.output
+    written = {s: sum(r["records"] for r in results if r["split"] == s) for s in SPLITS}
+    if written != {s: counts.get(s, 0) for s in SPLITS}:
+        raise DataError(f"shard record counts {written} differ from the validated rows {counts}; "
+                        "a task lost records: nothing was published")
+    if cfg.etl.overwrite and fs.exists(out):
+        fs.delete(manifest.manifest_uri(out))  # readers stop seeing the old dataset first
+        for name in fs.listdir(out):
+            if name != "_staging":
+                fs.delete(fs.join(out, name))
+    splits = {s: manifest.Split([]) for s in SPLITS}
+    for r in sorted(results, key=lambda r: r["partition"]):
+        rel = writer.shard_name(r["split"], r["index"], plan.counts[r["split"]], cfg.etl.compression)
+        fs.makedirs(fs.join(out, r["split"]))
+        fs.move(r["staged"], fs.join(out, rel))
+        splits[r["split"]].shards.append(manifest.Shard(
+            path=rel, records=r["records"], bytes=r["bytes"], sha256=r["sha256"],
+            class_counts={labels[int(k)]: v for k, v in r["class_counts"].items()}))
+    if checked.rejected_total:
+        fs.move(fs.join(staging, "rejects"), fs.join(out, "rejects"))
+    vocab = text.vocab_lines(tok)
+    fs.write_bytes_atomic(fs.join(out, "vocab.txt"), ("\n".join(vocab) + "\n").encode())
+    fs.write_bytes_atomic(fs.join(out, "tokenizer.json"), tok.to_str().encode())
+    report = {
+        "rows_in": checked.rows_in, "rows_written": sum(written.values()), "rows_rejected": checked.rejected_total,
+        "duplicates_dropped": checked.duplicates, "rejects_by_rule": checked.rejects_by_rule,
+        "rows_by_split": written, "shards_by_split": plan.counts, "stage_seconds": timer.seconds,
+    }
+    fs.write_bytes_atomic(fs.join(out, "etl_report.json"), json.dumps(report, indent=2).encode())
+    m = manifest.Manifest(
+        features={
+            "input_ids": manifest.FeatureSpec("int64", [cfg.etl.max_length]),
+            "attention_mask": manifest.FeatureSpec("int64", [cfg.etl.max_length]),
+            "label": manifest.FeatureSpec("int64", []),
+            "key": manifest.FeatureSpec("bytes", []),
+        },
+        label_feature="label", labels=labels, splits=splits, compression=cfg.etl.compression,
+        vocab={"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab),
+               "pad_id": 0, "learned": cfg.etl.vocab_file is None},
+        preprocessing={"text_column": cfg.source.text_column, "lowercase": cfg.etl.lowercase,
+                       "normalization": ["NFKC", "bert-clean-text"], "tokenizer": "wordpiece",
+                       "max_length": cfg.etl.max_length, "truncation": "right", "padding": "right"},
+        source=_source_info(cfg, checked),
+        etl_config_hash=cfg.section_hash("source", "etl"),
+        versions=_versions(),
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    report["manifest"] = manifest.write(m, out)
+    return report
+
+
+def _source_info(cfg: JobConfig, checked: Any) -> dict[str, Any]:
+    from etl import sample, sources
+
+    info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": checked.rows_in}
+    if cfg.source.sample is not None:
+        info["sample"] = {"label_noise": cfg.source.sample.label_noise,
+                          "accuracy_ceiling": round(sample.accuracy_ceiling(cfg.source.sample), 4)}
+    return info
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"hvdtrain": hvdtrain.__version__, "python": platform.python_version()}
+    for dist in ("pyspark", "tokenizers", "pyarrow"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _clean(uri: str) -> None:
+    try:
+        fs.delete(uri)
+    except Exception as exc:  # noqa: BLE001 - clean-up must not hide the real error
+        log.warning("could not remove %s: %s", uri, exc)
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The job's closing summary, one line per fact."""
+    lines = [f"{'rows in':<22}{report['rows_in']:>12,}",
+             f"{'rows written':<22}{report['rows_written']:>12,}",
+             f"{'rows rejected':<22}{report['rows_rejected']:>12,}",
+             f"{'duplicates dropped':<22}{report['duplicates_dropped']:>12,}"]
+    for split, n in report["rows_by_split"].items():
+        lines.append(f"{'  ' + split:<22}{n:>12,}  in {report['shards_by_split'][split]} shards")
+    for rule, n in report["rejects_by_rule"].items():
+        lines.append(f"{'  rejected: ' + rule:<22}{n:>12,}")
+    for stage, sec in report["stage_seconds"].items():
+        lines.append(f"{'  time: ' + stage:<34}{sec:>7.1f}s")
+    lines.append(f"manifest: {report['manifest']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="etl/job.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="job YAML, e.g. configs/demo.yaml")
+    p.add_argument("--master", help="Spark master for a local run (spark-submit sets it otherwise)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at etl.output")
+    p.add_argument("--create-sample-table", action="store_true",
+                   help="first write source.sample rows into source.table (demo and tests)")
+    p.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    try:
+        cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
+        from etl import session, sources
+
+        spark = session.get_session(cfg, args.master)
+        if args.create_sample_table:
+            sources.create_sample_table(spark, cfg)
+        report = run(spark, cfg)
+    except HvdtrainError as exc:
+        print(f"etl: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

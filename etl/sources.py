@@ -1,0 +1,71 @@
+"""Where rows come from: a Hive table or files, normalized to (key, text, label) strings."""
+from __future__ import annotations
+
+from typing import Any
+
+from hvdtrain import fs
+from hvdtrain.config import JobConfig
+from hvdtrain.errors import DataError
+
+
+def describe(cfg: JobConfig) -> str:
+    src = cfg.source
+    return f"Hive table {src.table}" if src.table else f"{src.format} files at {src.path}"
+
+
+def spark_path(uri: str) -> str:
+    """A path Spark's Hadoop filesystem layer understands."""
+    return f"file://{fs.resolve(uri)[1]}" if fs.is_local(uri) else uri
+
+
+def read(spark: Any, cfg: JobConfig) -> Any:
+    """The source as a DataFrame with string columns key, text, label."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.utils import AnalysisException
+
+    src = cfg.source
+    try:
+        if src.table:
+            if not spark.catalog.tableExists(src.table):
+                raise DataError(f"source.table {src.table} does not exist in the Hive metastore "
+                                f"({_metastore(cfg)}); create it, fix the name, or run the demo's "
+                                "--create-sample-table")
+            df = spark.table(src.table)
+        else:
+            if not fs.exists(src.path):
+                raise DataError(f"source.path {src.path} does not exist")
+            reader = spark.read.format(src.format)
+            if src.format == "csv":
+                reader = reader.option("header", "true").option("multiLine", "true").option("escape", '"')
+            df = reader.load(spark_path(src.path))
+        if src.filter:
+            df = df.where(src.filter)
+    except AnalysisException as exc:
+        raise DataError(f"cannot read {describe(cfg)}: {str(exc).splitlines()[0]}") from None
+    wanted = {"key": src.key_column, "text": src.text_column, "label": src.label_column}
+    missing = [f"source.{role}_column={col!r}" for role, col in wanted.items() if col not in df.columns]
+    if missing:
+        raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
+                        f"{', '.join(df.columns)}: fix the column names in the config")
+    return df.select(*[F.col(col).cast("string").alias(role) for role, col in wanted.items()])
+
+
+def _metastore(cfg: JobConfig) -> str:
+    return f"embedded, {cfg.hive.metastore_dir}" if cfg.hive.embedded else "from hive-site.xml"
+
+
+def create_sample_table(spark: Any, cfg: JobConfig) -> int:
+    """Write the configured synthetic rows into source.table (generated in Spark tasks)."""
+    from etl import sample
+
+    sample_cfg = cfg.source.sample
+    if sample_cfg is None or not cfg.source.table:
+        raise DataError("--create-sample-table needs source.table and a source.sample block in the config")
+    db = cfg.source.table.split(".")[0] if "." in cfg.source.table else "default"
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {db}")
+    parts = max(2, sample_cfg.rows // 50_000)
+    bounds = [(i * sample_cfg.rows // parts, (i + 1) * sample_cfg.rows // parts) for i in range(parts)]
+    rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, *b))
+    df = rdd.toDF(["id", "text", "label"])
+    df.write.mode("overwrite").format("parquet").saveAsTable(cfg.source.table)
+    return sample_cfg.rows

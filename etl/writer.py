@@ -1,0 +1,117 @@
+"""TFRecord shards written by Spark tasks, published by the driver.
+
+Commit protocol: each task writes its shard straight to the output filesystem
+under ``_staging/<run>/`` with a name unique to the task attempt, and returns
+the shard's stats. ``collect()`` returns the results of the successful
+attempt of each partition only, so the driver knows exactly which staged files
+are the dataset: it moves those into place and the staging folder (with any
+failed or speculative attempts' files) is deleted. The manifest is written
+last, by the caller.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from hvdtrain import fs, tfrecord
+from hvdtrain.config import SPLITS
+
+BATCH = 1024
+# Bytes per int64 token id in a record: varints of ids < 16384 take 1-2 bytes.
+_EST_BYTES_PER_TOKEN = 2.2
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which Spark partition writes which shard."""
+
+    counts: dict[str, int]  # split -> number of shards
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def offset(self, split: str) -> int:
+        return sum(self.counts[s] for s in SPLITS[:SPLITS.index(split)])
+
+    def locate(self, partition: int) -> tuple[str, int]:
+        for split in SPLITS:
+            if partition < self.offset(split) + self.counts[split]:
+                return split, partition - self.offset(split)
+        raise IndexError(partition)
+
+
+def plan_shards(rows: dict[str, int], max_length: int, target_mb: float, min_shards: int) -> ShardPlan:
+    """Shards per split: enough for the target size, and at least ``min_shards``
+    (so every planned rank gets a shard), never more than one per row."""
+    est_record = 2 * max_length * _EST_BYTES_PER_TOKEN + 64
+    counts = {}
+    for split in SPLITS:
+        n = rows.get(split, 0)
+        by_size = math.ceil(n * est_record / (target_mb * 1e6))
+        counts[split] = max(1, min(max(by_size, min_shards), n)) if n else 0
+    return ShardPlan(counts)
+
+
+def shard_name(split: str, index: int, count: int, compression: str) -> str:
+    ext = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    return f"{split}/part-{index:05d}-of-{count:05d}{ext}"
+
+
+def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str, tokenizer_json: str,
+                    compression: str) -> Iterator[dict]:
+    """Runs in a Spark task: tokenize sorted rows and write one shard.
+
+    ``rows`` are ((partition, key), (text, label_id)) pairs. Yields one stats
+    dict for the shard (nothing for an empty partition).
+    """
+    from pyspark import TaskContext
+    from tokenizers import Tokenizer
+
+    from etl import text
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    split, index = plan.locate(partition)
+    ctx = TaskContext.get()
+    attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
+    path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
+    stream = None
+    writer = None
+    batch: list = []
+
+    def flush() -> None:
+        keys = [k for (_, k), _ in batch]
+        texts = [t for _, (t, _) in batch]
+        labels = np.array([lab for _, (_, lab) in batch], dtype=np.int64)
+        ids, mask = text.encode(tok, texts)
+        writer.write_many(tfrecord.encode_examples({
+            "input_ids": (tfrecord.INT64, ids),
+            "attention_mask": (tfrecord.INT64, mask),
+            "label": (tfrecord.INT64, labels),
+            "key": (tfrecord.BYTES, [k.encode() for k in keys]),
+        }))
+        writer.count_labels(labels)
+        batch.clear()
+
+    try:
+        for row in rows:
+            if writer is None:
+                stream = fs.open_output(path)
+                writer = tfrecord.TFRecordWriter(stream, compression)
+            batch.append(row)
+            if len(batch) >= BATCH:
+                flush()
+        if writer is None:
+            return
+        if batch:
+            flush()
+        stats = writer.finish()
+    finally:
+        if stream is not None:
+            stream.close()
+    yield {"partition": partition, "split": split, "index": index, "staged": path, "records": stats.records,
+           "bytes": stats.bytes, "sha256": stats.sha256,
+           "class_counts": {str(k): v for k, v in sorted(stats.class_counts.items())}}

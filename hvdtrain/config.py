@@ -1,0 +1,358 @@
+"""Typed job config: YAML in and out, ``key=value`` overrides, validation.
+
+Each block is a dataclass that checks itself when built. Unknown keys and bad
+values fail with one line naming the dotted field, the value and what is
+allowed, e.g. ``train.batch_size must be > 0 (got 0)``.
+
+Paths: a relative path in a YAML file resolves against that file's folder;
+``{workdir}`` and ``{name}`` in a path expand to the job's values. Strings with
+a scheme (``hdfs://...``) are left as they are.
+
+This module imports no heavy dependency (no TensorFlow, Spark or Horovod).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+import yaml
+
+from hvdtrain.errors import ConfigError
+
+SPLITS = ("train", "validation", "test")
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ConfigError(name, value, expected)
+
+
+@dataclass
+class SampleConfig:
+    """A deterministic synthetic text-classification table (demo and tests).
+
+    Each document mixes class-specific words with shared filler words; a known
+    fraction of labels is replaced by a different class, so the best possible
+    test accuracy is about ``1 - label_noise``.
+    """
+
+    rows: int = 6000
+    num_classes: int = 4
+    words_per_class: int = 40
+    filler_words: int = 300
+    class_word_rate: float = 0.3
+    min_words: int = 12
+    max_words: int = 40
+    label_noise: float = 0.1
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        _require(self.rows > 0, "rows", self.rows, "must be > 0")
+        _require(self.num_classes >= 2, "num_classes", self.num_classes, "must be >= 2")
+        _require(self.words_per_class > 0, "words_per_class", self.words_per_class, "must be > 0")
+        _require(self.filler_words > 0, "filler_words", self.filler_words, "must be > 0")
+        _require(0 < self.class_word_rate <= 1, "class_word_rate", self.class_word_rate, "must be in (0, 1]")
+        _require(0 < self.min_words <= self.max_words, "min_words", self.min_words,
+                 f"must be > 0 and <= max_words ({self.max_words})")
+        _require(0 <= self.label_noise < 1, "label_noise", self.label_noise, "must be in [0, 1)")
+
+
+@dataclass
+class SourceConfig:
+    """Where the raw rows come from: a Hive table or files at a URI."""
+
+    table: Optional[str] = None
+    path: Optional[str] = None
+    format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
+    text_column: str = "text"
+    label_column: str = "label"
+    key_column: str = "id"
+    filter: Optional[str] = None
+    sample: Optional[SampleConfig] = None
+
+    def __post_init__(self) -> None:
+        _require((self.table is None) != (self.path is None), "table", self.table,
+                 "or source.path must be set, not both (a Hive table db.name, or files at a URI)")
+        if self.table is not None:
+            _require(all(p.isidentifier() for p in self.table.split(".")) and self.table.count(".") <= 1,
+                     "table", self.table, "must be a Hive table name like db.name")
+        if self.path is not None:
+            _require(self.format is not None, "format", self.format,
+                     "must be set when source.path is: one of parquet, orc, csv, json")
+
+
+@dataclass
+class HiveConfig:
+    """Hive metastore. Embedded (Derby, local warehouse) unless the cluster's
+    hive-site.xml is on Spark's classpath and ``embedded: false``."""
+
+    embedded: bool = True
+    warehouse_dir: str = "{workdir}/hive/warehouse"
+    metastore_dir: str = "{workdir}/hive/metastore"
+
+
+@dataclass
+class SparkConfig:
+    master: str = "local[2]"
+    app_name: str = "hvdtrain-etl-{name}"
+    conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EtlConfig:
+    """How raw rows become TFRecord shards and a manifest."""
+
+    output: str = "{workdir}/data"
+    splits: dict[str, float] = field(default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1})
+    max_length: int = 64
+    vocab_size: int = 2000
+    vocab_file: Optional[str] = None
+    lowercase: bool = True
+    target_shard_mb: float = 64.0
+    min_shards_per_split: int = 2
+    compression: Literal["none", "gzip"] = "none"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        _require(set(self.splits) == set(SPLITS), "splits", self.splits,
+                 f"must have exactly the keys {', '.join(SPLITS)}")
+        _require(all(v >= 0 for v in self.splits.values()) and self.splits["train"] > 0, "splits", self.splits,
+                 "fractions must be >= 0, with train > 0")
+        _require(abs(sum(self.splits.values()) - 1.0) < 1e-6, "splits", self.splits, "fractions must sum to 1")
+        _require(2 <= self.max_length <= 4096, "max_length", self.max_length, "must be in [2, 4096]")
+        _require(self.vocab_size >= 10, "vocab_size", self.vocab_size, "must be >= 10")
+        _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
+        _require(self.min_shards_per_split >= 1, "min_shards_per_split", self.min_shards_per_split, "must be >= 1")
+
+
+@dataclass
+class ModelConfig:
+    """Keras model by name; sizes for the Transformer text classifier."""
+
+    kind: Literal["transformer"] = "transformer"
+    embed_dim: int = 64
+    num_heads: int = 2
+    ff_dim: int = 128
+    num_layers: int = 1
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("embed_dim", "num_heads", "ff_dim", "num_layers"):
+            _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
+        _require(self.embed_dim % self.num_heads == 0, "embed_dim", self.embed_dim,
+                 f"must be divisible by model.num_heads ({self.num_heads})")
+        _require(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    """Training loop. ``batch_size`` is per rank; the learning rate is per rank
+    too and is multiplied by the number of ranks."""
+
+    epochs: int = 3
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 0
+    shuffle_buffer: int = 2048
+    seed: int = 1234
+    output: str = "{workdir}/runs/{name}"
+
+    def __post_init__(self) -> None:
+        _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+        _require(self.batch_size > 0, "batch_size", self.batch_size, "must be > 0")
+        _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(self.shuffle_buffer >= 1, "shuffle_buffer", self.shuffle_buffer, "must be >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow. ``uri`` falls back to $MLFLOW_TRACKING_URI, then a local store."""
+
+    uri: Optional[str] = None
+    experiment: str = "hvdtrain-{name}"
+    enabled: bool = True
+
+
+@dataclass
+class JobConfig:
+    name: str = "job"
+    workdir: str = "work/{name}"
+    source: SourceConfig = field(default_factory=lambda: SourceConfig(table="default.rows"))
+    hive: HiveConfig = field(default_factory=HiveConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    etl: EtlConfig = field(default_factory=EtlConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
+                 "must be letters, digits, '_' or '-'")
+
+    # -- derived values -------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys to leaf values (MLflow params)."""
+        return _flatten(self.to_dict())
+
+    def section_hash(self, *sections: str) -> str:
+        """A stable hash of some config sections (e.g. the ETL's inputs)."""
+        data = {s: self.to_dict()[s] for s in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- loading ------------------------------------------------------------
+
+PATH_FIELDS = {
+    "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
+    "etl.vocab_file", "train.output", "tracking.uri",
+}
+
+
+def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Load a YAML job config, apply ``key=value`` overrides, validate, resolve paths."""
+    path = os.fspath(path)
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise ConfigError("config", path, "file not found; pass a YAML file such as configs/demo.yaml") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", path, f"is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config", path, "must be a YAML mapping of sections (name, source, etl, train, ...)")
+    for item in overrides:
+        apply_override(data, item)
+    return from_dict(data, base_dir=os.path.dirname(os.path.abspath(path)))
+
+
+def from_dict(data: dict[str, Any], base_dir: str = ".") -> JobConfig:
+    cfg = _build(JobConfig, data, "")
+    return _resolve_paths(cfg, base_dir)
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError("override", item, "must look like section.key=value, e.g. train.epochs=2")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(key, item, f"cannot set a key inside {part!r}, which is not a section")
+        node = nxt
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    name = prefix or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(name, data, "must be a mapping")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(dotted, value, f"is not a known key; allowed: {', '.join(known)}{hint}")
+        kwargs[key] = _coerce(hints[key], value, dotted)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise exc.under(prefix) if prefix else exc from None
+
+
+def _coerce(tp: Any, value: Any, dotted: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, dotted)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, dotted)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(dotted, value, f"must be one of {', '.join(map(str, args))}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(dotted, value, "must be a mapping")
+        return {str(k): _coerce(args[1], v, f"{dotted}.{k}") for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(dotted, value, "must be a list")
+        return [_coerce(args[0], v, f"{dotted}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(dotted, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(dotted, value, "must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(dotted, value, "must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(dotted, value, "must be a string")
+        return str(value)
+    return value
+
+
+def has_scheme(path: str) -> bool:
+    return "://" in path or path.startswith("file:")
+
+
+def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
+    def resolve(value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        value = value.replace("{name}", cfg.name)
+        if "{workdir}" in value:
+            value = value.replace("{workdir}", cfg.workdir)
+        if has_scheme(value) or os.path.isabs(value):
+            return value
+        return os.path.normpath(os.path.join(base_dir, value))
+
+    cfg.workdir = resolve(cfg.workdir)
+    for dotted in sorted(PATH_FIELDS - {"workdir"}):
+        section, attr = dotted.split(".")
+        block = getattr(cfg, section)
+        setattr(block, attr, resolve(getattr(block, attr)))
+    cfg.spark.app_name = cfg.spark.app_name.replace("{name}", cfg.name)
+    cfg.tracking.experiment = cfg.tracking.experiment.replace("{name}", cfg.name)
+    return cfg
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out

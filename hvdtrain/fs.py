@@ -1,0 +1,250 @@
+"""One filesystem layer for local paths, ``file://``, ``hdfs://`` and ``webhdfs://``.
+
+Everything goes through ``pyarrow.fs``: local paths use ``LocalFileSystem``,
+``hdfs://`` uses ``HadoopFileSystem`` over libhdfs (needs ``HADOOP_HOME`` and
+``CLASSPATH``, see ``hvdtrain env check``), and ``webhdfs://`` wraps the
+``hdfs`` package's WebHDFS client in a ``PyFileSystem`` handler. Callers see
+one API, so the local path tests exercise the same code the cluster runs.
+
+Transient errors (connection resets, timeouts) are retried with exponential
+backoff and jitter; anything else (missing file, permission) fails at once
+with the path in the message.
+
+This module owns pyarrow's Hadoop filesystem and the ``hdfs`` package.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import posixpath
+import random
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from hvdtrain.errors import DataError, EnvironmentProblem
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# -- retries --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Full-jitter exponential backoff for the given 1-based attempt."""
+        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+
+
+TRANSIENT = (ConnectionError, TimeoutError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying: network trouble, not a missing file or a denied write."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, TRANSIENT):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in ("connection reset", "connection refused", "timed out", "temporarily",
+                                   "broken pipe", "retry", "unavailable", "too many open"))
+
+
+def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPolicy(),
+                 sleep: Callable[[float], None] = time.sleep, rng: Optional[random.Random] = None) -> T:
+    rng = rng or random.Random()
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if not is_transient(exc) or attempt == policy.attempts:
+                if is_transient(exc):
+                    raise DataError(f"{what}: failed after {attempt} attempts; last error: {exc}") from exc
+                raise
+            delay = policy.delay(attempt, rng)
+            log.warning("%s: transient error (%s), retry %d/%d in %.1fs", what, exc, attempt,
+                        policy.attempts - 1, delay)
+            sleep(delay)
+    raise AssertionError("unreachable")
+
+
+# -- resolving URIs ---------------------------------------------------------
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _local_path(uri: str) -> str:
+    return urllib.parse.urlparse(uri).path if uri.startswith("file://") else os.path.abspath(uri)
+
+
+@functools.lru_cache(maxsize=16)
+def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
+    try:
+        return pafs.HadoopFileSystem(host or "default", port, user=user)
+    except (OSError, pa.ArrowException) as exc:
+        raise EnvironmentProblem(
+            f"cannot connect to HDFS at {host or 'default'}:{port} ({exc}); check HADOOP_HOME, "
+            "CLASSPATH=$(hadoop classpath --glob) and a Kerberos ticket: run `hvdtrain env check`") from exc
+
+
+@functools.lru_cache(maxsize=16)
+def _webhdfs(netloc: str, user: Optional[str]) -> pafs.FileSystem:
+    from hvdtrain.webhdfs import WebHdfsHandler  # the `hdfs` package stays optional at import time
+
+    return pafs.PyFileSystem(WebHdfsHandler(f"http://{netloc}", user=user))
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem for a URI and the path within it."""
+    if is_local(uri):
+        return pafs.LocalFileSystem(), _local_path(uri)
+    parsed = urllib.parse.urlparse(uri)
+    user = parsed.username or os.environ.get("HADOOP_USER_NAME")
+    if parsed.scheme == "hdfs":
+        return _hadoop(parsed.hostname or "", parsed.port or 0, user), parsed.path
+    if parsed.scheme == "webhdfs":
+        netloc = f"{parsed.hostname}:{parsed.port or 9870}"
+        return _webhdfs(netloc, user), parsed.path
+    raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs:// or webhdfs://")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts onto a local path or URI."""
+    if is_local(base) and not base.startswith("file://"):
+        return os.path.join(base, *parts)
+    return posixpath.join(base, *parts)
+
+
+# -- operations ---------------------------------------------------------------
+
+def exists(uri: str) -> bool:
+    fs, path = resolve(uri)
+    info = with_retries(lambda: fs.get_file_info(path), f"stat {uri}")
+    return info.type != pafs.FileType.NotFound
+
+
+def makedirs(uri: str) -> None:
+    fs, path = resolve(uri)
+    with_retries(lambda: fs.create_dir(path, recursive=True), f"mkdir {uri}")
+
+
+def delete(uri: str) -> None:
+    """Delete a file or a directory tree; a missing path is fine."""
+    fs, path = resolve(uri)
+    info = with_retries(lambda: fs.get_file_info(path), f"stat {uri}")
+    if info.type == pafs.FileType.Directory:
+        with_retries(lambda: fs.delete_dir(path), f"delete {uri}")
+    elif info.type != pafs.FileType.NotFound:
+        with_retries(lambda: fs.delete_file(path), f"delete {uri}")
+
+
+def move(src: str, dst: str) -> None:
+    fs, src_path = resolve(src)
+    _, dst_path = resolve(dst)
+    with_retries(lambda: fs.move(src_path, dst_path), f"rename {src} -> {dst}")
+
+
+def listdir(uri: str) -> list[str]:
+    """Names (not paths) in a directory, sorted."""
+    fs, path = resolve(uri)
+    infos = with_retries(lambda: fs.get_file_info(pafs.FileSelector(path)), f"list {uri}")
+    return sorted(posixpath.basename(i.path) for i in infos)
+
+
+def size(uri: str) -> int:
+    fs, path = resolve(uri)
+    info = with_retries(lambda: fs.get_file_info(path), f"stat {uri}")
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(uri)
+    return info.size
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = resolve(uri)
+
+    def read() -> bytes:
+        with fs.open_input_stream(path) as fh:
+            return fh.read()
+
+    return with_retries(read, f"read {uri}")
+
+
+def open_output(uri: str):
+    """A binary output stream; the caller closes it. Parent folders are created."""
+    fs, path = resolve(uri)
+    parent = posixpath.dirname(path)
+    if parent:
+        with_retries(lambda: fs.create_dir(parent, recursive=True), f"mkdir {parent}")
+    return with_retries(lambda: fs.open_output_stream(path), f"open {uri} for writing")
+
+
+def open_input(uri: str):
+    fs, path = resolve(uri)
+    return with_retries(lambda: fs.open_input_stream(path), f"open {uri}")
+
+
+def write_bytes_atomic(uri: str, data: bytes) -> None:
+    """Write under a temporary name in the same folder, then rename into place.
+
+    Readers see the old content or the new, never a partial file.
+    """
+    tmp = f"{uri}.tmp-{uuid.uuid4().hex[:8]}"
+
+    def write() -> None:
+        with open_output(tmp) as fh:
+            fh.write(data)
+
+    try:
+        with_retries(write, f"write {tmp}")
+        fs, path = resolve(uri)
+        _, tmp_path = resolve(tmp)
+        if fs.get_file_info(path).type != pafs.FileType.NotFound and not isinstance(fs, pafs.LocalFileSystem):
+            fs.delete_file(path)  # HDFS rename does not replace an existing file
+        with_retries(lambda: fs.move(tmp_path, path), f"rename {tmp} -> {uri}")
+    except BaseException:
+        try:
+            delete(tmp)
+        except Exception:  # noqa: BLE001 - best-effort clean-up, the first error matters
+            pass
+        raise
+
+
+def copy_to_local(uri: str, local_path: str, chunk: int = 8 << 20) -> int:
+    """Copy a (remote) file to a local path; returns bytes copied."""
+    fs, path = resolve(uri)
+
+    def copy() -> int:
+        n = 0
+        tmp = f"{local_path}.part"
+        with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
+            while True:
+                block = src.read(chunk)
+                if not block:
+                    break
+                dst.write(block)
+                n += len(block)
+        os.replace(tmp, local_path)
+        return n
+
+    return with_retries(copy, f"copy {uri} -> {local_path}")
+
+
+def walk_files(uri: str) -> Iterator[str]:
+    """Every file below a directory, as paths relative to it."""
+    fs, path = resolve(uri)
+    infos = with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), f"list {uri}")
+    for info in infos:
+        if info.type == pafs.FileType.File:
+            yield posixpath.relpath(info.path, path)

@@ -1,0 +1,169 @@
+"""The dataset contract between ETL and training: ``manifest.json``.
+
+The ETL writes the manifest last, after every shard is in place, so a dataset
+without a manifest does not exist for readers. Shard paths are relative to the
+manifest's folder, so a dataset can be copied (local -> HDFS) as a whole.
+
+Pure Python: no TensorFlow, no Spark.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hvdtrain import fs
+from hvdtrain.errors import DataError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class FeatureSpec:
+    """One feature of every record: dtype (int64, float32, bytes) and fixed shape."""
+
+    dtype: str
+    shape: list[int]
+
+    def describe(self) -> str:
+        return f"{self.dtype}{self.shape}"
+
+
+@dataclass
+class Shard:
+    path: str  # relative to the manifest's folder
+    records: int
+    bytes: int
+    sha256: str
+    class_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Split:
+    shards: list[Shard]
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def class_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for shard in self.shards:
+            for k, v in shard.class_counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+@dataclass
+class Manifest:
+    """Everything a reader needs to use the dataset, and to trust it."""
+
+    features: dict[str, FeatureSpec]
+    label_feature: str
+    labels: list[str]
+    splits: dict[str, Split]
+    compression: str = "none"
+    vocab: dict[str, Any] = field(default_factory=dict)  # path (relative), size, sha256
+    preprocessing: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    etl_config_hash: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    created_at: str = ""
+    format_version: int = FORMAT_VERSION
+    # Where the manifest was read from (not serialized).
+    location: Optional[str] = field(default=None, compare=False, repr=False)
+
+    # -- serialization --------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("location")
+        for name, split in self.splits.items():
+            data["splits"][name]["records"] = split.records
+            data["splits"][name]["bytes"] = split.bytes
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], location: Optional[str] = None) -> "Manifest":
+        where = location or "manifest"
+        try:
+            if data.get("format_version") != FORMAT_VERSION:
+                raise DataError(f"{where}: format_version {data.get('format_version')!r} is not supported "
+                                f"(this hvdtrain reads {FORMAT_VERSION}); rerun the ETL with this version")
+            splits = {
+                name: Split([Shard(**{k: v for k, v in s.items()}) for s in body["shards"]])
+                for name, body in data["splits"].items()
+            }
+            return cls(
+                features={k: FeatureSpec(**v) for k, v in data["features"].items()},
+                label_feature=data["label_feature"],
+                labels=list(data["labels"]),
+                splits=splits,
+                compression=data.get("compression", "none"),
+                vocab=data.get("vocab", {}),
+                preprocessing=data.get("preprocessing", {}),
+                source=data.get("source", {}),
+                etl_config_hash=data.get("etl_config_hash", ""),
+                versions=data.get("versions", {}),
+                created_at=data.get("created_at", ""),
+                location=location,
+            )
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{where}: malformed manifest ({exc!r}); rerun the ETL to rewrite it") from None
+
+    # -- derived ------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        """The dataset folder (the manifest's folder)."""
+        if not self.location:
+            raise DataError("this manifest was not read from a location; its shard paths cannot be resolved")
+        return self.location.rsplit("/", 1)[0] if "/" in self.location else "."
+
+    def shard_uri(self, shard: Shard) -> str:
+        return fs.join(self.root, shard.path)
+
+    def split(self, name: str) -> Split:
+        if name not in self.splits:
+            raise DataError(f"{self.location}: has no split {name!r}; it has {', '.join(self.splits)}")
+        return self.splits[name]
+
+    def digest(self) -> str:
+        """A content hash of the manifest (logged with every training run)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+
+def manifest_uri(dataset: str) -> str:
+    """Accept a dataset folder or the manifest file itself."""
+    return dataset if dataset.endswith(".json") else fs.join(dataset, MANIFEST_NAME)
+
+
+def read(dataset: str) -> Manifest:
+    uri = manifest_uri(dataset)
+    if not fs.exists(uri):
+        raise DataError(f"no dataset at {dataset}: {uri} does not exist. Run the ETL first "
+                        "(hvdtrain etl CONFIG), or point etl.output at a published dataset")
+    try:
+        data = json.loads(fs.read_bytes(uri))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{uri}: not valid JSON ({exc}); rerun the ETL") from None
+    return Manifest.from_dict(data, location=uri)
+
+
+def write(manifest: Manifest, dataset: str) -> str:
+    """Publish the manifest atomically; call this last, after every shard is in place."""
+    uri = manifest_uri(dataset)
+    fs.write_bytes_atomic(uri, manifest.to_json().encode())
+    return uri

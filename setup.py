@@ -1,0 +1,59 @@
+"""hvdtrain: Spark/Hive ETL to TFRecords, Horovod + TensorFlow training on YARN."""
+import os
+
+from setuptools import find_packages, setup
+
+# TensorFlow is the CPU build by default. A GPU cluster installs the CUDA build:
+#   HVDTRAIN_TF=gpu pip install -e '.[gpu]'
+# (the two wheels ship the same `tensorflow` module, so only one may be required).
+TF_CPU = "tensorflow-cpu>=2.21,<2.22"
+TF_GPU = "tensorflow[and-cuda]>=2.21,<2.22"
+tensorflow = TF_GPU if os.environ.get("HVDTRAIN_TF", "cpu") == "gpu" else TF_CPU
+
+setup(
+    name="hvdtrain",
+    version="0.1.0",
+    description="Train TensorFlow models data-parallel with Horovod on Hadoop/YARN, from Hive/Spark ETL.",
+    long_description=open(os.path.join(os.path.dirname(__file__), "README.md")).read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["hvdtrain", "hvdtrain.*", "etl", "etl.*", "yarn", "yarn.*"]),
+    package_data={"yarn": ["*.sh"]},
+    install_requires=[
+        tensorflow,
+        "keras>=3.10,<4",
+        "numpy>=1.26,<3",
+        "pyspark>=3.5,<4.1",
+        "pyarrow>=15,<27",
+        "mlflow>=3.0,<3.19",
+        "hdfs>=2.7,<3",
+        "pyyaml>=6,<7",
+        "tokenizers>=0.20,<0.24",
+        "tqdm>=4.66,<5",
+        "google-crc32c>=1.5,<2",
+        "matplotlib>=3.8,<4",
+        "venv-pack>=0.2,<0.3",
+        # Horovod 0.28.1 itself is built from its sdist by scripts/build_horovod.sh
+        # (it needs a patch for TF 2.21); these are its runtime requirements.
+        "cloudpickle>=2,<4",
+        "psutil>=5,<8",
+        "packaging>=23",
+    ],
+    extras_require={
+        "gpu": [TF_GPU],
+        "dev": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.3,<3",
+            "tfrecord>=1.14,<2",
+            "cmake>=3.18,<4",
+        ],
+    },
+    entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)
