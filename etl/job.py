@@ -114,8 +114,19 @@ def _tokenizer(rows: Any, cfg: JobConfig):
             return text.from_vocab(lines, cfg.etl.lowercase, cfg.etl.max_length)
         except ValueError as exc:
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
-    texts = (r.text for r in rows.where("split = 'train'").select("text").toLocalIterator())
-    return text.learn(texts, cfg.etl.vocab_size, cfg.etl.lowercase, cfg.etl.max_length)
+    base_json = text.base(cfg.etl.lowercase).to_str()
+
+    def count_words(texts):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(base_json)
+        for t in texts:
+            for w in text.words(tok, t):
+                yield w, 1
+
+    counts = (rows.where("split = 'train'").select("text").rdd.map(lambda r: r.text)
+              .mapPartitions(count_words).reduceByKey(lambda a, b: a + b).collectAsMap())
+    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), cfg.etl.lowercase, cfg.etl.max_length)
 
 
 def _write_shards(rows: Any, labels: list[str], tokenizer_json: str, plan: Any, staging: str,

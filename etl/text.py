@@ -1,7 +1,7 @@
 """Text to fixed-length token ids with a WordPiece tokenizer (the `tokenizers` library).
 
 The vocabulary is either a supplied ``vocab.txt`` (e.g. a BERT vocabulary) or
-learned from the training split only. The whole tokenizer (normalizer,
+learned from the training split only (word counts computed in Spark). The whole tokenizer (normalizer,
 pre-tokenizer, vocabulary, truncation and padding) is saved as JSON in the
 dataset, so executors, training and serving apply exactly the same thing.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 PAD, UNK = "[PAD]", "[UNK]"
 SPECIAL_TOKENS = [PAD, UNK, "[CLS]", "[SEP]", "[MASK]"]
@@ -32,14 +32,35 @@ def _configure(tok: Tokenizer, lowercase: bool, max_length: Optional[int]) -> To
     return tok
 
 
-def learn(texts: Iterable[str], vocab_size: int, lowercase: bool, max_length: int) -> Tokenizer:
-    """Learn a WordPiece vocabulary from (training) texts."""
-    tok = Tokenizer(models.WordPiece(unk_token=UNK))
-    _configure(tok, lowercase, None)
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=1,
-                                        show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return _configure(tok, lowercase, max_length)
+def words(tok: Tokenizer, text: str) -> list[str]:
+    """The words of a text after this tokenizer's normalizer and pre-tokenizer."""
+    return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
+
+
+def base(lowercase: bool) -> Tokenizer:
+    """Normalizer and pre-tokenizer only: what word counting needs."""
+    return _configure(Tokenizer(models.WordPiece(vocab={PAD: 0, UNK: 1}, unk_token=UNK)), lowercase, None)
+
+
+def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
+    """A WordPiece vocabulary from word counts, deterministically.
+
+    Special tokens, then every character seen (alone and as a ``##``
+    continuation, so any word can be spelled), then whole words by count,
+    ties broken by the word. tokenizers' own WordPieceTrainer is not used: its
+    result depends on hash-map iteration order (huggingface/tokenizers#1794),
+    so reruns of the ETL would write different token ids.
+    """
+    chars = sorted({c for w in word_counts for c in w})
+    vocab = list(SPECIAL_TOKENS) + chars + ["##" + c for c in chars]
+    seen = set(vocab)
+    for word, _ in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(vocab) >= vocab_size:
+            break
+        if word not in seen:
+            vocab.append(word)
+            seen.add(word)
+    return vocab
 
 
 def from_vocab(vocab_lines: Sequence[str], lowercase: bool, max_length: int) -> Tokenizer:

@@ -1,0 +1,67 @@
+"""Pure parts of the ETL: sample generator, split, shard plan, tokenizer."""
+import collections
+
+import pytest
+
+from etl import sample, split, text, writer
+from hvdtrain.config import SampleConfig
+
+
+def test_sample_rows_are_deterministic_and_noise_rate_is_as_configured():
+    cfg = SampleConfig(rows=4000, label_noise=0.2, seed=3)
+    rows = list(sample.generate(cfg))
+    assert rows == list(sample.generate(cfg))
+    assert rows[1000:1010] == list(sample.generate(cfg, 1000, 1010))  # partitions generate independently
+    classes, filler = sample.vocabularies(cfg)
+    names = sample.label_names(cfg.num_classes)
+    noisy = 0
+    for _, doc, label in rows:
+        votes = collections.Counter(i for w in doc.split() for i, ws in enumerate(classes) if w in ws)
+        if votes:
+            noisy += names[votes.most_common(1)[0][0]] != label
+    assert noisy / len(rows) == pytest.approx(0.2, abs=0.03)
+
+
+def test_accuracy_ceiling():
+    assert sample.accuracy_ceiling(SampleConfig(label_noise=0.0, class_word_rate=1.0)) == pytest.approx(1.0)
+    cfg = SampleConfig(label_noise=0.1, class_word_rate=0.3, min_words=12, max_words=40)
+    assert 0.88 < sample.accuracy_ceiling(cfg) < 0.9
+
+
+def test_split_is_by_key_hash_and_matches_fractions():
+    fractions = {"train": 0.8, "validation": 0.1, "test": 0.1}
+    keys = [f"doc-{i}" for i in range(20000)]
+    got = collections.Counter(split.split_of(k, fractions) for k in keys)
+    assert got["train"] / 20000 == pytest.approx(0.8, abs=0.01)
+    assert split.split_of("doc-17", fractions) == split.split_of("doc-17", fractions)
+    assert split.bucket_bounds(fractions) == [("train", 0, 8000), ("validation", 8000, 9000), ("test", 9000, 10000)]
+
+
+def test_shard_plan_has_enough_shards_for_ranks_and_size():
+    plan = writer.plan_shards({"train": 1000, "validation": 10, "test": 0}, max_length=64, target_mb=64,
+                              min_shards=4)
+    assert plan.counts == {"train": 4, "validation": 4, "test": 0}
+    big = writer.plan_shards({"train": 2_000_000, "validation": 1, "test": 3}, 128, 64, 2)
+    assert big.counts["train"] > 10 and big.counts["validation"] == 1 and big.counts["test"] == 2
+    assert [plan.locate(i) for i in range(plan.total)] == [("train", i) for i in range(4)] + \
+        [("validation", i) for i in range(4)]
+
+
+def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
+    base = text.base(lowercase=True)
+    texts = ["the cat sat", "the dog ran far away", "Café ＡＢＣ"] * 20
+    counts = collections.Counter(w for t in texts for w in text.words(base, t))
+    assert counts["café"] == 20 and counts["abc"] == 20  # lowercased, NFKC-folded
+    vocab = text.learn_vocab(counts, vocab_size=60)
+    assert vocab == text.learn_vocab(dict(reversed(list(counts.items()))), vocab_size=60)
+    assert vocab[:2] == ["[PAD]", "[UNK]"] and "##a" in vocab and "the" in vocab
+    tok = text.from_vocab(vocab, lowercase=True, max_length=6)
+    ids, mask = text.encode(tok, ["the cat", "the dog ran far away again and again", "CAFÉ abc"])
+    assert ids.shape == (3, 6) and mask.shape == (3, 6)
+    assert mask[0].tolist() == [1, 1, 0, 0, 0, 0] and ids[0, 2] == 0  # [PAD] is id 0
+    assert mask[1].sum() == 6  # truncated
+    assert text.vocab_lines(tok) == vocab
+    unseen = tok.encode("zebra").tokens  # spelled from characters, never lost
+    assert unseen[0] in ("z", "[UNK]") and all(t.startswith("##") or t in vocab for t in unseen)
+    with pytest.raises(ValueError, match="lacks \\[PAD\\]"):
+        text.from_vocab(["a", "b"], True, 6)

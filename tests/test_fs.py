@@ -1,0 +1,65 @@
+import random
+
+import pytest
+
+from hvdtrain import fs
+from hvdtrain.errors import DataError
+
+
+def test_local_paths_and_file_uris_round_trip(tmp_path):
+    target = tmp_path / "a" / "b.bin"
+    fs.write_bytes_atomic(str(target), b"hello")
+    assert fs.read_bytes(f"file://{target}") == b"hello"
+    assert fs.exists(str(target)) and fs.size(str(target)) == 5
+    assert fs.listdir(str(tmp_path / "a")) == ["b.bin"]  # no temporary file left behind
+    fs.move(str(target), str(tmp_path / "c.bin"))
+    assert not fs.exists(str(target))
+    fs.delete(str(tmp_path / "a"))
+    assert not fs.exists(str(tmp_path / "a"))
+    fs.delete(str(tmp_path / "missing"))  # deleting nothing is fine
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = str(tmp_path / "m.json")
+    fs.write_bytes_atomic(path, b"old")
+    fs.write_bytes_atomic(path, b"new content")
+    assert fs.read_bytes(path) == b"new content"
+
+
+def test_unknown_scheme_is_a_clear_error():
+    with pytest.raises(DataError, match="unsupported filesystem in 's3://b/x'"):
+        fs.resolve("s3://b/x")
+
+
+class Flaky:
+    """Fails the first k calls with the given error, then succeeds."""
+
+    def __init__(self, k, exc):
+        self.k, self.exc, self.calls = k, exc, 0
+
+    def __call__(self):
+        self.calls += 1
+        if self.calls <= self.k:
+            raise self.exc
+        return "ok"
+
+
+def test_transient_errors_are_retried_with_backoff():
+    sleeps = []
+    fn = Flaky(3, ConnectionResetError("connection reset by peer"))
+    assert fs.with_retries(fn, "read x", sleep=sleeps.append, rng=random.Random(0)) == "ok"
+    assert fn.calls == 4 and len(sleeps) == 3
+    assert all(0 <= s <= fs.RetryPolicy().max_delay for s in sleeps)
+
+
+def test_retries_give_up_with_path_and_last_error():
+    fn = Flaky(10, TimeoutError("timed out"))
+    with pytest.raises(DataError, match="read hdfs://x/y: failed after 5 attempts; last error: timed out"):
+        fs.with_retries(fn, "read hdfs://x/y", sleep=lambda s: None)
+
+
+def test_permanent_errors_fail_at_once():
+    fn = Flaky(1, FileNotFoundError("no such file"))
+    with pytest.raises(FileNotFoundError):
+        fs.with_retries(fn, "read x", sleep=lambda s: None)
+    assert fn.calls == 1

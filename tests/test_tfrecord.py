@@ -1,0 +1,87 @@
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hvdtrain import tfrecord
+from hvdtrain.errors import DataError
+
+
+def records(n=50, length=16, seed=0):
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(0, 40000, size=(n, length)).astype(np.int64)
+    ids[0, 0] = -3  # negative int64s encode as 10-byte two's complement
+    ids[1, 1] = 2 ** 62
+    cols = {
+        "input_ids": (tfrecord.INT64, ids),
+        "label": (tfrecord.INT64, np.arange(n) % 3),
+        "weight": (tfrecord.FLOAT, rng.rand(n, 2).astype(np.float32)),
+        "key": (tfrecord.BYTES, [f"k{i}".encode() for i in range(n)]),
+    }
+    return cols, tfrecord.encode_examples(cols)
+
+
+def test_encoding_matches_tensorflow_parse_example():
+    tf = pytest.importorskip("tensorflow")
+    cols, recs = records()
+    spec = {"input_ids": tf.io.FixedLenFeature([16], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64),
+            "weight": tf.io.FixedLenFeature([2], tf.float32), "key": tf.io.FixedLenFeature([], tf.string)}
+    parsed = tf.io.parse_example(tf.constant(recs), spec)
+    np.testing.assert_array_equal(parsed["input_ids"].numpy(), cols["input_ids"][1])
+    np.testing.assert_array_equal(parsed["label"].numpy(), cols["label"][1])
+    np.testing.assert_allclose(parsed["weight"].numpy(), cols["weight"][1])
+    assert [k.decode() for k in parsed["key"].numpy()] == [f"k{i}" for i in range(50)]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, compression):
+    tf = pytest.importorskip("tensorflow")
+    cols, recs = records()
+    path = tmp_path / "shard.tfrecord"
+    with open(path, "wb") as fh:
+        w = tfrecord.TFRecordWriter(fh, compression)
+        w.write_many(recs[:20])
+        w.write_many(recs[20:])
+        w.count_labels(cols["label"][1])
+        stats = w.finish()
+    assert stats.records == 50 and stats.bytes == path.stat().st_size
+    assert stats.class_counts == {0: 17, 1: 17, 2: 16}
+    ds = tf.data.TFRecordDataset(str(path), compression_type="GZIP" if compression == "gzip" else "")
+    assert [r.numpy() for r in ds] == recs
+    got = read_with_tfrecord_package(path, compression)
+    assert got["keys"] == [f"k{i}" for i in range(50)]
+    np.testing.assert_array_equal(np.array(got["input_ids"]), cols["input_ids"][1])
+
+
+def read_with_tfrecord_package(path, compression):
+    """Decode with the independent `tfrecord` package, in its own process: its
+    example_pb2 clashes with TensorFlow's protos in one interpreter."""
+    code = (
+        "import json, sys\n"
+        "from tfrecord.reader import tfrecord_loader\n"
+        "rows = list(tfrecord_loader(sys.argv[1], None, {'input_ids': 'int', 'key': 'byte'},"
+        " compression_type=sys.argv[2] or None))\n"
+        "print(json.dumps({'input_ids': [r['input_ids'].tolist() for r in rows],"
+        " 'keys': [bytes(r['key']).decode() for r in rows]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path), "gzip" if compression == "gzip" else ""],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_iter_records_checks_crcs_and_names_the_file():
+    _, recs = records(5)
+    buf = io.BytesIO()
+    w = tfrecord.TFRecordWriter(buf)
+    w.write_many(recs)
+    w.finish()
+    data = bytearray(buf.getvalue())
+    assert list(tfrecord.iter_records(io.BytesIO(bytes(data)))) == recs
+    data[30] ^= 0xFF
+    with pytest.raises(DataError, match="shard-7: bad data checksum"):
+        list(tfrecord.iter_records(io.BytesIO(bytes(data)), "shard-7"))
+    with pytest.raises(DataError, match="truncated"):
+        list(tfrecord.iter_records(io.BytesIO(bytes(buf.getvalue()[:-3])), "x"))
