@@ -85,6 +85,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             labels = split_mod.label_list(rows)
             rows = validate.reject_unknown_labels(rows, labels, checked)
             counts = split_mod.count_by_split(rows)
+            validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
             validate.write_rejects(checked, fs.join(staging, "rejects"))
         if counts.get("train", 0) == 0:
             raise DataError(f"no valid training rows in {sources.describe(cfg)} "
@@ -108,13 +109,17 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
 def _tokenizer(rows: Any, cfg: JobConfig):
     from etl import text, writer
 
+    opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:
+        if not fs.exists(cfg.etl.vocab_file):
+            raise DataError(f"etl.vocab_file {cfg.etl.vocab_file} does not exist; give a vocab.txt path "
+                            "or remove the key to learn the vocabulary from the training split")
         lines = fs.read_bytes(cfg.etl.vocab_file).decode("utf-8").splitlines()
         try:
-            return text.from_vocab(lines, cfg.etl.lowercase, cfg.etl.max_length)
+            return text.from_vocab(lines, opts)
         except ValueError as exc:
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
-    base_json = text.base(cfg.etl.lowercase).to_str()
+    base_json = text.base(opts).to_str()
 
     def count_words(texts):
         from tokenizers import Tokenizer
@@ -126,7 +131,7 @@ def _tokenizer(rows: Any, cfg: JobConfig):
 
     counts = (rows.where("split = 'train'").select("text").rdd.map(lambda r: r.text)
               .mapPartitions(count_words).reduceByKey(lambda a, b: a + b).collectAsMap())
-    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), cfg.etl.lowercase, cfg.etl.max_length)
+    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
 
 
 def _write_shards(rows: Any, labels: list[str], tokenizer_json: str, plan: Any, staging: str,
@@ -198,9 +203,8 @@ def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], label
         label_feature="label", labels=labels, splits=splits, compression=cfg.etl.compression,
         vocab={"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab),
                "pad_id": 0, "learned": cfg.etl.vocab_file is None},
-        preprocessing={"text_column": cfg.source.text_column, "lowercase": cfg.etl.lowercase,
-                       "normalization": ["NFKC", "bert-clean-text"], "tokenizer": "wordpiece",
-                       "max_length": cfg.etl.max_length, "truncation": "right", "padding": "right"},
+        preprocessing={"text_column": cfg.source.text_column,
+                       **text.TextOptions.from_etl(cfg.etl).describe()},
         source=_source_info(cfg, checked),
         etl_config_hash=cfg.section_hash("source", "etl"),
         versions=_versions(),

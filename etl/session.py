@@ -57,6 +57,7 @@ def get_session(cfg: JobConfig, master: str | None = None) -> Any:
     if (master or "").startswith("local"):
         # Local workers run this interpreter (the venv), not whatever python3 is on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if cfg.hive.embedded:
         os.makedirs(cfg.hive.metastore_dir, exist_ok=True)
         os.makedirs(cfg.hive.warehouse_dir, exist_ok=True)

@@ -19,9 +19,12 @@ def spark_path(uri: str) -> str:
 
 
 def read(spark: Any, cfg: JobConfig) -> Any:
-    """The source as a DataFrame with string columns key, text, label."""
+    """The source as a DataFrame: string columns key, text, label, plus the
+    columns validation rules name (and ``_corrupt_record`` for malformed lines)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.utils import AnalysisException
+    from pyspark.sql.utils import AnalysisException, ParseException
+
+    from etl.validate import CORRUPT, extra_columns
 
     src = cfg.source
     try:
@@ -32,22 +35,48 @@ def read(spark: Any, cfg: JobConfig) -> Any:
                                 "--create-sample-table")
             df = spark.table(src.table)
         else:
-            if not fs.exists(src.path):
-                raise DataError(f"source.path {src.path} does not exist")
-            reader = spark.read.format(src.format)
-            if src.format == "csv":
-                reader = reader.option("header", "true").option("multiLine", "true").option("escape", '"')
-            df = reader.load(spark_path(src.path))
+            df = _read_files(spark, cfg)
         if src.filter:
             df = df.where(src.filter)
+    except ParseException as exc:
+        raise DataError(f"cannot read {describe(cfg)}: bad source.schema or source.filter: "
+                        f"{str(exc).splitlines()[0]}") from None
     except AnalysisException as exc:
         raise DataError(f"cannot read {describe(cfg)}: {str(exc).splitlines()[0]}") from None
     wanted = {"key": src.key_column, "text": src.text_column, "label": src.label_column}
     missing = [f"source.{role}_column={col!r}" for role, col in wanted.items() if col not in df.columns]
+    missing += [f"validation column {c!r}" for c in extra_columns(cfg) if c not in df.columns]
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
-                        f"{', '.join(df.columns)}: fix the column names in the config")
-    return df.select(*[F.col(col).cast("string").alias(role) for role, col in wanted.items()])
+                        f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
+    cols = [F.col(f"`{col}`").cast("string").alias(role) for role, col in wanted.items()]
+    cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
+    if CORRUPT in df.columns:
+        cols.append(F.col(CORRUPT))
+    return df.select(*cols)
+
+
+def _read_files(spark: Any, cfg: JobConfig) -> Any:
+    from etl.validate import CORRUPT
+
+    src = cfg.source
+    if not fs.exists(src.path):
+        raise DataError(f"source.path {src.path} does not exist")
+    reader = spark.read.format(src.format)
+    if src.format in ("csv", "json"):
+        # Malformed lines are kept in _corrupt_record and quarantined, not dropped or fatal.
+        reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+    if src.format == "csv":
+        reader = reader.option("header", "true").option("multiLine", "true").option("escape", '"')
+    if src.schema:
+        schema = src.schema
+        if src.format in ("csv", "json"):
+            schema += f", {CORRUPT} STRING"
+        reader = reader.schema(schema)
+    df = reader.load(spark_path(src.path))
+    if CORRUPT in df.columns:
+        df = df.cache()  # Spark refuses queries on raw files that use only the corrupt-record column
+    return df
 
 
 def _metastore(cfg: JobConfig) -> str:

@@ -1,13 +1,15 @@
 """Text to fixed-length token ids with a WordPiece tokenizer (the `tokenizers` library).
 
 The vocabulary is either a supplied ``vocab.txt`` (e.g. a BERT vocabulary) or
-learned from the training split only (word counts computed in Spark). The whole tokenizer (normalizer,
-pre-tokenizer, vocabulary, truncation and padding) is saved as JSON in the
-dataset, so executors, training and serving apply exactly the same thing.
+learned from the training split only (word counts computed in Spark). The whole
+tokenizer (normalizer, pre-tokenizer, vocabulary, truncation and padding) is
+saved as JSON in the dataset, so executors, training and serving apply exactly
+the same thing.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -16,19 +18,39 @@ PAD, UNK = "[PAD]", "[UNK]"
 SPECIAL_TOKENS = [PAD, UNK, "[CLS]", "[SEP]", "[MASK]"]
 
 
-def _configure(tok: Tokenizer, lowercase: bool, max_length: Optional[int]) -> Tokenizer:
-    # BertNormalizer: NFD accents handling off, control characters removed,
-    # Chinese characters split; NFKC first folds compatibility forms.
-    tok.normalizer = normalizers.Sequence([
-        normalizers.NFKC(),
-        normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False,
-                                   lowercase=lowercase),
-    ])
+@dataclass(frozen=True)
+class TextOptions:
+    lowercase: bool = True
+    nfkc: bool = True
+    strip_control_chars: bool = True
+    max_length: int = 64
+    truncation: str = "right"
+
+    @classmethod
+    def from_etl(cls, etl) -> "TextOptions":
+        return cls(etl.lowercase, etl.unicode_nfkc, etl.strip_control_chars, etl.max_length, etl.truncation)
+
+    def describe(self) -> dict:
+        steps = (["NFKC"] if self.nfkc else []) + (["strip-control-chars"] if self.strip_control_chars else []) \
+            + (["lowercase"] if self.lowercase else [])
+        return {"normalization": steps, "tokenizer": "wordpiece", "max_length": self.max_length,
+                "truncation": self.truncation, "padding": "right", "pad_id": 0}
+
+
+def _normalizer(opts: TextOptions) -> normalizers.Normalizer:
+    steps = [normalizers.NFKC()] if opts.nfkc else []
+    # BertNormalizer(clean_text) drops control characters and maps whitespace to spaces.
+    steps.append(normalizers.BertNormalizer(clean_text=opts.strip_control_chars, handle_chinese_chars=True,
+                                            strip_accents=False, lowercase=opts.lowercase))
+    return normalizers.Sequence(steps)
+
+
+def _configure(tok: Tokenizer, opts: TextOptions, pad: bool) -> Tokenizer:
+    tok.normalizer = _normalizer(opts)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    if max_length is None:
-        return tok
-    tok.enable_truncation(max_length=max_length)
-    tok.enable_padding(length=max_length, pad_id=tok.token_to_id(PAD), pad_token=PAD)
+    if pad:
+        tok.enable_truncation(max_length=opts.max_length, direction=opts.truncation)
+        tok.enable_padding(length=opts.max_length, pad_id=tok.token_to_id(PAD), pad_token=PAD)
     return tok
 
 
@@ -37,9 +59,9 @@ def words(tok: Tokenizer, text: str) -> list[str]:
     return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
 
 
-def base(lowercase: bool) -> Tokenizer:
+def base(opts: TextOptions) -> Tokenizer:
     """Normalizer and pre-tokenizer only: what word counting needs."""
-    return _configure(Tokenizer(models.WordPiece(vocab={PAD: 0, UNK: 1}, unk_token=UNK)), lowercase, None)
+    return _configure(Tokenizer(models.WordPiece(vocab={PAD: 0, UNK: 1}, unk_token=UNK)), opts, pad=False)
 
 
 def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
@@ -63,14 +85,15 @@ def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
     return vocab
 
 
-def from_vocab(vocab_lines: Sequence[str], lowercase: bool, max_length: int) -> Tokenizer:
-    """A tokenizer from a vocab.txt (one token per line, id = line number)."""
+def from_vocab(vocab_lines: Sequence[str], opts: TextOptions) -> Tokenizer:
+    """A tokenizer from a vocab.txt (one token per line, id = line number); [PAD] must be id 0."""
     vocab = {token: i for i, token in enumerate(t.rstrip("\n") for t in vocab_lines) if token}
     missing = [t for t in (PAD, UNK) if t not in vocab]
     if missing:
         raise ValueError(f"the vocabulary lacks {', '.join(missing)}; a BERT-style vocab.txt has both")
-    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK))
-    return _configure(tok, lowercase, max_length)
+    if vocab[PAD] != 0:
+        raise ValueError(f"[PAD] must be the first line (id 0), it is line {vocab[PAD] + 1}")
+    return _configure(Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK)), opts, pad=True)
 
 
 def vocab_lines(tok: Tokenizer) -> list[str]:

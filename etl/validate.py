@@ -1,22 +1,26 @@
 """Row validation with quarantine: nothing is dropped silently.
 
 Every row in is accounted for: ``rows_in = valid + rejected + duplicates``.
-Rejected rows are kept with the rule they broke and the offending value.
+A rejected row is kept with the first rule it broke and the offending value;
+rules come from the config's ``validation`` block plus the built-in checks on
+the key, text and label columns.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hvdtrain.config import JobConfig
+from hvdtrain.errors import DataError
 
-# (rule, column whose value is shown, condition that makes a row fail), checked in order.
-RULES = [
-    ("key_null", "key", "key IS NULL OR trim(key) = ''"),
-    ("text_null", "text", "text IS NULL"),
-    ("text_empty", "text", "trim(text) = ''"),
-    ("label_null", "label", "label IS NULL OR trim(label) = ''"),
-]
+CORRUPT = "_corrupt_record"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    column: str  # whose value is shown in the rejects
+    fails: Callable[[], Any]  # builds a Column that is true when a row breaks the rule
 
 
 @dataclass
@@ -31,35 +35,97 @@ class Checked:
     def rejected_total(self) -> int:
         return sum(self.rejects_by_rule.values())
 
+    def worst_rules(self, n: int = 3) -> str:
+        top = sorted(self.rejects_by_rule.items(), key=lambda kv: -kv[1])[:n]
+        return ", ".join(f"{rule} ({count:,})" for rule, count in top)
 
-def first_failed_rule() -> Any:
-    """A column naming the first rule a row breaks (NULL when it passes)."""
+
+def role_of(cfg: JobConfig) -> dict[str, str]:
+    """Source column name -> the name it has after reading (key, text, label, or itself)."""
+    src = cfg.source
+    return {src.key_column: "key", src.text_column: "text", src.label_column: "label"}
+
+
+def extra_columns(cfg: JobConfig) -> list[str]:
+    """Columns the rules need beyond key, text and label (source names)."""
+    v = cfg.validation
+    named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex]
+    roles = role_of(cfg)
+    return sorted({c for c in named if c not in roles})
+
+
+def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
+    """Every rule, in the order they are checked (the first broken one is reported)."""
     from pyspark.sql import functions as F
 
-    expr = None
-    for rule, _, cond in RULES:
-        expr = F.when(F.expr(cond), F.lit(rule)) if expr is None else expr.when(F.expr(cond), F.lit(rule))
-    return expr
+    v = cfg.validation
+    roles = role_of(cfg)
+
+    def col(name: str) -> Any:
+        return F.col(f"`{roles.get(name, name)}`")
+
+    out = []
+    if has_corrupt:
+        out.append(Rule("malformed_record", CORRUPT, lambda: F.col(CORRUPT).isNotNull()))
+    out += [
+        Rule("key_null", "key", lambda: F.col("key").isNull() | (F.trim("key") == "")),
+        Rule("text_null", "text", lambda: F.col("text").isNull()),
+        Rule("text_empty", "text", lambda: F.trim("text") == ""),
+        Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")),
+    ]
+    if v.text_min_chars > 1:
+        out.append(Rule("text_too_short", "text", lambda: F.char_length(F.trim("text")) < v.text_min_chars))
+    if v.text_max_chars is not None:
+        out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > v.text_max_chars))
+    for c in v.not_null:
+        out.append(Rule(f"not_null:{c}", roles.get(c, c), lambda c=c: col(c).isNull()))
+    for c, allowed in v.allowed_values.items():
+        out.append(Rule(f"allowed_values:{c}", roles.get(c, c),
+                        lambda c=c, allowed=allowed: col(c).isNotNull() & ~col(c).cast("string").isin(allowed)))
+    for c, rng in v.ranges.items():
+        num = lambda c=c: F.expr(f"try_cast(`{roles.get(c, c)}` AS DOUBLE)")  # noqa: E731
+        out.append(Rule(f"type:{c}", roles.get(c, c), lambda c=c, num=num: col(c).isNotNull() & num().isNull()))
+        lo = -float("inf") if rng.min is None else rng.min
+        hi = float("inf") if rng.max is None else rng.max
+        out.append(Rule(f"range:{c}", roles.get(c, c), lambda num=num, lo=lo, hi=hi: (num() < lo) | (num() > hi)))
+    for c, pattern in v.regex.items():
+        out.append(Rule(f"regex:{c}", roles.get(c, c),
+                        lambda c=c, pattern=pattern: col(c).isNotNull() & ~col(c).cast("string").rlike(pattern)))
+    return out
+
+
+def first_failed(rule_list: list[Rule]) -> tuple[Any, Any]:
+    """Columns naming the first rule a row breaks and its value (NULL when it passes)."""
+    from pyspark.sql import functions as F
+
+    name = value = None
+    for r in rule_list:
+        cond = F.coalesce(r.fails(), F.lit(False))
+        val = F.col(f"`{r.column}`").cast("string")
+        name = F.when(cond, F.lit(r.name)) if name is None else name.when(cond, F.lit(r.name))
+        value = F.when(cond, val) if value is None else value.when(cond, val)
+    return name, value
 
 
 def run(raw: Any, cfg: JobConfig) -> Checked:
+    """Tag each row with the first rule it breaks; split into valid and rejected."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    tagged = raw.withColumn("rule", first_failed_rule()).cache()
-    value = F.coalesce(*[F.when(F.col("rule") == r, F.col(c)) for r, c, _ in RULES])
-    rejects = tagged.where("rule IS NOT NULL").withColumn("value", value)
-    passed = tagged.where("rule IS NULL").drop("rule")
-    # Duplicate keys: keep one row per key, chosen by content so reruns keep the same one.
-    w = Window.partitionBy("key").orderBy("text", "label")
-    ranked = passed.withColumn("_n", F.row_number().over(w))
-    valid = ranked.where("_n = 1").drop("_n")
+    rule_list = rules(cfg, CORRUPT in raw.columns)
+    name, value = first_failed(rule_list)
+    tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
+    rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
+    passed = tagged.where("rule IS NULL").select("key", "text", "label")
+    if cfg.validation.unique_key:
+        # Keep one row per key, chosen by content so reruns keep the same one.
+        w = Window.partitionBy("key").orderBy("text", "label")
+        passed = passed.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
     rows_in = tagged.count()
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
-    n_passed = rows_in - sum(by_rule.values())
-    duplicates = n_passed - valid.count()
-    return Checked(valid=valid, rejects=rejects, rows_in=rows_in, duplicates=duplicates,
-                   rejects_by_rule={r: by_rule.get(r, 0) for r, _, _ in RULES if by_rule.get(r)})
+    duplicates = rows_in - sum(by_rule.values()) - passed.count()
+    return Checked(valid=passed, rejects=rejects, rows_in=rows_in, duplicates=duplicates,
+                   rejects_by_rule={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)})
 
 
 def reject_unknown_labels(rows: Any, labels: list[str], checked: Checked) -> Any:
@@ -75,9 +141,29 @@ def reject_unknown_labels(rows: Any, labels: list[str], checked: Checked) -> Any
     n = unknown.count()
     if n:
         checked.rejects = checked.rejects.unionByName(
-            unknown.drop("split").withColumn("rule", F.lit("label_unknown")).withColumn("value", F.col("label")))
+            unknown.select("key", "text", "label").withColumn("rule", F.lit("label_unknown"))
+            .withColumn("value", F.col("label")))
         checked.rejects_by_rule["label_unknown"] = n
     return rows.where(known)
+
+
+def enforce_limits(checked: Checked, valid_rows: int, cfg: JobConfig, source_name: str) -> None:
+    """Abort before anything is published when too little survives validation."""
+    v = cfg.validation
+    if checked.rows_in == 0:
+        raise DataError(f"{source_name} is empty" + (f" after source.filter={cfg.source.filter!r}"
+                                                     if cfg.source.filter else "")
+                        + ": nothing to write. Check the table or path, and the filter")
+    frac = checked.rejected_total / checked.rows_in if checked.rows_in else 0.0
+    if v.fail_if_reject_fraction_over is not None and frac > v.fail_if_reject_fraction_over:
+        raise DataError(f"{frac:.1%} of {checked.rows_in:,} rows were rejected, over "
+                        f"validation.fail_if_reject_fraction_over={v.fail_if_reject_fraction_over}; worst rules: "
+                        f"{checked.worst_rules()}. Nothing was published; fix the source or the rules")
+    if valid_rows < v.min_rows:
+        raise DataError(f"only {valid_rows:,} valid rows (validation.min_rows={v.min_rows}) of "
+                        f"{checked.rows_in:,} read" + (f"; worst rules: {checked.worst_rules()}"
+                                                       if checked.rejected_total else "")
+                        + ". Nothing was published")
 
 
 def write_rejects(checked: Checked, uri: str) -> None:
@@ -85,4 +171,4 @@ def write_rejects(checked: Checked, uri: str) -> None:
     from etl.sources import spark_path
 
     if checked.rejected_total:
-        checked.rejects.select("key", "text", "label", "rule", "value").write.mode("overwrite").parquet(spark_path(uri))
+        checked.rejects.write.mode("overwrite").parquet(spark_path(uri))

@@ -1,4 +1,4 @@
-"""``hvdtrain`` command line: demo, etl, train, config.
+"""``hvdtrain`` command line: demo, etl, train, yarn, env, config.
 
 The ETL runs in its own process (``python -m etl.job``, the same entry point
 spark-submit runs), and local training under ``horovodrun``; this module only
@@ -110,6 +110,20 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
     return "\n".join(["", "demo finished:"] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
+def cmd_yarn(args: argparse.Namespace) -> int:
+    """``hvdtrain yarn submit ...``: the launcher lives in yarn/ (which imports hvdtrain), so run it."""
+    if not args.rest or args.rest[0] != "submit":
+        raise HvdtrainError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
+                            "[--principal P --keytab K] [--master M] [--dry-run]")
+    return subprocess.call([sys.executable, "-m", "yarn.submit", *args.rest[1:]], env=child_env())
+
+
+def cmd_env_check(args: argparse.Namespace) -> int:
+    from hvdtrain import envcheck
+
+    return envcheck.main()
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -137,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(fn=cmd_train)
     show = with_config("config", "print the resolved config (after overrides and path resolution)")
     show.set_defaults(fn=cmd_config_show)
+    yarn = sub.add_parser("yarn", help="train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
+                          add_help=False)
+    yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
+    yarn.set_defaults(fn=cmd_yarn)
+    env = sub.add_parser("env", help="diagnose this host: hvdtrain env check")
+    env.add_argument("what", choices=["check"])
+    env.set_defaults(fn=cmd_env_check)
     return p
 
 

@@ -71,10 +71,11 @@ class SourceConfig:
     table: Optional[str] = None
     path: Optional[str] = None
     format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
+    schema: Optional[str] = None  # Spark DDL for files, e.g. "id STRING, text STRING, label STRING"
     text_column: str = "text"
     label_column: str = "label"
     key_column: str = "id"
-    filter: Optional[str] = None
+    filter: Optional[str] = None  # a Spark SQL predicate applied at read time
     sample: Optional[SampleConfig] = None
 
     def __post_init__(self) -> None:
@@ -86,6 +87,49 @@ class SourceConfig:
         if self.path is not None:
             _require(self.format is not None, "format", self.format,
                      "must be set when source.path is: one of parquet, orc, csv, json")
+
+
+@dataclass
+class RangeRule:
+    min: Optional[float] = None
+    max: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _require(self.min is not None or self.max is not None, "min", self.min, "or max must be set")
+        _require(self.min is None or self.max is None or self.min <= self.max, "min", self.min,
+                 f"must be <= max ({self.max})")
+
+
+@dataclass
+class ValidationConfig:
+    """Row rules. A row that breaks one is quarantined in ``rejects/`` with the
+    rule and the offending value; nothing is dropped silently."""
+
+    required_columns: list[str] = field(default_factory=list)
+    not_null: list[str] = field(default_factory=list)
+    allowed_values: dict[str, list[str]] = field(default_factory=dict)
+    ranges: dict[str, RangeRule] = field(default_factory=dict)
+    regex: dict[str, str] = field(default_factory=dict)
+    text_min_chars: int = 1
+    text_max_chars: Optional[int] = None
+    unique_key: bool = True
+    min_rows: int = 1
+    fail_if_reject_fraction_over: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        import re
+
+        _require(self.text_min_chars >= 1, "text_min_chars", self.text_min_chars, "must be >= 1")
+        _require(self.text_max_chars is None or self.text_max_chars >= self.text_min_chars, "text_max_chars",
+                 self.text_max_chars, f"must be >= text_min_chars ({self.text_min_chars})")
+        _require(self.min_rows >= 0, "min_rows", self.min_rows, "must be >= 0")
+        frac = self.fail_if_reject_fraction_over
+        _require(frac is None or 0 <= frac < 1, "fail_if_reject_fraction_over", frac, "must be in [0, 1)")
+        for col, pattern in self.regex.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"regex.{col}", pattern, f"is not a valid regular expression ({exc})") from None
 
 
 @dataclass
@@ -115,6 +159,9 @@ class EtlConfig:
     vocab_size: int = 2000
     vocab_file: Optional[str] = None
     lowercase: bool = True
+    unicode_nfkc: bool = True
+    strip_control_chars: bool = True
+    truncation: Literal["right", "left"] = "right"
     target_shard_mb: float = 64.0
     min_shards_per_split: int = 2
     compression: Literal["none", "gzip"] = "none"
@@ -182,16 +229,46 @@ class TrackingConfig:
 
 
 @dataclass
+class YarnConfig:
+    """Training on YARN through Spark: ``hvdtrain yarn submit`` (see yarn/submit.py)."""
+
+    num_workers: int = 2
+    gpus_per_worker: int = 0
+    executor_cores: int = 4
+    executor_memory: str = "8g"
+    driver_memory: str = "4g"
+    queue: Optional[str] = None
+    deploy_mode: Literal["client", "cluster"] = "client"
+    principal: Optional[str] = None
+    keytab: Optional[str] = None
+    env_archive: Optional[str] = None  # a packed env to use as is; built with venv-pack when unset
+    env_cache: str = "{workdir}/envs"  # where packed envs are uploaded once per content hash (an HDFS folder)
+    start_timeout: int = 600
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # passed to every rank (NCCL_*, GLOO_*, HOROVOD_*)
+
+    def __post_init__(self) -> None:
+        _require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
+        _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, "must be >= 0")
+        _require(self.executor_cores >= 1, "executor_cores", self.executor_cores, "must be >= 1")
+        _require(self.start_timeout > 0, "start_timeout", self.start_timeout, "must be > 0 seconds")
+        _require((self.principal is None) == (self.keytab is None), "principal", self.principal,
+                 "and yarn.keytab must be set together (Kerberos login for the job)")
+
+
+@dataclass
 class JobConfig:
     name: str = "job"
     workdir: str = "work/{name}"
     source: SourceConfig = field(default_factory=lambda: SourceConfig(table="default.rows"))
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     hive: HiveConfig = field(default_factory=HiveConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     etl: EtlConfig = field(default_factory=EtlConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    yarn: YarnConfig = field(default_factory=YarnConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
@@ -218,7 +295,7 @@ class JobConfig:
 
 PATH_FIELDS = {
     "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
-    "etl.vocab_file", "train.output", "tracking.uri",
+    "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
 }
 
 

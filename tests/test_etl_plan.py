@@ -48,14 +48,15 @@ def test_shard_plan_has_enough_shards_for_ranks_and_size():
 
 
 def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
-    base = text.base(lowercase=True)
+    opts = text.TextOptions(lowercase=True, max_length=6)
+    base = text.base(opts)
     texts = ["the cat sat", "the dog ran far away", "Café ＡＢＣ"] * 20
     counts = collections.Counter(w for t in texts for w in text.words(base, t))
     assert counts["café"] == 20 and counts["abc"] == 20  # lowercased, NFKC-folded
     vocab = text.learn_vocab(counts, vocab_size=60)
     assert vocab == text.learn_vocab(dict(reversed(list(counts.items()))), vocab_size=60)
     assert vocab[:2] == ["[PAD]", "[UNK]"] and "##a" in vocab and "the" in vocab
-    tok = text.from_vocab(vocab, lowercase=True, max_length=6)
+    tok = text.from_vocab(vocab, opts)
     ids, mask = text.encode(tok, ["the cat", "the dog ran far away again and again", "CAFÉ abc"])
     assert ids.shape == (3, 6) and mask.shape == (3, 6)
     assert mask[0].tolist() == [1, 1, 0, 0, 0, 0] and ids[0, 2] == 0  # [PAD] is id 0
@@ -64,4 +65,14 @@ def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
     unseen = tok.encode("zebra").tokens  # spelled from characters, never lost
     assert unseen[0] in ("z", "[UNK]") and all(t.startswith("##") or t in vocab for t in unseen)
     with pytest.raises(ValueError, match="lacks \\[PAD\\]"):
-        text.from_vocab(["a", "b"], True, 6)
+        text.from_vocab(["a", "b"], opts)
+
+
+def test_normalization_options():
+    raw = "Hello\u0007 ＷＯＲＬＤ"
+    on = text.words(text.base(text.TextOptions()), raw)
+    off = text.words(text.base(text.TextOptions(lowercase=False, nfkc=False)), raw)
+    assert on == ["hello", "world"]
+    assert off[0] == "Hello" and off[1] == "ＷＯＲＬＤ"
+    left = text.from_vocab(text.SPECIAL_TOKENS + list("abc"), text.TextOptions(max_length=2, truncation="left"))
+    assert left.encode("a b c").tokens == ["b", "c"]

@@ -26,6 +26,7 @@ def spark(hive_cfg):
     from etl import session
 
     s = session.get_session(hive_cfg, "local[2]")
+    s.sql("CREATE DATABASE IF NOT EXISTS etltest")
     yield s
     s.stop()
 
@@ -149,3 +150,89 @@ def test_bad_sources_fail_clearly_and_publish_nothing(spark, hive_cfg, tmp_path,
     out = data["etl"]["output"]
     assert not fs.exists(os.path.join(out, "manifest.json"))
     assert not fs.exists(out) or set(fs.listdir(out)) <= {"_staging"}
+
+
+def file_job(hive_cfg, tmp_path, source, validation=None, **etl):
+    data = job(hive_cfg, tmp_path, **etl).to_dict()
+    data["source"] = source
+    data["validation"] = validation or {}
+    return config.from_dict(data, base_dir=str(tmp_path))
+
+
+GOOD = [(f"r{i}", f"some words here number {i}", ["pos", "neg"][i % 2], i % 7) for i in range(80)]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc", "json", "csv"])
+def test_file_sources_read_back_record_for_record(spark, hive_cfg, tmp_path, fmt):
+    from etl import job as etl_job
+
+    src = str(tmp_path / f"src.{fmt}")
+    spark.createDataFrame(GOOD, "id string, text string, label string, score int").coalesce(2) \
+        .write.mode("overwrite").format(fmt).options(**({"header": "true"} if fmt == "csv" else {})).save(src)
+    cfg = file_job(hive_cfg, tmp_path, {"path": src, "format": fmt}, compression="gzip")
+    report = etl_job.run(spark, cfg)
+    m = manifest.read(cfg.etl.output)
+    assert report["rows_written"] == 80 and m.compression == "gzip"
+    got = set()
+    for name in m.splits:
+        got |= {k.decode() for k in read_back(m, name)["key"]}
+    assert got == {r[0] for r in GOOD}
+
+
+def test_malformed_lines_wrong_types_and_rule_breaks_are_quarantined(spark, hive_cfg, tmp_path):
+    from etl import job as etl_job
+
+    lines = [json.dumps({"id": r[0], "text": r[1], "label": r[2], "score": r[3]}) for r in GOOD]
+    lines += [
+        '{"id": "bad1", "text": "unterminated',                                   # malformed JSON
+        json.dumps({"id": "w1", "text": "fine text", "label": "pos", "score": "high"}),  # wrong type
+        json.dumps({"id": "w2", "text": "fine text", "label": "pos", "score": 99}),      # out of range
+        json.dumps({"id": "w3", "text": "x" * 500, "label": "pos", "score": 1}),         # over-long text
+        json.dumps({"id": "w4", "text": "fine text", "label": "maybe", "score": 1}),     # not an allowed label
+        json.dumps({"id": "W5", "text": "fine text", "label": "pos", "score": 1}),       # key breaks the regex
+    ]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    cfg = file_job(hive_cfg, tmp_path, {"path": str(src), "format": "json",
+                                        "schema": "id STRING, text STRING, label STRING, score STRING"},
+                   {"ranges": {"score": {"min": 0, "max": 10}}, "text_max_chars": 200,
+                    "allowed_values": {"label": ["pos", "neg"]}, "regex": {"id": "^[a-z]+[0-9]+$"}})
+    report = etl_job.run(spark, cfg)
+    assert report["rejects_by_rule"] == {"malformed_record": 1, "type:score": 1, "range:score": 1,
+                                         "text_too_long": 1, "allowed_values:label": 1, "regex:id": 1}
+    assert report["rows_in"] == 86 == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
+    rejects = {r.rule: r.value for r in spark.read.parquet(os.path.join(cfg.etl.output, "rejects")).collect()}
+    assert rejects["type:score"] == "high" and rejects["range:score"] == "99" and rejects["regex:id"] == "W5"
+    assert rejects["malformed_record"].startswith('{"id": "bad1"')
+
+
+def test_reject_fraction_over_the_limit_aborts_and_publishes_nothing(spark, hive_cfg, tmp_path):
+    from etl import job as etl_job
+
+    rows = GOOD[:10] + [(f"e{i}", "  ", "pos", 1) for i in range(5)] + [(f"n{i}", None, "pos", 1) for i in range(2)]
+    spark.createDataFrame(rows, "id string, text string, label string, score int") \
+        .write.mode("overwrite").saveAsTable("etltest.mostly_bad")
+    cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.mostly_bad"}, {"fail_if_reject_fraction_over": 0.2})
+    with pytest.raises(DataError, match=r"41.2% of 17 rows were rejected.*worst rules: text_empty \(5\), text_null \(2\)"):
+        etl_job.run(spark, cfg)
+    assert not fs.exists(cfg.etl.output) or set(fs.listdir(cfg.etl.output)) <= {"_staging"}
+
+
+def test_empty_source_and_unwritable_output_fail_clearly(spark, hive_cfg, tmp_path):
+    from etl import job as etl_job
+
+    spark.createDataFrame([], "id string, text string, label string").write.mode("overwrite") \
+        .saveAsTable("etltest.empty")
+    with pytest.raises(DataError, match="Hive table etltest.empty is empty: nothing to write"):
+        etl_job.run(spark, file_job(hive_cfg, tmp_path, {"table": "etltest.empty"}))
+    spark.createDataFrame(GOOD, "id string, text string, label string, score int").write.mode("overwrite") \
+        .saveAsTable("etltest.good")
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the output folder should go")
+    cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.good"})
+    data = cfg.to_dict()
+    data["etl"]["output"] = str(blocker / "data")
+    with pytest.raises(Exception) as info:
+        etl_job.run(spark, config.from_dict(data))
+    assert str(blocker) in str(info.value)
+    assert blocker.read_text().startswith("a file")
