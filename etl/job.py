@@ -90,15 +90,16 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         if counts.get("train", 0) == 0:
             raise DataError(f"no valid training rows in {sources.describe(cfg)} "
                             f"(rows in: {checked.rows_in}, rejected: {checked.rejected_total}); see the rejects")
-        with timer.stage("vocabulary"):
-            tok = _tokenizer(rows, cfg)
-        with timer.stage("tokenize and write shards"):
-            plan = writer.plan_shards(counts, cfg.etl.max_length, cfg.etl.target_shard_mb,
+        with timer.stage("fit vocabulary and statistics on train"):
+            tok = _tokenizer(rows, cfg) if cfg.source.text_column else None
+            stats = _tabular_stats(rows, cfg)
+        with timer.stage("encode and write shards"):
+            plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split)
-            results = _write_shards(rows, labels, tok.to_str(), plan, staging, cfg)
+            results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg)
         rows.unpersist()
         with timer.stage("publish"):
-            report = _publish(cfg, staging, plan, results, labels, tok, checked, counts, timer)
+            report = _publish(cfg, staging, plan, results, labels, tok, stats, checked, counts, timer)
     except BaseException:
         _clean(staging)
         raise
@@ -134,8 +135,16 @@ def _tokenizer(rows: Any, cfg: JobConfig):
     return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
 
 
-def _write_shards(rows: Any, labels: list[str], tokenizer_json: str, plan: Any, staging: str,
-                  cfg: JobConfig) -> list[dict]:
+def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
+    from etl import tabular
+
+    if not (cfg.source.numeric_columns or cfg.source.categorical_columns):
+        return None
+    return tabular.fit(rows.where("split = 'train'"), cfg)
+
+
+def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], tabular_stats: Optional[dict],
+                  plan: Any, staging: str, cfg: JobConfig) -> list[dict]:
     from functools import partial
 
     from etl import writer
@@ -143,14 +152,15 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: str, plan: Any, 
     label_index = {name: i for i, name in enumerate(labels)}
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
+    num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
     # Partition = shard: (split offset + a hash of the key), rows sorted by key inside it,
     # so shard contents are the same on every rerun, whatever the input partitioning.
-    keyed = (rows.select("split", "key", "text", "label").rdd
-             .map(lambda r: ((offsets[r.split] + _stable_shard(r.key, counts[r.split]), r.key),
-                             (r.text, label_index[r.label]))))
+    keyed = rows.rdd.map(lambda r: (
+        (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
+        (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
-                   compression=cfg.etl.compression)
+                   tabular_stats=tabular_stats, compression=cfg.etl.compression)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 
@@ -161,8 +171,8 @@ def _stable_shard(key: str, count: int) -> int:
 
 
 def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], labels: list[str], tok: Any,
-             checked: Any, counts: dict[str, int], timer: StageTimer) -> dict[str, Any]:
-    from etl import text, writer
+             stats: Optional[dict], checked: Any, counts: dict[str, int], timer: StageTimer) -> dict[str, Any]:
+    from etl import tabular, text, writer
 
     out = cfg.etl.output
     written = {s: sum(r["records"] for r in results if r["split"] == s) for s in SPLITS}
@@ -184,9 +194,25 @@ def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], label
             class_counts={labels[int(k)]: v for k, v in r["class_counts"].items()}))
     if checked.rejected_total:
         fs.move(fs.join(staging, "rejects"), fs.join(out, "rejects"))
-    vocab = text.vocab_lines(tok)
-    fs.write_bytes_atomic(fs.join(out, "vocab.txt"), ("\n".join(vocab) + "\n").encode())
-    fs.write_bytes_atomic(fs.join(out, "tokenizer.json"), tok.to_str().encode())
+    features: dict[str, manifest.FeatureSpec] = {}
+    vocab_info: dict[str, Any] = {}
+    preprocessing: dict[str, Any] = {}
+    if tok is not None:
+        vocab = text.vocab_lines(tok)
+        fs.write_bytes_atomic(fs.join(out, "vocab.txt"), ("\n".join(vocab) + "\n").encode())
+        fs.write_bytes_atomic(fs.join(out, "tokenizer.json"), tok.to_str().encode())
+        features["input_ids"] = manifest.FeatureSpec("int64", [cfg.etl.max_length])
+        features["attention_mask"] = manifest.FeatureSpec("int64", [cfg.etl.max_length])
+        vocab_info = {"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab), "pad_id": 0,
+                      "learned": cfg.etl.vocab_file is None}
+        preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}
+    if stats is not None:
+        for name, (dtype, shape) in tabular.feature_specs(stats).items():
+            features[name] = manifest.FeatureSpec(dtype, shape)
+        preprocessing["tabular"] = {**stats, "fill_values": tabular.fill_values(stats),
+                                    "cardinalities": tabular.cardinalities(stats)}
+    features["label"] = manifest.FeatureSpec("int64", [])
+    features["key"] = manifest.FeatureSpec("bytes", [])
     report = {
         "rows_in": checked.rows_in, "rows_written": sum(written.values()), "rows_rejected": checked.rejected_total,
         "duplicates_dropped": checked.duplicates, "rejects_by_rule": checked.rejects_by_rule,
@@ -194,19 +220,10 @@ def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], label
     }
     fs.write_bytes_atomic(fs.join(out, "etl_report.json"), json.dumps(report, indent=2).encode())
     m = manifest.Manifest(
-        features={
-            "input_ids": manifest.FeatureSpec("int64", [cfg.etl.max_length]),
-            "attention_mask": manifest.FeatureSpec("int64", [cfg.etl.max_length]),
-            "label": manifest.FeatureSpec("int64", []),
-            "key": manifest.FeatureSpec("bytes", []),
-        },
-        label_feature="label", labels=labels, splits=splits, compression=cfg.etl.compression,
-        vocab={"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab),
-               "pad_id": 0, "learned": cfg.etl.vocab_file is None},
-        preprocessing={"text_column": cfg.source.text_column,
-                       **text.TextOptions.from_etl(cfg.etl).describe()},
+        features=features, label_feature="label", labels=labels, splits=splits, compression=cfg.etl.compression,
+        vocab=vocab_info, preprocessing=preprocessing,
         source=_source_info(cfg, checked),
-        etl_config_hash=cfg.section_hash("source", "etl"),
+        etl_config_hash=cfg.section_hash("source", "validation", "etl"),
         versions=_versions(),
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )

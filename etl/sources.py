@@ -44,12 +44,12 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     except AnalysisException as exc:
         raise DataError(f"cannot read {describe(cfg)}: {str(exc).splitlines()[0]}") from None
     wanted = {"key": src.key_column, "text": src.text_column, "label": src.label_column}
-    missing = [f"source.{role}_column={col!r}" for role, col in wanted.items() if col not in df.columns]
+    missing = [f"source.{role}_column={col!r}" for role, col in wanted.items() if col and col not in df.columns]
     missing += [f"validation column {c!r}" for c in extra_columns(cfg) if c not in df.columns]
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
-    cols = [F.col(f"`{col}`").cast("string").alias(role) for role, col in wanted.items()]
+    cols = [(F.col(f"`{col}`") if col else F.lit(None)).cast("string").alias(role) for role, col in wanted.items()]
     cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
     if CORRUPT in df.columns:
         cols.append(F.col(CORRUPT))

@@ -25,7 +25,7 @@ class Rule:
 
 @dataclass
 class Checked:
-    valid: Any  # DataFrame of (key, text, label)
+    valid: Any  # DataFrame of (key, text, label, tabular feature columns)
     rejects: Any  # DataFrame of (key, text, label, rule, value)
     rows_in: int
     duplicates: int
@@ -43,13 +43,22 @@ class Checked:
 def role_of(cfg: JobConfig) -> dict[str, str]:
     """Source column name -> the name it has after reading (key, text, label, or itself)."""
     src = cfg.source
-    return {src.key_column: "key", src.text_column: "text", src.label_column: "label"}
+    roles = {src.key_column: "key", src.label_column: "label"}
+    if src.text_column:
+        roles[src.text_column] = "text"
+    return roles
+
+
+def feature_columns(cfg: JobConfig) -> list[str]:
+    """Tabular feature columns, quoted for Spark."""
+    return [f"`{c}`" for c in (*cfg.source.numeric_columns, *cfg.source.categorical_columns)]
 
 
 def extra_columns(cfg: JobConfig) -> list[str]:
     """Columns the rules need beyond key, text and label (source names)."""
     v = cfg.validation
-    named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex]
+    named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex,
+             *cfg.source.numeric_columns, *cfg.source.categorical_columns]
     roles = role_of(cfg)
     return sorted({c for c in named if c not in roles})
 
@@ -67,16 +76,20 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     out = []
     if has_corrupt:
         out.append(Rule("malformed_record", CORRUPT, lambda: F.col(CORRUPT).isNotNull()))
-    out += [
-        Rule("key_null", "key", lambda: F.col("key").isNull() | (F.trim("key") == "")),
-        Rule("text_null", "text", lambda: F.col("text").isNull()),
-        Rule("text_empty", "text", lambda: F.trim("text") == ""),
-        Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")),
-    ]
-    if v.text_min_chars > 1:
+    has_text = cfg.source.text_column is not None
+    out.append(Rule("key_null", "key", lambda: F.col("key").isNull() | (F.trim("key") == "")))
+    if has_text:
+        out += [Rule("text_null", "text", lambda: F.col("text").isNull()),
+                Rule("text_empty", "text", lambda: F.trim("text") == "")]
+    out.append(Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")))
+    if has_text and v.text_min_chars > 1:
         out.append(Rule("text_too_short", "text", lambda: F.char_length(F.trim("text")) < v.text_min_chars))
-    if v.text_max_chars is not None:
+    if has_text and v.text_max_chars is not None:
         out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > v.text_max_chars))
+    for c in cfg.source.numeric_columns:
+        if c not in v.ranges:  # a range rule brings its own type check
+            out.append(Rule(f"type:{c}", c, lambda c=c: F.col(f"`{c}`").isNotNull()
+                            & F.expr(f"try_cast(`{c}` AS DOUBLE)").isNull()))
     for c in v.not_null:
         out.append(Rule(f"not_null:{c}", roles.get(c, c), lambda c=c: col(c).isNull()))
     for c, allowed in v.allowed_values.items():
@@ -116,7 +129,7 @@ def run(raw: Any, cfg: JobConfig) -> Checked:
     name, value = first_failed(rule_list)
     tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
-    passed = tagged.where("rule IS NULL").select("key", "text", "label")
+    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg))
     if cfg.validation.unique_key:
         # Keep one row per key, chosen by content so reruns keep the same one.
         w = Window.partitionBy("key").orderBy("text", "label")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -61,41 +61,24 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
     return f"{split}/part-{index:05d}-of-{count:05d}{ext}"
 
 
-def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str, tokenizer_json: str,
-                    compression: str) -> Iterator[dict]:
-    """Runs in a Spark task: tokenize sorted rows and write one shard.
+def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str,
+                    tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str) -> Iterator[dict]:
+    """Runs in a Spark task: encode sorted rows and write one shard.
 
-    ``rows`` are ((partition, key), (text, label_id)) pairs. Yields one stats
-    dict for the shard (nothing for an empty partition).
+    ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
+    values)) pairs. Yields one stats dict for the shard (nothing for an empty
+    partition).
     """
     from pyspark import TaskContext
-    from tokenizers import Tokenizer
 
-    from etl import text
-
-    tok = Tokenizer.from_str(tokenizer_json)
     split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
     path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
+    encode = RecordEncoder(tokenizer_json, tabular_stats)
     stream = None
     writer = None
     batch: list = []
-
-    def flush() -> None:
-        keys = [k for (_, k), _ in batch]
-        texts = [t for _, (t, _) in batch]
-        labels = np.array([lab for _, (_, lab) in batch], dtype=np.int64)
-        ids, mask = text.encode(tok, texts)
-        writer.write_many(tfrecord.encode_examples({
-            "input_ids": (tfrecord.INT64, ids),
-            "attention_mask": (tfrecord.INT64, mask),
-            "label": (tfrecord.INT64, labels),
-            "key": (tfrecord.BYTES, [k.encode() for k in keys]),
-        }))
-        writer.count_labels(labels)
-        batch.clear()
-
     try:
         for row in rows:
             if writer is None:
@@ -103,11 +86,12 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
                 writer = tfrecord.TFRecordWriter(stream, compression)
             batch.append(row)
             if len(batch) >= BATCH:
-                flush()
+                encode.write(writer, batch)
+                batch.clear()
         if writer is None:
             return
         if batch:
-            flush()
+            encode.write(writer, batch)
         stats = writer.finish()
     finally:
         if stream is not None:
@@ -115,3 +99,39 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     yield {"partition": partition, "split": split, "index": index, "staged": path, "records": stats.records,
            "bytes": stats.bytes, "sha256": stats.sha256,
            "class_counts": {str(k): v for k, v in sorted(stats.class_counts.items())}}
+
+
+class RecordEncoder:
+    """Turns a batch of rows into tf.train.Example records: token ids for the
+    text, fitted transforms for tabular columns, the label index and the key."""
+
+    def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict]):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.stats = tabular_stats
+
+    def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
+        from etl import tabular, text
+
+        keys = [k for (_, k), _ in batch]
+        labels = np.array([v[1] for _, v in batch], dtype=np.int64)
+        cols: dict[str, tuple[str, Any]] = {}
+        if self.tok is not None:
+            ids, mask = text.encode(self.tok, [v[0] for _, v in batch])
+            cols["input_ids"] = (tfrecord.INT64, ids)
+            cols["attention_mask"] = (tfrecord.INT64, mask)
+        if self.stats is not None:
+            numeric, categorical = tabular.transform(self.stats, [v[2] for _, v in batch], [v[3] for _, v in batch])
+            if self.stats["numeric_columns"]:
+                cols["numeric"] = (tfrecord.FLOAT, numeric)
+            if self.stats["categorical_columns"]:
+                cols["categorical"] = (tfrecord.INT64, categorical)
+        cols["label"] = (tfrecord.INT64, labels)
+        cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
+        return cols
+
+    def write(self, writer: tfrecord.TFRecordWriter, batch: list) -> None:
+        cols = self.columns(batch)
+        writer.write_many(tfrecord.encode_examples(cols))
+        writer.count_labels(cols["label"][1])

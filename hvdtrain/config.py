@@ -72,9 +72,11 @@ class SourceConfig:
     path: Optional[str] = None
     format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
     schema: Optional[str] = None  # Spark DDL for files, e.g. "id STRING, text STRING, label STRING"
-    text_column: str = "text"
+    text_column: Optional[str] = "text"  # null for a tabular-only dataset
     label_column: str = "label"
     key_column: str = "id"
+    numeric_columns: list[str] = field(default_factory=list)
+    categorical_columns: list[str] = field(default_factory=list)
     filter: Optional[str] = None  # a Spark SQL predicate applied at read time
     sample: Optional[SampleConfig] = None
 
@@ -87,6 +89,14 @@ class SourceConfig:
         if self.path is not None:
             _require(self.format is not None, "format", self.format,
                      "must be set when source.path is: one of parquet, orc, csv, json")
+        _require(self.text_column is not None or bool(self.numeric_columns or self.categorical_columns),
+                 "text_column", self.text_column, "may be null only when numeric_columns or categorical_columns "
+                 "name the features")
+        roles = [c for c in (self.key_column, self.text_column, self.label_column) if c]
+        features = self.numeric_columns + self.categorical_columns
+        clash = sorted({c for c in features if c in roles or features.count(c) > 1})
+        _require(not clash, "numeric_columns", clash,
+                 "must not repeat a column or name the key, text or label column")
 
 
 @dataclass
@@ -162,6 +172,10 @@ class EtlConfig:
     unicode_nfkc: bool = True
     strip_control_chars: bool = True
     truncation: Literal["right", "left"] = "right"
+    impute: Literal["mean", "median", "constant"] = "mean"  # missing numeric values, fitted on train
+    impute_value: float = 0.0  # with impute: constant
+    scale: bool = True  # standard-scale numeric columns with train mean and std
+    max_categories: int = 1000  # per categorical column; rarer values share the unknown bucket (index 0)
     target_shard_mb: float = 64.0
     min_shards_per_split: int = 2
     compression: Literal["none", "gzip"] = "none"
@@ -176,6 +190,7 @@ class EtlConfig:
         _require(2 <= self.max_length <= 4096, "max_length", self.max_length, "must be in [2, 4096]")
         _require(self.vocab_size >= 10, "vocab_size", self.vocab_size, "must be >= 10")
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
+        _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
         _require(self.min_shards_per_split >= 1, "min_shards_per_split", self.min_shards_per_split, "must be >= 1")
 
 

@@ -1,6 +1,8 @@
 """Pure parts of the ETL: sample generator, split, shard plan, tokenizer."""
 import collections
 
+import numpy as np
+
 import pytest
 
 from etl import sample, split, text, writer
@@ -76,3 +78,21 @@ def test_normalization_options():
     assert off[0] == "Hello" and off[1] == "ＷＯＲＬＤ"
     left = text.from_vocab(text.SPECIAL_TOKENS + list("abc"), text.TextOptions(max_length=2, truncation="left"))
     assert left.encode("a b c").tokens == ["b", "c"]
+
+
+def test_tabular_transform_imputes_scales_and_indexes_with_train_stats():
+    from etl import tabular
+
+    stats = {"numeric_columns": ["age", "income"], "categorical_columns": ["city"], "impute": "median",
+             "impute_value": 0.0, "scale": True,
+             "numeric": {"age": {"mean": 40.0, "std": 10.0, "median": 35.0, "count": 9},
+                         "income": {"mean": 5.0, "std": 0.0, "median": 5.0, "count": 9}},
+             "categories": {"city": ["paris", "rome"]}}
+    num, cat = tabular.transform(stats, [(50, 5), (None, None)], [("rome",), ("oslo",)])
+    assert num.dtype == np.float32 and cat.dtype == np.int64
+    np.testing.assert_allclose(num, [[1.0, 0.0], [-0.5, 0.0]])  # median 35 -> (35-40)/10; zero std -> not divided
+    assert cat.tolist() == [[2], [0]]  # unseen city -> the unknown bucket 0
+    assert tabular.cardinalities(stats) == [3]
+    stats["impute"] = "constant"
+    stats["impute_value"] = 40.0
+    assert tabular.transform(stats, [(None, 5)], [(None,)])[0][0, 0] == 0.0

@@ -236,3 +236,32 @@ def test_empty_source_and_unwritable_output_fail_clearly(spark, hive_cfg, tmp_pa
         etl_job.run(spark, config.from_dict(data))
     assert str(blocker) in str(info.value)
     assert blocker.read_text().startswith("a file")
+
+
+def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tmp_path):
+    from etl import job as etl_job
+    from etl import split
+
+    fractions = hive_cfg.etl.splits
+    rows = []
+    for i in range(300):
+        key = f"t{i}"
+        is_train = split.split_of(key, fractions) == "train"
+        # Non-train rows carry huge values: if they leaked into the fit, the mean would move.
+        age = None if i % 10 == 0 else (float(i % 50) if is_train else 1e6)
+        rows.append((key, age, ["a", "b", "c"][i % 3] if i % 7 else None, ["x", "y"][i % 2]))
+    spark.createDataFrame(rows, "id string, age double, city string, label string") \
+        .write.mode("overwrite").saveAsTable("etltest.tab")
+    cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.tab", "text_column": None,
+                                        "numeric_columns": ["age"], "categorical_columns": ["city"]})
+    etl_job.run(spark, cfg)
+    m = manifest.read(cfg.etl.output)
+    assert set(m.features) == {"numeric", "categorical", "label", "key"}
+    tab = m.preprocessing["tabular"]
+    train_ages = [r[1] for r in rows if r[1] is not None and split.split_of(r[0], fractions) == "train"]
+    assert tab["numeric"]["age"]["mean"] == pytest.approx(np.mean(train_ages))
+    assert tab["categories"]["city"] == ["a", "b", "c"] or sorted(tab["categories"]["city"]) == ["a", "b", "c"]
+    got = read_back(m, "train")
+    assert got["numeric"].shape == (m.split("train").records, 1)
+    assert abs(float(np.mean(got["numeric"]))) < 1e-5  # standard-scaled on train (imputed rows add the mean)
+    assert set(got["categorical"].ravel().tolist()) <= {0, 1, 2, 3} and 0 in got["categorical"].ravel()
