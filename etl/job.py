@@ -234,7 +234,8 @@ def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], label
 def _source_info(cfg: JobConfig, checked: Any) -> dict[str, Any]:
     from etl import sample, sources
 
-    info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": checked.rows_in}
+    info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": checked.rows_in,
+                            "rows_rejected": checked.rejected_total, "duplicates_dropped": checked.duplicates}
     if cfg.source.sample is not None:
         info["sample"] = {"label_noise": cfg.source.sample.label_noise,
                           "accuracy_ceiling": round(sample.accuracy_ceiling(cfg.source.sample), 4)}

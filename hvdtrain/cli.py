@@ -93,14 +93,17 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
     result_path = fs.join(cfg.train.output, "result.json")
     result = json.loads(fs.read_bytes(result_path))
     ceiling = m.source.get("sample", {}).get("accuracy_ceiling")
+    exports = result.get("exports", {})
     rows = [
         ("Hive table", f"{cfg.source.table} (warehouse {cfg.hive.warehouse_dir})"),
         ("dataset manifest", m.location),
         ("records", ", ".join(f"{s} {m.split(s).records:,} in {len(m.split(s).shards)} shards" for s in m.splits)),
-        ("eval report", result.get("eval_report")),
-        ("exported model", result.get("export", {}).get("keras")),
-        ("SavedModel", result.get("export", {}).get("saved_model")),
-        ("MLflow", f"run {result.get('mlflow_run_id')} at {result.get('mlflow_tracking_uri')}"),
+        ("rejected rows", f"{m.source.get('rows_rejected', 0):,}"
+         + (f" (quarantined in {fs.join(cfg.etl.output, 'rejects')})" if m.source.get("rows_rejected") else "")),
+        ("eval report", result.get("report")),
+        ("exported model", exports.get("keras")),
+        ("SavedModel", exports.get("saved_model")),
+        ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
         ("test accuracy", f"{result['test_accuracy']:.4f}"
          + (f" (best possible ~{ceiling:.4f} with {m.source['sample']['label_noise']:.0%} label noise)"

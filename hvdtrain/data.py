@@ -1,0 +1,291 @@
+"""Input pipelines: which rank reads what, and the tf.data graphs that read it.
+
+Planning is pure (shard assignment, steps per epoch, read plans) and tested
+without TensorFlow; the dataset builders are thin and import TensorFlow lazily.
+
+Training reads an endless stream per rank. Rules:
+
+* Every rank runs the same number of steps per epoch,
+  ``floor(train_records / (batch_size * size))``, computed from the manifest,
+  so no rank waits in an all-reduce that another rank never joins.
+* Each rank reads its inputs as ONE stream that repeats forever; pass ``p``
+  visits the rank's files in an order drawn from the seed ``(seed, p)``, and a
+  shuffle buffer (seeded per rank) runs over the whole stream. Epoch ``e`` is
+  simply the next ``steps_per_epoch`` batches of that stream, so a record left
+  over at the end of one epoch starts the next: no record is skipped
+  systematically, however records and batches divide.
+* Shards go to ranks whole, balanced by record count (:func:`assign_shards`).
+  When that is impossible or lopsided (fewer shards than ranks, or the lightest
+  rank would hold less than ``1 / MAX_LOAD_RATIO`` of the heaviest) every rank
+  reads every shard in the same order and keeps every ``size``-th record
+  (record-level sharding): more reading, but each rank sees its fair share.
+  Within the ratio, a lighter rank's records come round more often (at most
+  ``MAX_LOAD_RATIO`` times as often as the heaviest rank's).
+
+Pipeline: files interleaved (parallel, deterministic order) -> shuffle buffer
+-> batch -> one vectorized ``tf.io.parse_example`` per batch, with a spec built
+from the manifest's features only -> prefetch.
+
+Evaluation reads each record of a split exactly once across ranks (whole
+shards per rank, or record-level when there are fewer shards than ranks), in
+manifest order, without repeat, keeping the final partial batch.
+
+Remote shards (``hdfs://``, ``webhdfs://``) are copied to a local staging
+folder first: tf.data has no HDFS reader with TF 2.21 (tensorflow-io does not load).
+"""
+from __future__ import annotations
+
+import os
+import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from hvdtrain import fs
+from hvdtrain.config import ModelConfig
+from hvdtrain.errors import DataError
+from hvdtrain.manifest import FeatureSpec, Manifest
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+MODEL_INPUTS = ("input_ids", "attention_mask")
+MAX_LOAD_RATIO = 2.0
+_TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
+
+
+# -- the contract between manifest and model ---------------------------------------
+
+@dataclass(frozen=True)
+class InputShape:
+    """What the model builder needs to know about the data."""
+
+    max_length: int
+    vocab_size: int
+    num_classes: int
+    label_feature: str
+
+
+def required_features(model_cfg: ModelConfig, label_feature: str, max_length: int) -> dict[str, FeatureSpec]:
+    """Features (dtype, shape) a model of this kind reads (pure)."""
+    if model_cfg.kind == "transformer":
+        return {
+            "input_ids": FeatureSpec("int64", [max_length]),
+            "attention_mask": FeatureSpec("int64", [max_length]),
+            label_feature: FeatureSpec("int64", []),
+        }
+    raise DataError(f"model.kind {model_cfg.kind!r} has no input contract; use transformer")
+
+
+def _fits(have: FeatureSpec, want: FeatureSpec) -> bool:
+    """Same dtype and shape; a wanted length of 0 means "any positive length"."""
+    if have.dtype != want.dtype or len(have.shape) != len(want.shape):
+        return False
+    return all(w == h if w else h > 0 for h, w in zip(have.shape, want.shape))
+
+
+def _describe(spec: FeatureSpec) -> str:
+    return f"{spec.dtype}[{', '.join(str(d) if d else 'max_length' for d in spec.shape)}]"
+
+
+def check_manifest(manifest: Manifest, model_cfg: ModelConfig) -> InputShape:
+    """Fail before training when the dataset cannot feed the model.
+
+    Raises:
+        DataError: naming the feature, the dataset's spec and the spec the model needs.
+    """
+    where = manifest.location or "manifest"
+    ids = manifest.features.get("input_ids")
+    max_length = ids.shape[0] if ids is not None and len(ids.shape) == 1 and ids.shape[0] > 0 else 0
+    for name, want in required_features(model_cfg, manifest.label_feature, max_length).items():
+        have = manifest.features.get(name)
+        if have is None:
+            has = ", ".join(f"{k} {_describe(v)}" for k, v in manifest.features.items()) or "none"
+            raise DataError(f"{where}: feature {name!r} is missing (the dataset has: {has}) but "
+                            f"model.kind={model_cfg.kind} needs {name} {_describe(want)}; "
+                            "rerun the ETL with this hvdtrain version")
+        if not _fits(have, want):
+            raise DataError(f"{where}: feature {name!r} is {_describe(have)} in the dataset but "
+                            f"model.kind={model_cfg.kind} needs {_describe(want)}; "
+                            "rerun the ETL, or fix the feature spec it writes")
+    if manifest.num_classes < 2:
+        raise DataError(f"{where}: labels {manifest.labels!r} has {manifest.num_classes} class(es); "
+                        "a classifier needs >= 2: check the source's label column")
+    vocab_size = manifest.vocab.get("size")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise DataError(f"{where}: vocab.size is {vocab_size!r}; the embedding needs a positive vocabulary size: "
+                        "rerun the ETL so the manifest records its vocabulary")
+    return InputShape(max_length, vocab_size, manifest.num_classes, manifest.label_feature)
+
+
+# -- planning (pure) ------------------------------------------------------------------
+
+def assign_shards(shard_records: Sequence[int], size: int) -> list[list[int]]:
+    """Shard indices per rank, balanced by record count.
+
+    Greedy largest-first: shards by descending records (ties by index) each go
+    to the rank with the fewest records so far (ties by lowest rank). The same
+    input always gives the same answer on every rank. Each rank's list is sorted.
+    """
+    if size < 1:
+        raise ValueError(f"size must be >= 1 (got {size})")
+    loads = [0] * size
+    out: list[list[int]] = [[] for _ in range(size)]
+    for index in sorted(range(len(shard_records)), key=lambda i: (-shard_records[i], i)):
+        rank = min(range(size), key=lambda r: (loads[r], r))
+        out[rank].append(index)
+        loads[rank] += shard_records[index]
+    return [sorted(x) for x in out]
+
+
+def steps_per_epoch(total_records: int, batch_size: int, size: int) -> int:
+    """Steps every rank runs per epoch: whole global batches in one pass of the data.
+
+    Raises:
+        DataError: when the split does not fill one global batch.
+    """
+    steps = total_records // (batch_size * size)
+    if steps < 1:
+        raise DataError(f"the train split has {total_records} records, fewer than one global batch "
+                        f"(train.batch_size {batch_size} x {size} ranks = {batch_size * size}); "
+                        "lower train.batch_size, use fewer ranks, or produce more data")
+    return steps
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What one rank opens: these shards, then every ``stride``-th record from ``offset``."""
+
+    shards: tuple[int, ...]
+    stride: int = 1
+    offset: int = 0
+
+    @property
+    def record_level(self) -> bool:
+        return self.stride > 1
+
+
+def plan_train_reads(shard_records: Sequence[int], rank: int, size: int,
+                     max_load_ratio: float = MAX_LOAD_RATIO) -> ReadPlan:
+    """Whole balanced shards per rank, or record-level sharding when that is lopsided."""
+    assignment = assign_shards(shard_records, size)
+    loads = [sum(shard_records[i] for i in shards) for shards in assignment]
+    if size == 1 or (min(loads) > 0 and max(loads) <= max_load_ratio * min(loads)):
+        return ReadPlan(tuple(assignment[rank]))
+    return ReadPlan(tuple(range(len(shard_records))), stride=size, offset=rank)
+
+
+def plan_eval_reads(num_shards: int, shard_records: Sequence[int], rank: int, size: int) -> ReadPlan:
+    """Every record once across ranks: whole shards, or record-level with fewer shards than ranks."""
+    if num_shards >= size:
+        return ReadPlan(tuple(assign_shards(shard_records, size)[rank]))
+    return ReadPlan(tuple(range(num_shards)), stride=size, offset=rank)
+
+
+def file_seed(seed: int, rank: int, plan: ReadPlan) -> int:
+    """Seed of the per-pass file order: shared by all ranks under record-level
+    sharding (they must walk the same global sequence), per rank otherwise."""
+    return seed if plan.record_level else seed + 7919 * (rank + 1)
+
+
+# -- side effects: staging and tf.data ------------------------------------------------
+
+def local_shard_paths(manifest: Manifest, split: str, shards: Sequence[int], stage_dir: Optional[str],
+                      copy: Callable[[str, str], Any] = fs.copy_to_local) -> list[str]:
+    """Local paths of some shards of a split; remote ones are copied into ``stage_dir`` first.
+
+    A staged copy whose size differs from the manifest's is copied again (an interrupted earlier copy).
+    """
+    entries = manifest.split(split).shards
+    out = []
+    for index in shards:
+        uri = manifest.shard_uri(entries[index])
+        if fs.is_local(uri):
+            path = urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri
+            if not os.path.exists(path):
+                raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
+                                "the dataset is incomplete: rerun the ETL")
+            out.append(path)
+            continue
+        if stage_dir is None:
+            raise DataError(f"shard {uri} is remote; pass a local stage_dir to copy it to before reading")
+        local = os.path.join(stage_dir, split, f"{index:05d}-{os.path.basename(entries[index].path)}")
+        if not os.path.exists(local) or os.path.getsize(local) != entries[index].bytes:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            copy(uri, local)
+        out.append(local)
+    return out
+
+
+def parse_spec(manifest: Manifest, names: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """``tf.io.parse_example`` spec for some (default: all) manifest features."""
+    import tensorflow as tf
+
+    spec = {}
+    for name in names if names is not None else list(manifest.features):
+        feature = manifest.features.get(name)
+        if feature is None:
+            raise DataError(f"feature {name!r} is not in the dataset (it has {', '.join(manifest.features)})")
+        if feature.dtype not in _TF_DTYPES:
+            raise DataError(f"feature {name!r} has dtype {feature.dtype!r}; readers know {', '.join(_TF_DTYPES)}")
+        spec[name] = tf.io.FixedLenFeature(feature.shape, getattr(tf, _TF_DTYPES[feature.dtype]))
+    return spec
+
+
+def _records(manifest: Manifest, files: "tf.data.Dataset", cycle_length: int) -> "tf.data.Dataset":
+    import tensorflow as tf
+
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    return files.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                            cycle_length=max(1, cycle_length), block_length=1,
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _batched(records: "tf.data.Dataset", spec: dict[str, Any], batch_size: int,
+             drop_remainder: bool) -> "tf.data.Dataset":
+    import tensorflow as tf
+
+    return (records.batch(batch_size, drop_remainder=drop_remainder)
+            .map(lambda serialized: tf.io.parse_example(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=True)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, shuffle_buffer: int, seed: int,
+                  features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None,
+                  split: str = "train", cycle_length: int = 4) -> "tf.data.Dataset":
+    """An endless stream of parsed batches (dicts of tensors) for one rank; see the module rules."""
+    import tensorflow as tf
+
+    shard_records = [s.records for s in manifest.split(split).shards]
+    plan = plan_train_reads(shard_records, rank, size)
+    paths = tf.constant(local_shard_paths(manifest, split, plan.shards, stage_dir))
+    n = len(plan.shards)
+    if n == 0:
+        raise DataError(f"split {split!r} has no shards for rank {rank}; the dataset is empty: rerun the ETL")
+    order_seed = file_seed(seed, rank, plan)
+
+    def one_pass(pass_index: tf.Tensor) -> tf.data.Dataset:
+        order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=tf.stack([tf.constant(order_seed, tf.int64), pass_index]))
+        return tf.data.Dataset.from_tensor_slices(tf.gather(paths, order))
+
+    files = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+    records = _records(manifest, files, min(n, cycle_length))
+    if plan.record_level:
+        records = records.shard(plan.stride, plan.offset)
+    records = records.shuffle(shuffle_buffer, seed=seed + 104729 * (rank + 1))
+    return _batched(records, parse_spec(manifest, features), batch_size, drop_remainder=True)
+
+
+def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_size: int,
+                 features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None) -> "tf.data.Dataset":
+    """Parsed batches of this rank's part of a split; across ranks, every record exactly once."""
+    import tensorflow as tf
+
+    entries = manifest.split(split).shards
+    plan = plan_eval_reads(len(entries), [s.records for s in entries], rank, size)
+    paths = local_shard_paths(manifest, split, plan.shards, stage_dir)
+    files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, dtype=tf.string))
+    records = _records(manifest, files, cycle_length=1)  # manifest order: the same sequence on every rank
+    if plan.record_level:
+        records = records.shard(plan.stride, plan.offset)
+    return _batched(records, parse_spec(manifest, features), batch_size, drop_remainder=False)

@@ -1,0 +1,190 @@
+"""Data-parallel collectives: the only module that imports Horovod.
+
+Under a launcher (``horovodrun``, ``horovod.spark.run``, mpirun) this wraps
+Horovod's TensorFlow ops; launched as plain ``python -m hvdtrain.train`` it
+falls back to a single process and never imports Horovod, so laptops and unit
+tests need no Horovod build.
+
+Keras 3 note (verified on this project's build, see DESIGN.md): Horovod's
+``DistributedGradientTape`` and its Keras wrappers fail on Keras 3 variables.
+The supported recipe is a plain ``tf.GradientTape`` followed by
+:func:`allreduce_grads` (``hvd.grouped_allreduce(op=Average)``), and
+:func:`broadcast_state` (``hvd.broadcast_variables``) of model and optimizer
+variables from rank 0 once the optimizer is built.
+
+Every collective here must be called by every rank, in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from hvdtrain.errors import EnvironmentProblem
+
+log = logging.getLogger(__name__)
+
+# Environment variables a Horovod launcher sets in each worker process:
+# horovodrun/horovod.spark with Gloo set HOROVOD_RANK; MPI launchers set the others.
+LAUNCHER_ENV = ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    hostname: str
+    backend: str  # "horovod" or "local"
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+_hvd: Any = None  # horovod.tensorflow once init() chose Horovod
+_info: Optional[RankInfo] = None
+
+
+def launched_by_horovod(env: Mapping[str, str]) -> bool:
+    """True when a Horovod/MPI launcher started this process (pure)."""
+    return any(name in env for name in LAUNCHER_ENV)
+
+
+def init(use_horovod: Optional[bool] = None) -> RankInfo:
+    """Initialize once and return this process's rank info.
+
+    Args:
+        use_horovod: force Horovod on or off; by default Horovod is used only
+            when a launcher's environment variables are present.
+    """
+    global _hvd, _info
+    if _info is not None:
+        return _info
+    if use_horovod is None:
+        use_horovod = launched_by_horovod(os.environ)
+    if not use_horovod:
+        _info = RankInfo(0, 1, 0, 1, socket.gethostname(), "local")
+        return _info
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as exc:
+        raise EnvironmentProblem(
+            f"this process was started by a Horovod launcher but horovod.tensorflow does not import ({exc}); "
+            "build it with scripts/build_horovod.sh, then check with `horovodrun --check-build`") from exc
+    hvd.init()
+    _hvd = hvd
+    _info = RankInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), "horovod")
+    pin_gpu(_info.local_rank)
+    return _info
+
+
+def pin_gpu(local_rank: int) -> Optional[str]:
+    """Make only the GPU of this local rank visible (one GPU per process); None without GPUs."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    if local_rank >= len(gpus):
+        raise EnvironmentProblem(f"local rank {local_rank} has no GPU: this host has {len(gpus)}; "
+                                 "launch at most one process per GPU (horovodrun -H host:NUM_GPUS)")
+    gpu = gpus[local_rank]
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, "GPU")
+    return gpu.name
+
+
+def info() -> RankInfo:
+    if _info is None:
+        raise RuntimeError("hvdtrain.distributed.init() must be called first")
+    return _info
+
+
+def _horovod() -> Any:
+    """Horovod when the job runs on several processes, else None (single process: collectives are identities)."""
+    return _hvd if _hvd is not None and _hvd.size() > 1 else None
+
+
+# -- collectives ----------------------------------------------------------------
+
+def allreduce_grads(grads: Sequence[Any]) -> list[Any]:
+    """Average gradients over ranks in one fused group (callable inside tf.function).
+
+    Sparse gradients (embedding lookups) are made dense first, as Horovod's
+    ``sparse_as_dense=True`` does: one fused all-reduce instead of allgathers.
+    """
+    hvd = _horovod()
+    if hvd is None:
+        return list(grads)
+    import tensorflow as tf
+
+    dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    return hvd.grouped_allreduce(dense, op=hvd.Average)
+
+
+def broadcast_state(model: Any, optimizer: Any, root_rank: int = 0) -> None:
+    """Copy rank 0's model and optimizer variables to every rank.
+
+    Build the optimizer first (``optimizer.build(model.trainable_variables)``)
+    so its slot variables exist; Keras seed-generator states are not sent, so
+    each rank keeps its own dropout randomness.
+    """
+    hvd = _horovod()
+    if hvd is None:
+        return
+    if not optimizer.variables:
+        raise RuntimeError("build the optimizer before broadcast_state(); its variables do not exist yet")
+    # Horovod's broadcast runs in a tf.function that assigns to its arguments: hand it the
+    # tf.Variable under each Keras 3 variable (a Keras variable would arrive as a plain tensor).
+    hvd.broadcast_variables([_tf_variable(v) for v in model.weights], root_rank=root_rank)
+    hvd.broadcast_variables([_tf_variable(v) for v in optimizer.variables], root_rank=root_rank)
+
+
+def _tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras 3 variable (TensorFlow backend); tf.Variables pass through."""
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    raise TypeError(f"cannot broadcast {getattr(variable, 'path', variable)!r}: not backed by a tf.Variable "
+                    "(is KERAS_BACKEND set to something other than tensorflow?)")
+
+
+def allreduce_sum(value: Any, name: Optional[str] = None) -> np.ndarray:
+    """Exact sum over ranks of a NumPy array (or tensor); same dtype back (eager only).
+
+    Integer counts (confusion matrices) sum exactly; float64 keeps sums of
+    losses and correct counts exact to 2**53, so means computed from the totals
+    are true global means, not means of per-rank means.
+    """
+    arr = np.asarray(value)
+    hvd = _horovod()
+    if hvd is None:
+        return arr.copy()
+    import tensorflow as tf
+
+    return hvd.allreduce(tf.constant(arr), op=hvd.Sum, name=name).numpy()
+
+
+def allgather_object(obj: Any, name: Optional[str] = None) -> list[Any]:
+    """Every rank's (small, picklable) object, in rank order, on every rank."""
+    hvd = _horovod()
+    if hvd is None:
+        return [obj]
+    return hvd.allgather_object(obj, name=name)
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (an allreduce of one number)."""
+    allreduce_sum(np.zeros(1, dtype=np.int32), name="hvdtrain.barrier")

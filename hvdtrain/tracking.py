@@ -1,0 +1,252 @@
+"""MLflow tracking for rank 0: the only module that imports mlflow (lazily).
+
+Tracking never breaks training: the first MLflow error is logged as a warning
+and the tracker turns into a no-op for the rest of the run.
+
+Where runs go (:func:`resolve_store`): ``tracking.uri``, else
+``$MLFLOW_TRACKING_URI``, else a local store under the job's workdir,
+``sqlite:///<workdir>/mlflow/mlflow.db`` with artifacts in
+``<workdir>/mlflow/artifacts``. MLflow 3.x defaults to a SQLite backend
+(``sqlite:///mlflow.db`` in the current folder) and refuses the old
+``./mlruns`` file store unless ``MLFLOW_ALLOW_FILE_STORE=true``; with SQLite
+the artifact root would default to ``./mlruns`` relative to the current folder,
+so the local experiment is created with an explicit artifact location. Browse
+with ``mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow/mlflow.db``.
+
+The model is logged with MLflow's Keras flavor (``mlflow.keras``, which
+supports Keras 3 in mlflow 3.17: verified to log, and to load back with
+``mlflow.keras.load_model`` and ``mlflow.pyfunc.load_model``); the models are
+built from stock Keras layers and ops, so loading needs no hvdtrain code. The
+exported SavedModel (for TF Serving) is logged as plain artifacts under ``serving/``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, TypeVar
+
+from hvdtrain.config import JobConfig, has_scheme
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_PARAM_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH in mlflow 3.x
+PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+# MLflow's own defaults (7 retries, exponential backoff, 120 s timeout) stall rank 0 for about
+# four minutes when the server is down, while the other ranks wait in a collective. Bounded
+# here; values already in the environment win.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+@dataclass(frozen=True)
+class Store:
+    """Tracking URI, and the artifact location for a newly created experiment (None: the server's default)."""
+
+    tracking_uri: str
+    artifact_location: Optional[str]
+
+
+def resolve_store(uri: Optional[str], env: Mapping[str, str], workdir: str) -> Store:
+    """Where to log (pure): config, then $MLFLOW_TRACKING_URI, then a local SQLite store."""
+    if uri:  # a server or database URI as given; a plain folder becomes a SQLite store in it
+        return Store(uri, None) if has_scheme(uri) else _local_store(uri)
+    if env.get("MLFLOW_TRACKING_URI"):
+        return Store(env["MLFLOW_TRACKING_URI"], None)
+    base = workdir if not has_scheme(workdir) else os.path.join(os.getcwd(), "work")  # SQLite needs a local disk
+    return _local_store(os.path.join(base, "mlflow"))
+
+
+def _local_store(folder: str) -> Store:
+    folder = os.path.abspath(folder)
+    return Store(f"sqlite:///{folder}/mlflow.db", f"file://{folder}/artifacts")
+
+
+def flat_params(cfg: JobConfig) -> dict[str, str]:
+    """Config as MLflow params: dotted keys, values as strings cut to MLflow's length limit."""
+    out = {}
+    for key, value in cfg.flat().items():
+        text = "" if value is None else str(value)
+        out[key] = text if len(text) <= MAX_PARAM_LENGTH else text[:MAX_PARAM_LENGTH - 3] + "..."
+    return out
+
+
+def git_commit(start: str) -> Optional[str]:
+    """The commit checked out in the git work tree holding ``start``, read from .git (no git binary)."""
+    folder = os.path.abspath(start)
+    while True:
+        head = os.path.join(folder, ".git", "HEAD")
+        if os.path.isfile(head):
+            return _read_head(os.path.join(folder, ".git"))
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def _read_head(git_dir: str) -> Optional[str]:
+    try:
+        with open(os.path.join(git_dir, "HEAD")) as fh:
+            head = fh.read().strip()
+        if not head.startswith("ref: "):
+            return head or None
+        ref = head[5:]
+        ref_file = os.path.join(git_dir, ref)
+        if os.path.isfile(ref_file):
+            with open(ref_file) as fh:
+                return fh.read().strip() or None
+        packed = os.path.join(git_dir, "packed-refs")
+        if os.path.isfile(packed):
+            with open(packed) as fh:
+                for line in fh:
+                    sha, _, name = line.strip().partition(" ")
+                    if name == ref:
+                        return sha
+    except OSError:
+        return None
+    return None  # a branch without commits yet
+
+
+class Tracker:
+    """One MLflow run. Every method swallows MLflow failures (warn once, then no-op)."""
+
+    def __init__(self, cfg: JobConfig, enabled: bool = True):
+        self.cfg = cfg
+        self.run_id: Optional[str] = None
+        self.tracking_uri: Optional[str] = None
+        self._mlflow: Any = None
+        self._active = enabled and cfg.tracking.enabled
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def _guard(self, what: str, fn: Callable[[], T]) -> Optional[T]:
+        if not self._active:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            log.warning("MLflow %s failed (%s: %s); tracking is off for the rest of this run, training goes on",
+                        what, type(exc).__name__, exc)
+            self._active = False
+            return None
+
+    def start(self, tags: Mapping[str, str]) -> Optional[str]:
+        """Open the run (creating the experiment if needed); returns the run id."""
+        self._guard("start", lambda: self._start(tags))
+        return self.run_id
+
+    def _start(self, tags: Mapping[str, str]) -> None:
+        import mlflow
+
+        store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
+        for name, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        if store.tracking_uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
+        mlflow.set_tracking_uri(store.tracking_uri)
+        experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
+        self._mlflow, self.run_id, self.tracking_uri = mlflow, run.info.run_id, store.tracking_uri
+        log.info("MLflow run %s in experiment %r at %s", self.run_id, self.cfg.tracking.experiment,
+                 store.tracking_uri)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        items = list(params.items())
+
+        def log_all() -> None:
+            for i in range(0, len(items), PARAMS_PER_BATCH):
+                self._mlflow.log_params(dict(items[i:i + PARAMS_PER_BATCH]))
+
+        self._guard("log_params", log_all)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        self._guard("log_metrics", lambda: self._mlflow.log_metrics(
+            {k: float(v) for k, v in metrics.items()}, step=step))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._guard("set_tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
+
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
+        """A file, or a folder's contents (under ``artifact_path``)."""
+        if os.path.isdir(local_path):
+            self._guard("log_artifacts", lambda: self._mlflow.log_artifacts(local_path, artifact_path))
+        else:
+            self._guard("log_artifact", lambda: self._mlflow.log_artifact(local_path, artifact_path))
+
+    def log_text(self, text: str, name: str) -> None:
+        self._guard("log_text", lambda: self._mlflow.log_text(text, name))
+
+    def log_keras_model(self, model: Any, max_length: int, num_classes: int) -> Optional[str]:
+        """Log with the Keras flavor and an explicit tensor signature; returns the model URI."""
+        def log_model() -> str:
+            info = self._mlflow.keras.log_model(model, name="model", signature=_signature(max_length, num_classes),
+                                                pip_requirements=_pip_requirements())
+            return info.model_uri
+
+        return self._guard("log_model", log_model)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Close the run; status is FINISHED, FAILED or KILLED."""
+        if self.run_id is None or self._mlflow is None:
+            return
+        self._active = True  # one last attempt even after a failure, so the run is not left RUNNING
+        self._guard("end_run", lambda: self._mlflow.end_run(status=status))
+        self._active = False
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.end("FINISHED")
+        else:
+            self.end("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
+
+
+def _experiment_id(mlflow: Any, name: str, artifact_location: Optional[str]) -> str:
+    client = mlflow.MlflowClient()
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except mlflow.exceptions.MlflowException:
+        found = client.get_experiment_by_name(name)  # another job created it meanwhile
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def _signature(max_length: int, num_classes: int) -> Any:
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype("int64"), (-1, max_length), "input_ids"),
+                       TensorSpec(np.dtype("int64"), (-1, max_length), "attention_mask")]),
+        outputs=Schema([TensorSpec(np.dtype("float32"), (-1, num_classes), "logits")]),
+    )
+
+
+def _pip_requirements() -> list[str]:
+    """Pinned from the running environment (MLflow's own inference would reload the model in a subprocess)."""
+    from importlib import metadata
+
+    out = []
+    for dist in ("tensorflow-cpu", "tensorflow", "keras", "numpy"):
+        try:
+            out.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str]) -> Tracker:
+    """A started tracker on rank 0 (when tracking is enabled); an inert one elsewhere."""
+    tracker = Tracker(cfg, enabled=is_chief)
+    tracker.start(tags)
+    return tracker

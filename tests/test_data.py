@@ -1,0 +1,182 @@
+"""Shard planning (pure) and the tf.data pipelines, on small synthetic datasets."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import shutil
+
+import pytest
+
+from hvdtrain import data
+from hvdtrain import manifest as manifest_lib
+from hvdtrain.config import ModelConfig
+from hvdtrain.errors import DataError
+from hvdtrain.manifest import FeatureSpec
+from tests.datasets import make_text_dataset
+
+ALL = ["input_ids", "attention_mask", "label", "key"]
+
+
+# -- planning ----------------------------------------------------------------------------
+
+def test_assign_shards_balances_records_largest_first() -> None:
+    records = [100, 90, 50, 40, 30, 10, 5]
+    plan = data.assign_shards(records, 2)
+    loads = [sum(records[i] for i in shards) for shards in plan]
+    assert sorted(i for shards in plan for i in shards) == list(range(len(records)))
+    assert plan == [[0, 3, 4], [1, 2, 5, 6]]  # 100+40+30 = 170 vs 90+50+10+5 = 155
+    assert max(loads) - min(loads) <= max(records)
+    assert data.assign_shards(records, 2) == plan  # deterministic
+
+
+def test_assign_shards_with_more_ranks_than_shards_leaves_ranks_empty() -> None:
+    assert data.assign_shards([7, 7], 3) == [[0], [1], []]
+    assert data.assign_shards([], 2) == [[], []]
+    with pytest.raises(ValueError):
+        data.assign_shards([1], 0)
+
+
+def test_steps_per_epoch_counts_whole_global_batches() -> None:
+    assert data.steps_per_epoch(1000, 32, 1) == 31
+    assert data.steps_per_epoch(1000, 32, 2) == 15
+    assert data.steps_per_epoch(64, 32, 2) == 1
+    with pytest.raises(DataError, match=r"train.batch_size 32 x 4 ranks = 128"):
+        data.steps_per_epoch(100, 32, 4)
+
+
+def test_train_plan_falls_back_to_record_level_when_unbalanced() -> None:
+    assert data.plan_train_reads([50, 50, 40, 60], 1, 2) == data.ReadPlan((0, 1))  # 100 vs 100
+    # fewer shards than ranks
+    assert data.plan_train_reads([100], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+    # whole shards would leave rank 1 with 30 records against rank 0's 500
+    lopsided = data.plan_train_reads([500, 20, 10], 0, 2)
+    assert lopsided.record_level and lopsided.shards == (0, 1, 2)
+    assert data.plan_train_reads([500, 20, 10], 0, 1) == data.ReadPlan((0, 1, 2))
+
+
+def test_eval_plan_uses_whole_shards_when_it_can() -> None:
+    assert data.plan_eval_reads(3, [500, 20, 10], 1, 2) == data.ReadPlan((1, 2))
+    assert data.plan_eval_reads(1, [9], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+
+
+# -- pipelines ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
+    root = tmp_path_factory.mktemp("ds")
+    return make_text_dataset(str(root), n_per_split={"train": 90, "validation": 31, "test": 29},
+                             shards_per_split=3, max_length=12, seed=3)
+
+
+def _keys(batches) -> list[str]:
+    return [k.decode() for batch in batches for k in batch["key"].numpy()]
+
+
+def test_train_stream_parses_with_the_manifest_spec(dataset: manifest_lib.Manifest) -> None:
+    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=8, shuffle_buffer=16, seed=1, features=ALL)
+    batch = next(iter(ds))
+    assert set(batch) == set(ALL)
+    assert batch["input_ids"].shape == (8, 12) and batch["input_ids"].dtype.name == "int64"
+    assert batch["attention_mask"].shape == (8, 12)
+    assert batch["label"].shape == (8,)
+    assert batch["key"].dtype.name == "string"
+
+
+def test_train_stream_repeats_reshuffles_and_covers_every_record(dataset: manifest_lib.Manifest) -> None:
+    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=10, shuffle_buffer=32, seed=1, features=ALL)
+    keys = _keys(itertools.islice(iter(ds), 27))  # three passes of 90 records
+    counts = collections.Counter(keys)
+    assert set(counts) == {f"train-{i:06d}" for i in range(90)}
+    assert max(counts.values()) <= 5  # no record starved or hogged across pass boundaries
+    assert keys[:90] != keys[90:180]  # a new order each pass
+    again = _keys(itertools.islice(iter(data.train_dataset(dataset, rank=0, size=1, batch_size=10,
+                                                            shuffle_buffer=32, seed=1, features=ALL)), 27))
+    assert again == keys  # deterministic for a seed
+
+
+def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.Manifest) -> None:
+    # 3 shards of 30: rank 0 gets two, rank 1 one; each rank's first pass holds only its own records.
+    first = [set(_keys(itertools.islice(iter(data.train_dataset(
+        dataset, rank=r, size=2, batch_size=10, shuffle_buffer=4, seed=5, features=["key"])), 3)))
+        for r in range(2)]
+    assert first[0] and first[1] and not first[0] & first[1]
+
+
+@pytest.mark.parametrize("shards,size", [(3, 2), (1, 2), (2, 3), (3, 3)])
+def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int, size: int) -> None:
+    m = make_text_dataset(str(tmp_path), n_per_split=23, shards_per_split=shards, max_length=6, seed=shards)
+    keys = []
+    for rank in range(size):
+        keys += _keys(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=4, features=["key"]))
+    assert sorted(keys) == [f"test-{i:06d}" for i in range(23)]
+
+
+def test_gzip_shards_are_read(tmp_path) -> None:
+    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6, compression="gzip")
+    keys = _keys(data.eval_dataset(m, "validation", rank=0, size=1, batch_size=3, features=["key"]))
+    assert len(keys) == 10
+
+
+def test_missing_shard_is_named(tmp_path) -> None:
+    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6)
+    os.remove(os.path.join(str(tmp_path), "test", "part-00001.tfrecord"))
+    with pytest.raises(DataError, match=r"shard test/part-00001.tfrecord of split 'test' is missing"):
+        data.eval_dataset(m, "test", rank=0, size=1, batch_size=3)
+
+
+def test_remote_shards_are_staged_locally_once(tmp_path) -> None:
+    m = make_text_dataset(str(tmp_path / "ds"), n_per_split=10, shards_per_split=2, max_length=6)
+    remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
+    copied = []
+
+    def fake_copy(uri: str, local: str) -> None:  # "downloads" from the local copy of the dataset
+        copied.append(uri)
+        shutil.copyfile(uri.replace("hdfs://namenode:8020/data", str(tmp_path)), local)
+
+    stage = str(tmp_path / "stage")
+    paths = data.local_shard_paths(remote, "test", [1, 0], stage, copy=fake_copy)
+    assert copied == ["hdfs://namenode:8020/data/ds/test/part-00001.tfrecord",
+                      "hdfs://namenode:8020/data/ds/test/part-00000.tfrecord"]
+    assert all(p.startswith(stage) and os.path.getsize(p) > 0 for p in paths)
+    assert data.local_shard_paths(remote, "test", [0, 1], stage, copy=fake_copy) == sorted(paths)
+    assert len(copied) == 2  # already staged
+    with pytest.raises(DataError, match="remote"):
+        data.local_shard_paths(remote, "test", [0], None, copy=fake_copy)
+
+
+# -- manifest vs model ----------------------------------------------------------------------
+
+def _with_feature(m: manifest_lib.Manifest, name: str, spec) -> manifest_lib.Manifest:
+    features = dict(m.features)
+    if spec is None:
+        features.pop(name)
+    else:
+        features[name] = spec
+    return dataclasses.replace(m, features=features)
+
+
+def test_check_manifest_accepts_the_etl_contract(dataset: manifest_lib.Manifest) -> None:
+    shape = data.check_manifest(dataset, ModelConfig())
+    assert shape == data.InputShape(max_length=12, vocab_size=64, num_classes=3, label_feature="label")
+
+
+@pytest.mark.parametrize("name,spec,have,want", [
+    ("attention_mask", None, "missing", "int64[12]"),
+    ("input_ids", FeatureSpec("float32", [12]), "float32[12]", "int64[12]"),
+    ("label", FeatureSpec("int64", [1]), "int64[1]", "int64[]"),
+    ("attention_mask", FeatureSpec("int64", [8]), "int64[8]", "int64[12]"),
+    ("input_ids", FeatureSpec("int64", []), "int64[]", "int64[max_length]"),
+])
+def test_check_manifest_names_feature_and_both_specs(dataset: manifest_lib.Manifest, name: str, spec,
+                                                      have: str, want: str) -> None:
+    with pytest.raises(DataError) as info:
+        data.check_manifest(_with_feature(dataset, name, spec), ModelConfig())
+    message = str(info.value)
+    assert repr(name) in message and have in message and want in message
+
+
+def test_check_manifest_needs_a_vocabulary_size(dataset: manifest_lib.Manifest) -> None:
+    with pytest.raises(DataError, match="vocab.size"):
+        data.check_manifest(dataclasses.replace(dataset, vocab={}), ModelConfig())
