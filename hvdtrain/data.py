@@ -30,15 +30,19 @@ Evaluation reads each record of a split exactly once across ranks (whole
 shards per rank, or record-level when there are fewer shards than ranks), in
 manifest order, without repeat, keeping the final partial batch.
 
-Remote shards (``hdfs://``, ``webhdfs://``) are copied to a local staging
-folder first: tf.data has no HDFS reader with TF 2.21 (tensorflow-io does not load).
+Remote shards (``hdfs://``, ``webhdfs://``) are staged to local disk by a
+background thread a few shards ahead of the reader and deleted behind it
+(:mod:`hvdtrain.staging`): tf.data has no HDFS reader with TF 2.21
+(tensorflow-io does not load). Local shards are read in place.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from hvdtrain import fs
 from hvdtrain.config import ModelConfig
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
 
 MODEL_INPUTS = ("input_ids", "attention_mask")
 MAX_LOAD_RATIO = 2.0
+STAGE_AHEAD = 3  # remote shards staged in front of the reader
 _TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
 
 
@@ -189,31 +194,66 @@ def file_seed(seed: int, rank: int, plan: ReadPlan) -> int:
 
 # -- side effects: staging and tf.data ------------------------------------------------
 
-def local_shard_paths(manifest: Manifest, split: str, shards: Sequence[int], stage_dir: Optional[str],
-                      copy: Callable[[str, str], Any] = fs.copy_to_local) -> list[str]:
-    """Local paths of some shards of a split; remote ones are copied into ``stage_dir`` first.
+def pass_order(n: int, seed: int, pass_index: int) -> list[int]:
+    """The order in which a rank visits its ``n`` files in pass ``pass_index``."""
+    import numpy as np
 
-    A staged copy whose size differs from the manifest's is copied again (an interrupted earlier copy).
-    """
+    return np.random.default_rng([seed, pass_index]).permutation(n).tolist()
+
+
+def shard_stream(shards: Sequence[int], seed: int, passes: Optional[int] = None) -> Iterator[int]:
+    """Shard indices in reading order: pass after pass (forever when ``passes`` is None)."""
+    p = 0
+    while passes is None or p < passes:
+        for i in pass_order(len(shards), seed, p):
+            yield shards[i]
+        p += 1
+
+
+def _local_path(uri: str) -> str:
+    return urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri
+
+
+def check_local_shards(manifest: Manifest, split: str, shards: Sequence[int]) -> None:
+    """Fail before reading when a local shard is missing, naming it."""
     entries = manifest.split(split).shards
-    out = []
     for index in shards:
         uri = manifest.shard_uri(entries[index])
-        if fs.is_local(uri):
-            path = urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri
-            if not os.path.exists(path):
-                raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
-                                "the dataset is incomplete: rerun the ETL")
-            out.append(path)
-            continue
-        if stage_dir is None:
-            raise DataError(f"shard {uri} is remote; pass a local stage_dir to copy it to before reading")
-        local = os.path.join(stage_dir, split, f"{index:05d}-{os.path.basename(entries[index].path)}")
-        if not os.path.exists(local) or os.path.getsize(local) != entries[index].bytes:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            copy(uri, local)
-        out.append(local)
-    return out
+        if fs.is_local(uri) and not os.path.exists(_local_path(uri)):
+            raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
+                            "the dataset is incomplete: rerun the ETL")
+
+
+def file_paths(manifest: Manifest, split: str, order: Callable[[], Iterator[int]], stage_dir: Optional[str],
+               cycle_length: int, force_staging: bool = False, ahead: int = STAGE_AHEAD,
+               copy: Callable[[str, str], Any] = fs.copy_to_local) -> Callable[[], Iterator[str]]:
+    """A generator factory of local file paths in reading order.
+
+    Local shards are read in place. Remote ones (or all, with ``force_staging``,
+    which benchmarks use to measure the remote path on local data) go through a
+    :class:`~hvdtrain.staging.ShardStager` that copies ``ahead`` shards in front
+    of the reader and deletes them behind it.
+    """
+    from hvdtrain.staging import ShardStager
+
+    entries = manifest.split(split).shards
+    uris = [manifest.shard_uri(e) for e in entries]
+    if not force_staging and all(fs.is_local(u) for u in uris):
+        return lambda: (_local_path(uris[j]) for j in order())
+    if stage_dir is None:
+        raise DataError(f"split {split!r} has remote shards ({uris[0]}); pass a local stage_dir to stage them in")
+
+    def staged() -> Iterator[str]:
+        folder = tempfile.mkdtemp(prefix=f"{split}-", dir=stage_dir)
+        items = ((uris[j], os.path.basename(entries[j].path)) for j in order())
+        stager = ShardStager(items, folder, ahead=ahead, keep=cycle_length + 2, copy=copy)
+        try:
+            yield from stager
+        finally:
+            stager.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return staged
 
 
 def parse_spec(manifest: Manifest, names: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -252,24 +292,22 @@ def _batched(records: "tf.data.Dataset", spec: dict[str, Any], batch_size: int,
 
 def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, shuffle_buffer: int, seed: int,
                   features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None,
-                  split: str = "train", cycle_length: int = 4) -> "tf.data.Dataset":
+                  split: str = "train", cycle_length: int = 4, force_staging: bool = False) -> "tf.data.Dataset":
     """An endless stream of parsed batches (dicts of tensors) for one rank; see the module rules."""
     import tensorflow as tf
 
     shard_records = [s.records for s in manifest.split(split).shards]
     plan = plan_train_reads(shard_records, rank, size)
-    paths = tf.constant(local_shard_paths(manifest, split, plan.shards, stage_dir))
     n = len(plan.shards)
     if n == 0:
         raise DataError(f"split {split!r} has no shards for rank {rank}; the dataset is empty: rerun the ETL")
+    check_local_shards(manifest, split, plan.shards)
     order_seed = file_seed(seed, rank, plan)
-
-    def one_pass(pass_index: tf.Tensor) -> tf.data.Dataset:
-        order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=tf.stack([tf.constant(order_seed, tf.int64), pass_index]))
-        return tf.data.Dataset.from_tensor_slices(tf.gather(paths, order))
-
-    files = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
-    records = _records(manifest, files, min(n, cycle_length))
+    cycle = min(n, cycle_length)
+    paths = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed), stage_dir, cycle,
+                       force_staging=force_staging)
+    files = tf.data.Dataset.from_generator(paths, output_signature=tf.TensorSpec((), tf.string))
+    records = _records(manifest, files, cycle)
     if plan.record_level:
         records = records.shard(plan.stride, plan.offset)
     records = records.shuffle(shuffle_buffer, seed=seed + 104729 * (rank + 1))
@@ -283,8 +321,9 @@ def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_
 
     entries = manifest.split(split).shards
     plan = plan_eval_reads(len(entries), [s.records for s in entries], rank, size)
-    paths = local_shard_paths(manifest, split, plan.shards, stage_dir)
-    files = tf.data.Dataset.from_tensor_slices(tf.constant(paths, dtype=tf.string))
+    check_local_shards(manifest, split, plan.shards)
+    paths = file_paths(manifest, split, lambda: iter(plan.shards), stage_dir, cycle_length=1)
+    files = tf.data.Dataset.from_generator(paths, output_signature=tf.TensorSpec((), tf.string))
     records = _records(manifest, files, cycle_length=1)  # manifest order: the same sequence on every rank
     if plan.record_level:
         records = records.shard(plan.stride, plan.offset)

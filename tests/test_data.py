@@ -14,7 +14,7 @@ from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import FeatureSpec
-from tests.datasets import make_text_dataset
+from hvdtrain.synthetic import make_text_dataset
 
 ALL = ["input_ids", "attention_mask", "label", "key"]
 
@@ -126,24 +126,54 @@ def test_missing_shard_is_named(tmp_path) -> None:
         data.eval_dataset(m, "test", rank=0, size=1, batch_size=3)
 
 
-def test_remote_shards_are_staged_locally_once(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path / "ds"), n_per_split=10, shards_per_split=2, max_length=6)
+def _remote(tmp_path, m):
+    """The same dataset, addressed as if it lived on HDFS; copies come from the local folder."""
     remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
     copied = []
 
-    def fake_copy(uri: str, local: str) -> None:  # "downloads" from the local copy of the dataset
+    def copy(uri: str, local: str) -> None:
         copied.append(uri)
         shutil.copyfile(uri.replace("hdfs://namenode:8020/data", str(tmp_path)), local)
 
-    stage = str(tmp_path / "stage")
-    paths = data.local_shard_paths(remote, "test", [1, 0], stage, copy=fake_copy)
-    assert copied == ["hdfs://namenode:8020/data/ds/test/part-00001.tfrecord",
-                      "hdfs://namenode:8020/data/ds/test/part-00000.tfrecord"]
-    assert all(p.startswith(stage) and os.path.getsize(p) > 0 for p in paths)
-    assert data.local_shard_paths(remote, "test", [0, 1], stage, copy=fake_copy) == sorted(paths)
-    assert len(copied) == 2  # already staged
-    with pytest.raises(DataError, match="remote"):
-        data.local_shard_paths(remote, "test", [0], None, copy=fake_copy)
+    return remote, copied, copy
+
+
+def test_remote_shards_are_staged_ahead_and_read_through_the_pipeline(tmp_path) -> None:
+    m = make_text_dataset(str(tmp_path / "ds"), n_per_split=40, shards_per_split=4, max_length=6)
+    remote, copied, copy = _remote(tmp_path, m)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    paths = data.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), cycle_length=1, copy=copy)
+    got = list(paths())
+    assert copied == [f"hdfs://namenode:8020/data/ds/test/part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
+    assert [os.path.basename(p).split("-", 1)[1] for p in got] == [f"part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
+    assert os.listdir(stage) == []  # staged copies are removed when the reader is done
+    with pytest.raises(DataError, match="remote shards .* pass a local stage_dir"):
+        data.file_paths(remote, "test", lambda: iter([0]), None, cycle_length=1, copy=copy)
+
+
+def test_stager_bounds_local_disk_and_reports_copy_failures(tmp_path) -> None:
+    from hvdtrain.staging import ShardStager
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"s{i}").write_bytes(b"x" * 10)
+    stager = ShardStager(((str(src / f"s{i}"), f"s{i}") for i in range(20)), str(tmp_path / "st"),
+                         ahead=2, keep=3, copy=lambda u, l: shutil.copyfile(u, l))
+    most = 0
+    for path in stager:
+        assert open(path, "rb").read() == b"x" * 10
+        most = max(most, stager.on_disk())
+    assert most <= 2 + 3 + 1
+    stager.close()
+
+    def broken(uri: str, local: str) -> None:
+        raise ConnectionError("namenode went away")
+
+    bad = ShardStager([("hdfs://nn/x/s0", "s0")], str(tmp_path / "bad"), copy=broken)
+    with pytest.raises(DataError, match="could not stage shard hdfs://nn/x/s0 .* namenode went away"):
+        bad.get(0)
 
 
 # -- manifest vs model ----------------------------------------------------------------------

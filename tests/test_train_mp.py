@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hvdtrain import config
-from tests.datasets import make_text_dataset
+from hvdtrain.synthetic import make_text_dataset
 
 pytestmark = pytest.mark.multiprocess
 

@@ -1,4 +1,4 @@
-"""Small synthetic text datasets written like the ETL's output, without Spark.
+"""Small synthetic text datasets written like the ETL's output, without Spark (tests and benchmarks).
 
 ``make_text_dataset`` writes TFRecord shards with :mod:`hvdtrain.tfrecord` and
 publishes a manifest with :func:`hvdtrain.manifest.write`, so training tests

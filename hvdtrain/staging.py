@@ -1,0 +1,115 @@
+"""Stage remote shards to local disk ahead of use, with bounded disk.
+
+tf.data cannot read ``hdfs://`` with TF 2.21 (tensorflow-io does not load), so
+remote shards are copied to a local folder by a background thread that stays
+``ahead`` shards in front of the reader. A shard is deleted once the reader
+is ``keep`` shards past it: with a deterministic interleave of ``cycle_length``
+files, a shard that far back is either finished or already open (and an open
+file stays readable after unlinking on POSIX), so ``keep = cycle_length + 2``
+is safe. Local disk use is at most ``ahead + keep`` shards.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Iterable, Iterator, Optional
+
+from hvdtrain import fs
+from hvdtrain.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+class ShardStager:
+    """Copies (uri, name) items into ``stage_dir`` in order, ``ahead`` items in front of the reader."""
+
+    def __init__(self, items: Iterable[tuple[str, str]], stage_dir: str, ahead: int = 3, keep: int = 6,
+                 copy: Callable[[str, str], object] = fs.copy_to_local):
+        if ahead < 1 or keep < 1:
+            raise ValueError(f"ahead and keep must be >= 1 (got {ahead}, {keep})")
+        self._items = iter(items)
+        self._dir = stage_dir
+        self._ahead, self._keep, self._copy = ahead, keep, copy
+        self._staged: dict[int, str] = {}
+        self._next_read = 0
+        self._exhausted_at: Optional[int] = None
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self.wait_seconds = 0.0
+        os.makedirs(stage_dir, exist_ok=True)
+        self._thread = threading.Thread(target=self._fill, name="hvdtrain-stager", daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        seq = 0
+        for uri, name in self._items:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or seq < self._next_read + self._ahead)
+                if self._closed:
+                    return
+            local = os.path.join(self._dir, f"{seq:08d}-{name}")
+            try:
+                self._copy(uri, local)
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader
+                with self._cond:
+                    self._error = DataError(f"could not stage shard {uri} to {local}: {exc}")
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                if self._closed:
+                    _unlink(local)
+                    return
+                self._staged[seq] = local
+                self._cond.notify_all()
+            seq += 1
+        with self._cond:
+            self._exhausted_at = seq
+            self._cond.notify_all()
+
+    def get(self, seq: int) -> Optional[str]:
+        """The local path of item ``seq`` (waiting for it); None past the end."""
+        start = time.perf_counter()
+        with self._cond:
+            self._next_read = max(self._next_read, seq + 1)
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: seq in self._staged or self._error is not None
+                                or (self._exhausted_at is not None and seq >= self._exhausted_at))
+            self.wait_seconds += time.perf_counter() - start
+            if seq in self._staged:
+                path = self._staged[seq]
+            elif self._error is not None:
+                raise self._error
+            else:
+                return None
+            for old in [s for s in self._staged if s < seq - self._keep]:
+                _unlink(self._staged.pop(old))
+        return path
+
+    def __iter__(self) -> Iterator[str]:
+        seq = 0
+        while (path := self.get(seq)) is not None:
+            yield path
+            seq += 1
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            leftovers = list(self._staged.values())
+            self._staged.clear()
+        for path in leftovers:
+            _unlink(path)
+
+    def on_disk(self) -> int:
+        with self._cond:
+            return len(self._staged)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
