@@ -1,4 +1,4 @@
-"""``hvdtrain`` command line: demo, etl, train, yarn, env, config.
+"""``hvdtrain`` command line: demo, etl, train, yarn, checkpoints, env, config.
 
 The ETL runs in its own process (``python -m etl.job``, the same entry point
 spark-submit runs), and local training under ``horovodrun``; this module only
@@ -127,6 +127,17 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     return envcheck.main()
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """List or verify checkpoints: step, metric, size and status of each."""
+    from hvdtrain import checkpoint
+
+    infos = checkpoint.scan(args.dir, verify=args.action == "verify")
+    if not infos:
+        raise HvdtrainError(f"no checkpoints (ckpt-*) under {args.dir}")
+    print(checkpoint.to_json(infos) if args.json else checkpoint.describe(infos, args.metric))
+    return 0 if args.action == "list" or all(i.valid for i in infos) else 1
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -158,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
                           add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
     yarn.set_defaults(fn=cmd_yarn)
+    ckpt = sub.add_parser("checkpoints", help="list or verify checkpoints in a folder (local or hdfs://)")
+    ckpt.add_argument("action", choices=["list", "verify"], help="verify also checks every checksum")
+    ckpt.add_argument("dir", help="checkpoint folder, e.g. work/demo/checkpoints/demo")
+    ckpt.add_argument("--metric", default="validation_accuracy", help="metric column to show")
+    ckpt.add_argument("--json", action="store_true", help="machine-readable output")
+    ckpt.set_defaults(fn=cmd_checkpoints)
     env = sub.add_parser("env", help="diagnose this host: hvdtrain env check")
     env.add_argument("what", choices=["check"])
     env.set_defaults(fn=cmd_env_check)

@@ -235,6 +235,40 @@ class TrainConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints: atomic on any filesystem, published in the background, resumed exactly."""
+
+    dir: str = "{workdir}/checkpoints/{name}"
+    every_steps: int = 0  # 0: only at epoch ends
+    at_epoch_end: bool = True
+    keep_last: int = 3
+    keep_best: int = 1
+    best_metric: str = "validation_accuracy"
+    best_mode: Literal["max", "min"] = "max"
+    resume: str = "auto"  # auto (newest valid), never, or a checkpoint folder
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, "every_steps", self.every_steps, "must be >= 0 (0: epoch ends only)")
+        _require(self.keep_last >= 1, "keep_last", self.keep_last, "must be >= 1 (the newest is needed to resume)")
+        _require(self.keep_best >= 0, "keep_best", self.keep_best, "must be >= 0")
+
+
+@dataclass
+class FaultConfig:
+    """Fail fast, never hang: how long a job may make no progress, and Horovod's own timers."""
+
+    stall_timeout: int = 300  # seconds without a finished step (or input) before dumping stacks and exiting
+    peer_timeout: int = 60  # seconds a rank waits for a lost peer before exiting (HOROVOD_GLOO_TIMEOUT_SECONDS)
+    start_timeout: int = 120  # horovodrun/horovod.spark start-up timeout
+    stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
+
+    def __post_init__(self) -> None:
+        for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning"):
+            _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
+
+
+@dataclass
 class TrackingConfig:
     """MLflow. ``uri`` falls back to $MLFLOW_TRACKING_URI, then a local store."""
 
@@ -283,6 +317,8 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     yarn: YarnConfig = field(default_factory=YarnConfig)
 
     def __post_init__(self) -> None:
@@ -311,6 +347,7 @@ class JobConfig:
 PATH_FIELDS = {
     "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
     "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
+    "checkpoint.dir",
 }
 
 

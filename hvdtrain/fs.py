@@ -85,7 +85,8 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def _local_path(uri: str) -> str:
+def local_path(uri: str) -> str:
+    """The absolute path of a local path or ``file://`` URI."""
     return urllib.parse.urlparse(uri).path if uri.startswith("file://") else os.path.abspath(uri)
 
 
@@ -106,10 +107,26 @@ def _webhdfs(netloc: str, user: Optional[str]) -> pafs.FileSystem:
     return pafs.PyFileSystem(WebHdfsHandler(f"http://{netloc}", user=user))
 
 
+# Extra schemes: name -> factory(netloc) returning a pyarrow FileSystem (tests use it to inject faults).
+_SCHEMES: dict[str, Callable[[str], pafs.FileSystem]] = {}
+
+
+def register_scheme(scheme: str, factory: Optional[Callable[[str], pafs.FileSystem]]) -> None:
+    """Serve ``scheme://netloc/path`` from ``factory(netloc)``; None unregisters it."""
+    if factory is None:
+        _SCHEMES.pop(scheme, None)
+    else:
+        _SCHEMES[scheme] = factory
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem for a URI and the path within it."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme in _SCHEMES:
+        parsed = urllib.parse.urlparse(uri)
+        return _SCHEMES[scheme](parsed.netloc), parsed.path
     if is_local(uri):
-        return pafs.LocalFileSystem(), _local_path(uri)
+        return pafs.LocalFileSystem(), local_path(uri)
     parsed = urllib.parse.urlparse(uri)
     user = parsed.username or os.environ.get("HADOOP_USER_NAME")
     if parsed.scheme == "hdfs":
@@ -221,13 +238,13 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         raise
 
 
-def copy_to_local(uri: str, local_path: str, chunk: int = 8 << 20) -> int:
+def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
     """Copy a (remote) file to a local path; returns bytes copied."""
     fs, path = resolve(uri)
 
     def copy() -> int:
         n = 0
-        tmp = f"{local_path}.part"
+        tmp = f"{local}.part"
         with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
             while True:
                 block = src.read(chunk)
@@ -235,10 +252,29 @@ def copy_to_local(uri: str, local_path: str, chunk: int = 8 << 20) -> int:
                     break
                 dst.write(block)
                 n += len(block)
-        os.replace(tmp, local_path)
+        os.replace(tmp, local)
         return n
 
-    return with_retries(copy, f"copy {uri} -> {local_path}")
+    return with_retries(copy, f"copy {uri} -> {local}")
+
+
+def copy_from_local(local: str, uri: str, chunk: int = 8 << 20) -> int:
+    """Copy a local file to a (remote) path; the whole copy is retried on transient errors."""
+    def copy() -> int:
+        n = 0
+        with open(local, "rb") as src, open_output(uri) as dst:
+            while True:
+                block = src.read(chunk)
+                if not block:
+                    break
+                dst.write(block)
+                n += len(block)
+        return n
+
+    n = with_retries(copy, f"copy {local} -> {uri}")
+    if size(uri) != n:
+        raise DataError(f"copy {local} -> {uri}: wrote {n} bytes but the file has {size(uri)}")
+    return n
 
 
 def walk_files(uri: str) -> Iterator[str]:

@@ -1,0 +1,249 @@
+"""Checkpoints that are atomic on any filesystem and resumable exactly.
+
+Layout: ``<dir>/ckpt-<step>/`` holding ``state.npz`` (every variable as a
+named array: model weights, optimizer slots and step counter, per-rank RNG
+states), ``meta.json`` (step, epoch, input position, metrics, config hash),
+then ``checksums.json`` (SHA-256 of both), then an empty ``COMMIT`` marker,
+written last. A folder without ``COMMIT``, or whose files do not match their
+checksums, is not a checkpoint: readers skip it with a warning naming it.
+
+Rank 0 snapshots the state to local staging (fast), and a background thread
+publishes it to the checkpoint folder (local, ``hdfs://``, ``webhdfs://``)
+while training goes on; at most one publish is in flight. Retention keeps the
+newest ``keep_last`` and the best ``keep_best`` by a metric.
+
+Policies (when to save, what to keep) are pure functions; the writer acts.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from hvdtrain import fs
+from hvdtrain.errors import DataError
+
+log = logging.getLogger(__name__)
+
+STATE, META, CHECKSUMS, COMMIT = "state.npz", "meta.json", "checksums.json", "COMMIT"
+DATA_FILES = (STATE, META)
+_NAME = re.compile(r"^ckpt-(\d{10})$")
+
+
+# -- policies (pure) ------------------------------------------------------------------
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:010d}"
+
+
+def save_due(step: int, steps_per_epoch: int, every_steps: int, at_epoch_end: bool) -> bool:
+    """Whether optimizer step ``step`` (1-based, global across epochs) ends with a save."""
+    if every_steps and step % every_steps == 0:
+        return True
+    return at_epoch_end and steps_per_epoch > 0 and step % steps_per_epoch == 0
+
+
+@dataclass
+class CheckpointInfo:
+    name: str
+    uri: str
+    step: int
+    epoch: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    bytes: int = 0
+    status: str = "ok"  # ok | uncommitted | corrupt | unreadable
+    detail: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Retention:
+    keep: list[str]
+    delete: list[str]
+
+
+def retention(infos: list[CheckpointInfo], keep_last: int, keep_best: int, metric: str,
+              mode: str = "max") -> Retention:
+    """Keep the newest ``keep_last`` and the best ``keep_best`` by ``metric``; delete the rest.
+
+    Only valid checkpoints are ranked; invalid ones (no commit marker, bad
+    checksum) are deleted unless they are newer than every valid one (that
+    may be a publish still in flight).
+    """
+    valid = sorted((i for i in infos if i.valid), key=lambda i: i.step)
+    keep = {i.name for i in valid[-keep_last:]} if keep_last else set()
+    scored = [i for i in valid if metric in i.metrics]
+    best = sorted(scored, key=lambda i: (i.metrics[metric] if mode == "max" else -i.metrics[metric], i.step),
+                  reverse=True)
+    keep |= {i.name for i in best[:keep_best]}
+    newest_valid = valid[-1].step if valid else -1
+    keep |= {i.name for i in infos if not i.valid and i.step > newest_valid}
+    ordered = sorted(infos, key=lambda i: i.step)
+    return Retention([i.name for i in ordered if i.name in keep], [i.name for i in ordered if i.name not in keep])
+
+
+# -- state (de)serialization -----------------------------------------------------------
+
+def pack(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def unpack(blob: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def sha256(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+# -- reading --------------------------------------------------------------------------
+
+def scan(root: str, verify: bool = True) -> list[CheckpointInfo]:
+    """Every ``ckpt-*`` folder under ``root``, oldest first, with its status."""
+    if not fs.exists(root):
+        return []
+    out = []
+    for name in fs.listdir(root):
+        match = _NAME.match(name)
+        if match:
+            out.append(inspect(fs.join(root, name), name, int(match.group(1)), verify))
+    return out
+
+
+def inspect(uri: str, name: str, step: int, verify: bool = True) -> CheckpointInfo:
+    info = CheckpointInfo(name=name, uri=uri, step=step)
+    try:
+        files = set(fs.listdir(uri))
+        if COMMIT not in files:
+            info.status, info.detail = "uncommitted", "no COMMIT marker (an interrupted publish)"
+            return info
+        sums = json.loads(fs.read_bytes(fs.join(uri, CHECKSUMS)))
+        meta = json.loads(fs.read_bytes(fs.join(uri, META)))
+        info.epoch, info.metrics = meta.get("epoch", 0), meta.get("metrics", {})
+        info.bytes = sum(fs.size(fs.join(uri, f)) for f in DATA_FILES)
+        if verify:
+            for f in DATA_FILES:
+                if sha256(fs.read_bytes(fs.join(uri, f))) != sums.get(f):
+                    info.status, info.detail = "corrupt", f"{f} does not match its checksum"
+                    return info
+    except (OSError, ValueError, KeyError, DataError) as exc:
+        info.status, info.detail = "unreadable", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return info
+
+
+def latest_valid(root: str) -> Optional[CheckpointInfo]:
+    """The newest checkpoint that verifies; each one skipped on the way is named in a warning."""
+    for info in reversed(scan(root, verify=False)):
+        if info.status == "ok":
+            info = inspect(info.uri, info.name, info.step, verify=True)
+        if info.valid:
+            return info
+        log.warning("skipping checkpoint %s: %s (%s)", info.uri, info.status, info.detail)
+    return None
+
+
+def load(info: CheckpointInfo) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(arrays, meta) of a verified checkpoint."""
+    return unpack(fs.read_bytes(fs.join(info.uri, STATE))), json.loads(fs.read_bytes(fs.join(info.uri, META)))
+
+
+# -- writing --------------------------------------------------------------------------
+
+class CheckpointWriter:
+    """Rank 0's checkpoint saver: snapshot to local staging, publish in the background."""
+
+    def __init__(self, root: str, keep_last: int = 3, keep_best: int = 1, metric: str = "validation_accuracy",
+                 mode: str = "max", background: bool = True,
+                 publish_fn: Optional[Callable[[str, str], None]] = None):
+        self.root = root
+        self.keep_last, self.keep_best, self.metric, self.mode = keep_last, keep_best, metric, mode
+        self.background = background
+        self._publish_fn = publish_fn or publish
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.published: list[str] = []
+
+    def save(self, step: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Stage now; publish in the background after any publish still in flight."""
+        self.wait()
+        staging = tempfile.mkdtemp(prefix="hvdtrain-ckpt-")
+        blob = pack(arrays)
+        meta_blob = json.dumps({"step": step, **meta}, indent=2, sort_keys=True).encode()
+        for name, data in ((STATE, blob), (META, meta_blob)):
+            with open(os.path.join(staging, name), "wb") as fh:
+                fh.write(data)
+        with open(os.path.join(staging, CHECKSUMS), "w") as fh:
+            json.dump({STATE: sha256(blob), META: sha256(meta_blob)}, fh)
+        dest = fs.join(self.root, checkpoint_name(step))
+        if self.background:
+            self._thread = threading.Thread(target=self._publish, args=(staging, dest), daemon=True,
+                                            name="hvdtrain-checkpoint")
+            self._thread.start()
+        else:
+            self._publish(staging, dest)
+            self.wait()
+
+    def _publish(self, staging: str, dest: str) -> None:
+        try:
+            self._publish_fn(staging, dest)
+            self.published.append(dest)
+            self.prune()
+        except BaseException as exc:  # noqa: BLE001 - raised in the training thread by wait()
+            self._error = exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def wait(self) -> None:
+        """Block until the in-flight publish is done; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise DataError(f"publishing a checkpoint under {self.root} failed: {error}") from error
+
+    def prune(self) -> Retention:
+        decision = retention(scan(self.root, verify=False), self.keep_last, self.keep_best, self.metric, self.mode)
+        for name in decision.delete:
+            fs.delete(fs.join(self.root, name))
+        return decision
+
+
+def publish(staging: str, dest: str) -> None:
+    """Data files, then checksums, then the commit marker: a reader never sees half a checkpoint."""
+    if fs.exists(dest):
+        fs.delete(dest)  # an earlier, interrupted publish of the same step
+    fs.makedirs(dest)
+    for name in (*DATA_FILES, CHECKSUMS):
+        fs.copy_from_local(os.path.join(staging, name), fs.join(dest, name))
+    fs.write_bytes_atomic(fs.join(dest, COMMIT), b"")
+
+
+def describe(infos: list[CheckpointInfo], metric: str) -> str:
+    """The table ``hvdtrain checkpoints list/verify`` prints."""
+    rows = [f"{'checkpoint':<18}{'step':>10}{'epoch':>7}{metric:>22}{'MB':>10}  status"]
+    for i in infos:
+        value = f"{i.metrics[metric]:.4f}" if metric in i.metrics else "-"
+        rows.append(f"{i.name:<18}{i.step:>10}{i.epoch:>7}{value:>22}{i.bytes / 1e6:>10.2f}  {i.status}"
+                    + (f" ({i.detail})" if i.detail else ""))
+    return "\n".join(rows)
+
+
+def to_json(infos: list[CheckpointInfo]) -> str:
+    return json.dumps([asdict(i) for i in infos], indent=2)
