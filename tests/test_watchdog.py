@@ -1,0 +1,64 @@
+"""The stall watchdog: fires on no progress, stays quiet while beats come, names rank and phase."""
+import subprocess
+import sys
+import threading
+import time
+
+from hvdtrain import watchdog
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_check_names_rank_and_phase_only_after_the_timeout():
+    clock = FakeClock()
+    dog = watchdog.Watchdog(timeout=60, rank=3, clock=clock)
+    dog.phase("waiting for input batch")
+    clock.now = 59
+    assert dog.check() is None
+    clock.now = 61
+    assert dog.check().startswith("rank 3: no progress for 61s while waiting for input batch")
+    dog.beat()
+    assert dog.check() is None
+
+
+def test_thread_fires_once_on_a_real_stall_and_not_while_beating():
+    fired = []
+    done = threading.Event()
+
+    def on_stall(msg):
+        fired.append(msg)
+        done.set()
+
+    with watchdog.Watchdog(timeout=0.3, rank=0, on_stall=on_stall, poll=0.05) as dog:
+        for _ in range(10):  # 0.5 s of steady progress: no alarm
+            time.sleep(0.05)
+            dog.beat()
+        assert fired == []
+        dog.phase("all-reduce of step 12")
+        assert done.wait(5)
+    assert len(fired) == 1 and "while all-reduce of step 12" in fired[0]
+
+
+def test_a_stalled_process_dumps_stacks_and_exits_nonzero():
+    code = ("import time, logging; from hvdtrain import watchdog\n"
+            "with watchdog.Watchdog(timeout=0.5, rank=1, poll=0.1) as d:\n"
+            "    d.phase('waiting for input batch')\n"
+            "    time.sleep(30)\n")
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == watchdog.EXIT_STALLED
+    assert time.time() - start < 20
+    assert "rank 1: no progress for" in proc.stderr and "waiting for input batch" in proc.stderr
+    assert "Thread" in proc.stderr and "time.sleep" not in proc.stdout  # faulthandler's stack dump
+
+
+def test_horovod_env_bounds_peer_waits():
+    env = watchdog.horovod_env(peer_timeout=60, stall_check_warning=30, stall_timeout=300)
+    assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
+                   "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "330"}
