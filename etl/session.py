@@ -12,6 +12,7 @@ import shutil
 import sys
 from typing import Any
 
+from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import EnvironmentProblem
 
@@ -29,10 +30,13 @@ def spark_conf(cfg: JobConfig, master: str | None = None) -> dict[str, str]:
     if master:
         conf["spark.master"] = master
     if cfg.hive.embedded:
-        metastore = os.path.abspath(cfg.hive.metastore_dir)
+        # Derby lives on the driver's local disk; the warehouse may be local or on HDFS.
+        metastore = fs.local_path(cfg.hive.metastore_dir)
+        warehouse = fs.local_path(cfg.hive.warehouse_dir) if fs.is_local(cfg.hive.warehouse_dir) \
+            else cfg.hive.warehouse_dir
         conf.update({
             "spark.sql.catalogImplementation": "hive",
-            "spark.sql.warehouse.dir": os.path.abspath(cfg.hive.warehouse_dir),
+            "spark.sql.warehouse.dir": warehouse,
             "spark.hadoop.javax.jdo.option.ConnectionURL":
                 f"jdbc:derby:;databaseName={metastore}/metastore_db;create=true",
             "spark.hadoop.hive.metastore.schema.verification": "false",
@@ -59,8 +63,12 @@ def get_session(cfg: JobConfig, master: str | None = None) -> Any:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if cfg.hive.embedded:
-        os.makedirs(cfg.hive.metastore_dir, exist_ok=True)
-        os.makedirs(cfg.hive.warehouse_dir, exist_ok=True)
+        if not fs.is_local(cfg.hive.metastore_dir):
+            raise EnvironmentProblem(f"hive.metastore_dir {cfg.hive.metastore_dir} must be a local folder "
+                                     "(the embedded Derby metastore lives on the driver); for a shared metastore "
+                                     "set hive.embedded: false and put hive-site.xml on Spark's classpath")
+        os.makedirs(fs.local_path(cfg.hive.metastore_dir), exist_ok=True)
+        fs.makedirs(cfg.hive.warehouse_dir)
     builder = SparkSession.builder
     for key, value in spark_conf(cfg, master).items():
         builder = builder.config(key, value)

@@ -96,3 +96,16 @@ def test_tabular_transform_imputes_scales_and_indexes_with_train_stats():
     stats["impute"] = "constant"
     stats["impute_value"] = 40.0
     assert tabular.transform(stats, [(None, 5)], [(None,)])[0][0, 0] == 0.0
+
+
+def test_spark_conf_keeps_an_hdfs_warehouse_and_a_local_metastore(tmp_path):
+    from etl import session
+    from hvdtrain import config
+
+    cfg = config.from_dict({"name": "w", "workdir": str(tmp_path), "source": {"table": "a.b"},
+                            "hive": {"warehouse_dir": "hdfs://nn:8020/warehouse"},
+                            "spark": {"conf": {"spark.executor.memory": "2g"}}})
+    conf = session.spark_conf(cfg, "local[2]")
+    assert conf["spark.sql.warehouse.dir"] == "hdfs://nn:8020/warehouse"
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"].startswith(f"jdbc:derby:;databaseName={tmp_path}")
+    assert conf["spark.master"] == "local[2]" and conf["spark.executor.memory"] == "2g"

@@ -1,0 +1,158 @@
+"""`hvdtrain env check`: every failure path names what is missing and how to fix it.
+
+The checks take the environment, `which`, a command runner and the Horovod build facts as
+arguments, so these tests describe hosts with fakes instead of changing this one.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+from hvdtrain import envcheck
+from hvdtrain.envcheck import Check, CommandResult, HorovodBuild
+
+GOOD_BUILD = HorovodBuild(version="0.28.1", tensorflow=True, gloo=True, nccl=False)
+PYTHON = "/venv/bin/python"
+
+
+def which_of(*found: str):
+    table = {name: f"/usr/bin/{name}" for name in found}
+    return table.get
+
+
+def runner(outputs: dict[str, CommandResult]):
+    def run(cmd: Sequence[str]) -> CommandResult:
+        return outputs[" ".join(cmd)]
+    return run
+
+
+JAVA17 = CommandResult(0, 'openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment')
+
+
+@pytest.mark.parametrize("text, major", [
+    ('openjdk version "17.0.15" 2025-04-15', 17),
+    ('java version "1.8.0_292"', 8),
+    ('openjdk version "21" 2023-09-19', 21),
+    ("no version here", None),
+])
+def test_java_version_parsing(text: str, major: int) -> None:
+    assert envcheck.parse_java_major(text) == major
+
+
+def test_java_missing_old_or_fine() -> None:
+    missing = envcheck.check_java(which_of(), runner({}))
+    assert not missing.ok and "java not found on PATH" in missing.detail and "openjdk-17" in missing.fix
+    java11 = CommandResult(0, 'java version "11.0.2"')
+    old = envcheck.check_java(which_of("java"), runner({"/usr/bin/java -version": java11}))
+    assert not old.ok and old.detail == "Java 11 at /usr/bin/java; Spark 4 needs Java 17 or newer"
+    good = envcheck.check_java(which_of("java"), runner({"/usr/bin/java -version": JAVA17}))
+    assert good.ok and good.detail == "Java 17 at /usr/bin/java"
+
+
+def test_spark_submit_missing_names_the_places_and_the_fix() -> None:
+    c = envcheck.check_spark_submit({"SPARK_HOME": "/opt/spark"}, which_of(), PYTHON, lambda p: False)
+    assert not c.ok and c.required
+    assert c.detail.startswith("spark-submit not found (looked in /opt/spark/bin/spark-submit")
+    assert "pip install 'pyspark" in c.fix and "SPARK_HOME" in c.fix
+    ok = envcheck.check_spark_submit({}, which_of("spark-submit"), PYTHON, lambda p: p == "/usr/bin/spark-submit")
+    assert ok.ok and ok.detail == "/usr/bin/spark-submit"
+
+
+def test_horovod_build_facts() -> None:
+    missing = envcheck.check_horovod(HorovodBuild(error="ModuleNotFoundError: No module named 'horovod'"))
+    assert [(c.name, c.ok) for c in missing] == [("Horovod", False)]
+    assert "No module named 'horovod'" in missing[0].detail and "make env" in missing[0].fix
+    no_tf = {c.name: c for c in envcheck.check_horovod(HorovodBuild(version="0.28.1", error="ImportError: x"))}
+    assert not no_tf["Horovod TensorFlow ops"].ok and "HOROVOD_WITH_TENSORFLOW=1" in no_tf["Horovod TensorFlow ops"].fix
+    assert not no_tf["Horovod Gloo"].ok and "HOROVOD_WITH_GLOO=1" in no_tf["Horovod Gloo"].fix
+    cpu = {c.name: c for c in envcheck.check_horovod(GOOD_BUILD)}
+    assert cpu["Horovod TensorFlow ops"].ok and cpu["Horovod Gloo"].ok
+    nccl = cpu["Horovod NCCL"]
+    assert not nccl.ok and not nccl.required and nccl.scope == "gpu"
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in nccl.fix
+
+
+def test_build_probe_output_parsing() -> None:
+    out = 'noise\nHVDTRAIN_HOROVOD_BUILD {"version": "0.28.1", "tensorflow": true, "gloo": true, "nccl": false, ' \
+          '"mpi": false, "cuda": false}\n'
+    assert envcheck.parse_build_probe(out) == GOOD_BUILD
+    broken = envcheck.parse_build_probe("Traceback ...\nSegmentation fault\n")
+    assert broken.version is None and broken.error == "the build probe failed: Segmentation fault"
+    probed = envcheck.probe_horovod_build("/py", run=lambda cmd: CommandResult(0, out))
+    assert probed == GOOD_BUILD
+
+
+def test_hadoop_home_and_libhdfs() -> None:
+    unset = envcheck.check_hadoop_home({}, lambda p: True)
+    assert not unset.ok and unset.scope == "cluster" and unset.fix.startswith("export HADOOP_HOME=")
+    assert "is not a directory" in envcheck.check_hadoop_home({"HADOOP_HOME": "/nope"}, lambda p: False).detail
+    env = {"HADOOP_HOME": "/opt/hadoop"}
+    found = envcheck.check_libhdfs(env, lambda p: p == "/opt/hadoop/lib/native/libhdfs.so")
+    assert found.ok and found.detail == "/opt/hadoop/lib/native/libhdfs.so"
+    arrow = envcheck.check_libhdfs({"ARROW_LIBHDFS_DIR": "/libs", **env}, lambda p: p == "/libs/libhdfs.so")
+    assert arrow.ok and arrow.detail == "/libs/libhdfs.so"
+    missing = envcheck.check_libhdfs(env, lambda p: False)
+    assert not missing.ok and missing.detail == "libhdfs.so not found in /opt/hadoop/lib/native"
+    assert "ARROW_LIBHDFS_DIR" in missing.fix
+    nothing = envcheck.check_libhdfs({}, lambda p: False)
+    assert "neither ARROW_LIBHDFS_DIR nor HADOOP_HOME is set" in nothing.detail
+
+
+@pytest.mark.parametrize("classpath, ok, detail", [
+    (None, False, "not set; libhdfs needs the Hadoop jars on it"),
+    ("/etc/hadoop/conf:/opt/hadoop/share/hadoop/common/*", False,
+     "lists folder wildcards, which libhdfs (JNI) does not expand"),
+    ("/opt/app/app.jar", False, "has no hadoop-*.jar"),
+    ("/etc/hadoop/conf:/opt/hadoop/share/hadoop/common/hadoop-common-3.3.6.jar:/x/guava.jar", True,
+     "2 jars including Hadoop's"),
+])
+def test_classpath(classpath, ok, detail) -> None:
+    c = envcheck.check_classpath({} if classpath is None else {"CLASSPATH": classpath})
+    assert (c.ok, c.detail) == (ok, detail)
+    assert ok or c.fix == "export CLASSPATH=$(hadoop classpath --glob)"
+
+
+def test_kerberos_ticket() -> None:
+    skipped = envcheck.check_kerberos(which_of(), runner({}))
+    assert skipped.ok and skipped.detail.startswith("klist not found: skipped")
+    expired = envcheck.check_kerberos(which_of("klist"), runner({"/usr/bin/klist -s": CommandResult(1, "")}))
+    assert not expired.ok and expired.detail == "no valid ticket (klist -s failed)" and "kinit" in expired.fix
+    assert envcheck.check_kerberos(which_of("klist"), runner({"/usr/bin/klist -s": CommandResult(0, "")})).ok
+
+
+def test_hadoop_conf_dir() -> None:
+    c = envcheck.check_hadoop_conf({})
+    assert not c.ok and c.fix == "export HADOOP_CONF_DIR=/etc/hadoop/conf"
+    assert envcheck.check_hadoop_conf({"YARN_CONF_DIR": "/etc/hadoop/conf"}).ok
+
+
+def test_laptop_without_hadoop_is_ready_for_the_local_path() -> None:
+    checks = envcheck.check(env={}, which=which_of("java"), run=runner({"/usr/bin/java -version": JAVA17}),
+                            build=GOOD_BUILD, python=PYTHON, is_file=lambda p: p == "/venv/bin/spark-submit",
+                            is_dir=lambda p: False)
+    assert [c.name for c in checks] == [
+        "Java", "spark-submit", "Horovod TensorFlow ops", "Horovod Gloo", "Horovod NCCL", "HADOOP_HOME",
+        "libhdfs", "CLASSPATH", "HADOOP_CONF_DIR", "Kerberos ticket"]
+    assert envcheck.exit_code(checks) == 0
+    text = envcheck.render(checks)
+    assert "✓ Java: Java 17 at /usr/bin/java" in text
+    assert "✗ HADOOP_HOME (cluster): not set" in text and "    fix: export HADOOP_HOME=" in text
+    assert text.splitlines()[-3:] == [
+        "local path: ready", "cluster path: missing HADOOP_HOME, libhdfs, CLASSPATH, HADOOP_CONF_DIR",
+        "GPU training: missing Horovod NCCL"]
+
+
+def test_missing_java_fails_the_exit_code_with_its_fix() -> None:
+    checks = envcheck.check(env={}, which=which_of(), run=runner({}), build=GOOD_BUILD, python=PYTHON,
+                            is_file=lambda p: p == "/venv/bin/spark-submit", is_dir=lambda p: False)
+    assert envcheck.exit_code(checks) == 1
+    java = checks[0]
+    assert java.line() == ("✗ Java: java not found on PATH; Spark needs Java 17\n    fix: install Java 17: "
+                           "apt-get install openjdk-17-jre-headless (or set JAVA_HOME and put $JAVA_HOME/bin on PATH)")
+    assert "local path: missing Java" in envcheck.render(checks)
+
+
+def test_a_check_line_without_a_failure_shows_no_fix() -> None:
+    assert Check("x", True, "fine", "do y").line() == "✓ x: fine"
+    assert Check("x", False, "broken", "do y", scope="cluster").line() == "✗ x (cluster): broken\n    fix: do y"

@@ -1,0 +1,114 @@
+"""The Spark driver of a training job: ``horovod.spark.run`` of the rank function on N tasks.
+
+spark-submit runs this file (``yarn/submit.py`` builds the command)::
+
+    spark-submit ... yarn/driver.py --config job.yaml --num-proc N --start-timeout S \\
+        --executable ./env/bin/python --result hdfs://.../yarn_result.json
+
+It starts N Spark tasks, one per executor; Horovod's Gloo controller connects
+them, and each task's rank process runs :func:`yarn.executor.run_rank`. The
+driver prints rank 0's result, writes every rank's record to ``--result``
+(through :mod:`hvdtrain.fs`, so an ``hdfs://`` path works in cluster mode,
+where this process's output goes to the YARN logs), and exits 0 only when
+every rank trained.
+
+This module owns the launcher's use of pyspark and ``horovod.spark``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# spark-submit runs this file as a script, so its folder (yarn/) would come first on
+# sys.path, and yarn/packaging.py would shadow the `packaging` distribution Horovod imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+from typing import Any, Optional, Sequence  # noqa: E402
+
+from hvdtrain import config as config_mod  # noqa: E402
+from hvdtrain import fs  # noqa: E402
+from hvdtrain.config import JobConfig  # noqa: E402
+from hvdtrain.errors import HvdtrainError  # noqa: E402
+
+RESULT_MARK = "hvdtrain: rank 0 result:"
+
+
+def horovod_env(cfg: JobConfig) -> dict[str, str]:
+    """Extra environment for every rank process (pure): yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...)."""
+    return {"PYTHONUNBUFFERED": "1", **cfg.yarn.env}
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The job's result document from every rank's record, in rank order (pure)."""
+    errors = [f"rank {r['rank']}: {r['error']}" for r in records if r.get("error")]
+    chief = records[0] if records else {}
+    return {
+        "ok": bool(records) and not errors,
+        "world_size": len(records),
+        "errors": errors,
+        "result": chief.get("result"),
+        "ranks": [{k: v for k, v in r.items() if k != "result"} for r in records],
+    }
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="yarn/driver.py", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="the resolved job YAML")
+    p.add_argument("--num-proc", type=int, required=True, help="Horovod ranks (one Spark task each)")
+    p.add_argument("--start-timeout", type=int, default=600, help="seconds for all tasks to start")
+    p.add_argument("--executable", default=sys.executable, help="Python that runs each rank on the executors")
+    p.add_argument("--result", required=True, help="where to write every rank's record (JSON)")
+    p.add_argument("--verbose", type=int, default=1, help="horovod.spark.run verbosity (0-2)")
+    return p.parse_args(argv)
+
+
+def run_job(cfg: JobConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Start Spark, run the ranks, stop Spark."""
+    from pyspark.sql import SparkSession
+
+    import horovod.spark
+
+    from yarn import executor
+
+    spark = SparkSession.builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    print(f"hvdtrain: Spark application {spark.sparkContext.applicationId}: {args.num_proc} ranks", flush=True)
+    try:
+        return horovod.spark.run(executor.run_rank, args=(cfg.to_dict(),), num_proc=args.num_proc,
+                                 start_timeout=args.start_timeout, use_gloo=True, env=horovod_env(cfg),
+                                 verbose=args.verbose, executable=args.executable)
+    finally:
+        spark.stop()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    # Horovod's rendezvous server logs every key at INFO; warnings are what matter here.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s driver %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    args = parse_args(argv)
+    try:
+        cfg = config_mod.load(args.config)
+        records = run_job(cfg, args)
+        summary = summarize(records)
+        fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
+    except HvdtrainError as exc:
+        print(f"hvdtrain: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # horovod.spark.run: a rank process failed or never started
+        print(f"hvdtrain: error: the Horovod job failed: {exc}; the ranks' messages above say why",
+              file=sys.stderr)
+        return 1
+    if summary["result"] is not None:
+        print(RESULT_MARK, json.dumps(summary["result"], indent=2), sep="\n")
+    print(f"hvdtrain: every rank's record: {args.result}", flush=True)
+    for error in summary["errors"]:
+        print(f"hvdtrain: error: {error}", file=sys.stderr)
+    return 0 if summary["ok"] else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""What every rank runs: the function ``horovod.spark.run`` ships to the executors.
+
+:func:`run_rank` runs in the process Horovod starts for each Spark task (not
+in the task's Python worker itself). Before TensorFlow is imported it:
+
+1. makes only the GPUs Spark assigned to this task visible
+   (``CUDA_VISIBLE_DEVICES``): Spark's TaskContext when called inside a task,
+   otherwise the resources Horovod's task service forwarded from it;
+2. points libhdfs at the Hadoop client of the container (``CLASSPATH`` from
+   ``hadoop classpath --glob``, ``ARROW_LIBHDFS_DIR``) when the job reads or
+   writes ``hdfs://`` and the container's environment lacks them;
+
+then rebuilds the job config from a plain dict and calls
+:func:`hvdtrain.train.run`. It returns a small record: rank, host, GPUs, where
+the code was imported from, and the training result (or the user-facing error,
+so the driver can print one line instead of N tracebacks).
+
+Nothing here imports TensorFlow or Horovod's TensorFlow ops at module level:
+the driver imports this module to pickle :func:`run_rank` by reference.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+
+ASSIGNED_GPUS_ENV = "HVDTRAIN_ASSIGNED_GPUS"
+
+
+def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
+    """Environment that exposes exactly the assigned GPUs (pure); nothing when none were assigned.
+
+    ``HVDTRAIN_ASSIGNED_GPUS`` tells :func:`hvdtrain.distributed.pin_gpu` that the visible GPUs
+    are already this rank's own, so it must not index them by local rank: two executors on one
+    host each see one GPU, yet have local ranks 0 and 1.
+    """
+    if not addresses:
+        return {}
+    visible = ",".join(str(a) for a in addresses)
+    return {"CUDA_VISIBLE_DEVICES": visible, ASSIGNED_GPUS_ENV: visible}
+
+
+def assigned_gpus() -> list[str]:
+    """GPU addresses Spark assigned to this task."""
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+    except ImportError:
+        ctx = None
+    if ctx is not None:
+        gpu = ctx.resources().get("gpu")
+        return list(gpu.addresses) if gpu is not None else []
+    try:  # in the rank process: Horovod's task service forwarded the task's resources
+        from horovod.spark.task import task_info
+    except ImportError:
+        return []
+    return [str(a) for a in task_info.get_available_devices()]
+
+
+def uses_hdfs(cfg_dict: Mapping[str, Any]) -> bool:
+    paths = [cfg_dict["etl"]["output"], cfg_dict["train"]["output"], cfg_dict.get("tracking", {}).get("uri") or ""]
+    return any(str(p).startswith(("hdfs://", "viewfs://")) for p in paths)
+
+
+def hdfs_client_env(env: Mapping[str, str], hadoop_classpath: Callable[[str], Optional[str]],
+                    is_file: Callable[[str], bool] = os.path.isfile) -> dict[str, str]:
+    """Settings libhdfs needs that ``env`` lacks (pure, given its probes).
+
+    libhdfs starts a JVM through JNI, which does not expand the ``dir/*``
+    wildcards a container's CLASSPATH holds: it needs ``hadoop classpath --glob``.
+    """
+    updates: dict[str, str] = {}
+    home = env.get("HADOOP_HOME") or env.get("HADOOP_COMMON_HOME")
+    entries = env.get("CLASSPATH", "").split(os.pathsep)
+    if not any("hadoop-common" in os.path.basename(e) and e.endswith(".jar") for e in entries):
+        hadoop = os.path.join(home, "bin", "hadoop") if home and is_file(os.path.join(home, "bin", "hadoop")) \
+            else "hadoop"
+        jars = hadoop_classpath(hadoop)
+        if jars:
+            updates["CLASSPATH"] = os.pathsep.join(p for p in (jars, env.get("CLASSPATH")) if p)
+    if not env.get("ARROW_LIBHDFS_DIR") and home and is_file(os.path.join(home, "lib", "native", "libhdfs.so")):
+        updates["ARROW_LIBHDFS_DIR"] = os.path.join(home, "lib", "native")
+    return updates
+
+
+def _hadoop_classpath(hadoop: str) -> Optional[str]:
+    try:
+        out = subprocess.run([hadoop, "classpath", "--glob"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def rank_record(rank: int, gpus: Sequence[str], result: Optional[dict[str, Any]], error: Optional[str],
+                tf_preloaded: bool, code_from: str) -> dict[str, Any]:
+    """What a rank returns to the driver (pure)."""
+    return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "gpus": list(gpus),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "tensorflow_preloaded": tf_preloaded,
+            "code_from": code_from, "result": result, "error": error}
+
+
+def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    """Train one rank of the job described by ``cfg_dict`` (``JobConfig.to_dict()``)."""
+    tf_preloaded = "tensorflow" in sys.modules
+    gpus = assigned_gpus()
+    os.environ.update(gpu_env(gpus))  # before TensorFlow initializes CUDA
+    if uses_hdfs(cfg_dict):
+        os.environ.update(hdfs_client_env(os.environ, _hadoop_classpath))
+
+    import hvdtrain
+    from hvdtrain import config, distributed, train
+    from hvdtrain.errors import HvdtrainError
+
+    result, error = None, None
+    try:
+        result = train.run(config.from_dict(cfg_dict))
+    except HvdtrainError as exc:
+        error = str(exc)
+    rank = distributed.info().rank if _initialized(distributed) else int(os.environ.get("HOROVOD_RANK", "-1"))
+    if error:  # also here: if the others then fail in a collective, the driver gets no records
+        print(f"hvdtrain: error: rank {rank}: {error}", file=sys.stderr, flush=True)
+    return rank_record(rank, gpus, result, error, tf_preloaded, os.path.dirname(hvdtrain.__file__))
+
+
+def _initialized(distributed: Any) -> bool:
+    try:
+        distributed.info()
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,212 @@
+"""What a YARN job ships: the project code as a zip, the Python environment as an archive.
+
+Code (``hvdtrain/``, ``etl/``, ``yarn/``) changes with every edit, so it is
+zipped at each submission and sent with ``--py-files`` (a few hundred KB).
+
+The environment (TensorFlow, Horovod, pyspark, ...: gigabytes) rarely changes,
+so it is packed once with venv-pack and uploaded to
+``yarn.env_cache/<hash>.tar.gz``; later submissions reuse it while the hash
+is the same. The hash covers what decides the archive's content and whether it
+runs on the cluster: every installed distribution's ``name==version`` (except
+editable ones: that is this project, shipped as code), the Python version and
+platform, and Horovod's build facts (a rebuild with NCCL keeps the version
+number). ``yarn.env_archive`` names an archive to use as is instead.
+
+venv-pack caveat: the archive links ``bin/python`` to the base interpreter
+(for this venv, the ``home`` in ``pyvenv.cfg``), which must exist at the same
+path on every NodeManager host.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import tempfile
+import uuid
+import zipfile
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable, Iterable, Optional, Sequence
+
+from hvdtrain import fs
+from hvdtrain.config import YarnConfig
+from hvdtrain.envcheck import HorovodBuild
+from hvdtrain.errors import ConfigError, EnvironmentProblem
+
+CODE_PACKAGES = ("hvdtrain", "etl", "yarn")
+CODE_SUFFIXES = (".py", ".sh")
+# The editable install of this project: its finder points at the submitting host's checkout.
+EDITABLE_FILES = "lib/python*/site-packages/__editable__*"
+
+PackFn = Callable[[str, str], None]  # (venv prefix, output .tar.gz path)
+
+
+def project_root() -> str:
+    """The folder holding the hvdtrain, etl and yarn packages."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- code --------------------------------------------------------------------------------
+
+def code_files(root: str, packages: Sequence[str] = CODE_PACKAGES) -> list[tuple[str, str]]:
+    """(absolute path, path in the zip) of every source file of the packages, sorted."""
+    out = []
+    for package in packages:
+        base = os.path.join(root, package)
+        if not os.path.isfile(os.path.join(base, "__init__.py")):
+            raise EnvironmentProblem(f"cannot ship the code: {base} is not a Python package "
+                                     "(run from a source checkout or an install of hvdtrain)")
+        for folder, dirs, files in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for name in sorted(files):
+                if name.endswith(CODE_SUFFIXES):
+                    path = os.path.join(folder, name)
+                    out.append((path, os.path.relpath(path, root).replace(os.sep, "/")))
+    return out
+
+
+def build_code_zip(output: str, root: Optional[str] = None, packages: Sequence[str] = CODE_PACKAGES) -> str:
+    """Zip the project's packages for ``--py-files``; returns ``output``."""
+    files = code_files(root or project_root(), packages)
+    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for path, arcname in files:
+            zf.write(path, arcname)
+    return output
+
+
+# -- environment identity ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    version: str
+    editable: bool = False
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def installed_distributions(site_packages: Optional[str] = None) -> list[Distribution]:
+    """Distributions installed in a site-packages folder (default: this interpreter's)."""
+    path = site_packages or sysconfig.get_paths()["purelib"]
+    out = []
+    for dist in metadata.distributions(path=[path]):
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        direct = dist.read_text("direct_url.json")
+        editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
+        out.append(Distribution(_canonical(name), dist.version, editable))
+    return out
+
+
+def env_identity(dists: Iterable[Distribution], python_version: str, platform_tag: str,
+                 build: Optional[HorovodBuild]) -> list[str]:
+    """The lines the environment hash covers, sorted and deduplicated (pure)."""
+    lines = {f"{d.name}=={d.version}" for d in dists if not d.editable}
+    lines.add(f"python=={python_version}")
+    lines.add(f"platform=={platform_tag}")
+    if build is not None:
+        lines.add("horovod-build==" + ",".join(f"{k}:{int(getattr(build, k))}"
+                                               for k in ("tensorflow", "gloo", "nccl", "mpi", "cuda")))
+    return sorted(lines)
+
+
+def env_hash(identity: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(identity).encode()).hexdigest()[:24]
+
+
+def current_identity(build: Optional[HorovodBuild]) -> list[str]:
+    """This environment's identity lines."""
+    return env_identity(installed_distributions(), platform.python_version(),
+                        f"{sys.platform}-{platform.machine()}", build)
+
+
+def archive_uri(env_cache: str, digest: str) -> str:
+    return fs.join(env_cache, f"{digest}.tar.gz")
+
+
+# -- packing and uploading ------------------------------------------------------------------
+
+def venv_prefix() -> str:
+    """This interpreter's virtual environment, or EnvironmentProblem."""
+    if sys.prefix == sys.base_prefix:
+        raise EnvironmentProblem(
+            f"the current Python ({sys.executable}) is not a virtual environment, so venv-pack cannot pack it; "
+            "run from the project venv (make env), or set yarn.env_archive to a packed environment")
+    return sys.prefix
+
+
+def venv_pack(prefix: str, output: str) -> None:
+    """Pack a venv with venv-pack, leaving out the editable install of this project."""
+    import venv_pack as vp  # only the packing path needs it
+
+    try:
+        vp.pack(prefix=prefix, output=output, force=True, filters=[("exclude", EDITABLE_FILES)])
+    except vp.VenvPackException as exc:
+        raise EnvironmentProblem(f"venv-pack could not pack {prefix}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class EnvArchive:
+    """The archive a job ships with ``--archives <uri>#env``."""
+
+    uri: str
+    digest: Optional[str]  # None when yarn.env_archive was given
+    uploaded: bool  # packed and uploaded by this call
+
+
+def planned_archive(yarn: YarnConfig, identity: Sequence[str]) -> EnvArchive:
+    """Where the archive is (or will be), without touching anything (pure)."""
+    if yarn.env_archive:
+        return EnvArchive(yarn.env_archive, None, False)
+    digest = env_hash(identity)
+    return EnvArchive(archive_uri(yarn.env_cache, digest), digest, False)
+
+
+def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Optional[str] = None,
+                       pack: PackFn = venv_pack, log: Callable[[str], None] = print) -> EnvArchive:
+    """The archive for this environment: the cached one when its hash matches, else pack and upload."""
+    planned = planned_archive(yarn, identity)
+    if planned.digest is None:
+        if not fs.exists(planned.uri):
+            raise ConfigError("yarn.env_archive", planned.uri,
+                              "does not exist; point it at a venv-pack/conda-pack archive, or unset it to pack "
+                              "this environment into yarn.env_cache")
+        return planned
+    if fs.exists(planned.uri):
+        log(f"env archive: reusing {planned.uri} (hash {planned.digest})")
+        return planned
+    prefix = prefix or venv_prefix()
+    log(f"env archive: packing {prefix} (hash {planned.digest}; once per environment change) ...")
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
+        local = os.path.join(tmp, f"{planned.digest}.tar.gz")
+        pack(prefix, local)
+        log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {planned.uri}")
+        upload_once(local, planned.uri)
+    fs.write_bytes_atomic(planned.uri + ".txt", ("\n".join(identity) + "\n").encode())
+    return EnvArchive(planned.uri, planned.digest, True)
+
+
+def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> None:
+    """Copy a local file to ``uri`` under a temporary name, then rename; a concurrent upload of the
+    same content that lands first wins, and ours is dropped."""
+    tmp = f"{uri}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(local, "rb") as src, fs.open_output(tmp) as dst:
+            shutil.copyfileobj(src, dst, chunk)
+        if fs.exists(uri):  # someone uploaded the same hash meanwhile
+            fs.delete(tmp)
+            return
+        fs.move(tmp, uri)
+    except BaseException:
+        try:
+            fs.delete(tmp)
+        except Exception:  # noqa: BLE001 - clean-up must not hide the real error
+            pass
+        raise

@@ -1,0 +1,513 @@
+"""Submit Horovod training to YARN through spark-submit: one command.
+
+    python -m yarn.submit CONFIG [key=value ...] --num-workers N [--gpus-per-worker G]
+        [--queue Q] [--principal P --keytab K] [--master yarn|local[N]] [--dry-run]
+
+(also ``hvdtrain yarn submit ...``). Flags override the config's ``yarn:`` block.
+The driver (:mod:`yarn.driver`) calls ``horovod.spark.run`` with
+:func:`yarn.executor.run_rank` on N Spark tasks, one per executor, and each
+task's process runs :func:`hvdtrain.train.run`.
+
+Plan, then act:
+
+- :func:`validate` and :func:`build_plan` are pure: config, master, Horovod
+  build facts, and the paths of what is shipped in; a :class:`SubmitPlan`
+  (the exact spark-submit argv and the environment it runs with) out. Unit
+  tests check argv lists exactly.
+- :func:`main` gathers the facts, ships code and environment
+  (:mod:`yarn.packaging`), and runs the plan inside :class:`Submission`, a
+  context manager that releases the application when the block is left by an
+  error or Ctrl-C: ``yarn application -kill <id>`` in cluster mode (the app
+  outlives spark-submit there), terminating spark-submit in client mode (its
+  shutdown hook stops the app).
+
+``--master local[N]`` runs the same driver and executor function in local
+Spark with this interpreter (no archive): a rehearsal of the cluster job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Optional, Sequence
+
+from hvdtrain import config as config_mod
+from hvdtrain import envcheck, fs
+from hvdtrain.config import JobConfig
+from hvdtrain.envcheck import HorovodBuild
+from hvdtrain.errors import ConfigError, EnvironmentProblem, HvdtrainError
+from yarn import packaging
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER_SCRIPT = os.path.join(HERE, "driver.py")
+GPU_SCRIPT = os.path.join(HERE, "gpu_discovery.sh")
+ENV_ALIAS = "env"  # --archives <uri>#env: unpacked as ./env in every container
+SHIPPED_PYTHON = f"./{ENV_ALIAS}/bin/python"
+CODE_ZIP = "hvdtrain-code.zip"
+JOB_YAML = "hvdtrain-job.yaml"
+RESULT_NAME = "yarn_result.json"
+APP_ID = re.compile(r"application_\d+_\d+")
+
+# Spark settings the launcher owns, and the config field or flag that controls each.
+OWNED_CONF = {
+    "spark.master": "--master",
+    "spark.submit.deployMode": "yarn.deploy_mode",
+    "spark.dynamicAllocation.enabled": "(always false: Horovod needs a fixed set of ranks)",
+    "spark.executor.instances": "--num-workers / yarn.num_workers",
+    "spark.executor.cores": "yarn.executor_cores",
+    "spark.task.cpus": "yarn.executor_cores (one rank per executor)",
+    "spark.executor.memory": "yarn.executor_memory",
+    "spark.driver.memory": "yarn.driver_memory",
+    "spark.yarn.queue": "--queue / yarn.queue",
+    "spark.executor.resource.gpu.amount": "--gpus-per-worker / yarn.gpus_per_worker",
+    "spark.task.resource.gpu.amount": "--gpus-per-worker / yarn.gpus_per_worker",
+    "spark.pyspark.python": "yarn.env_archive (the shipped env's ./env/bin/python)",
+}
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inputs:
+    """Facts the plan depends on, gathered by the caller."""
+
+    spark_submit: str
+    python: str  # this interpreter: runs the driver in client mode and every rank locally
+    code_zip: str  # local path of the --py-files zip
+    job_yaml: str  # local path of the resolved job config
+    archive_uri: Optional[str]  # the packed env (None for local masters)
+    build: HorovodBuild
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    argv: list[str]
+    env: dict[str, str]  # set (over the current environment) for spark-submit
+    master: str
+    deploy_mode: str
+    result_uri: str
+    cwd: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_local(self) -> bool:
+        return is_local_master(self.master)
+
+
+def is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def local_slots(master: str) -> Optional[int]:
+    """Concurrent tasks of a local master: local -> 1, local[3] -> 3, local[3,2] -> 3, local[*] -> None."""
+    if master == "local":
+        return 1
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
+    if not match:
+        raise ConfigError("--master", master, "must be yarn, local, local[N] or local[*]")
+    return None if match.group(1) == "*" else int(match.group(1))
+
+
+def validate(cfg: JobConfig, master: str, build: HorovodBuild,
+             is_file: Callable[[str], bool] = os.path.isfile) -> None:
+    """Refuse a submission that cannot work, with one line naming the value and the fix."""
+    y = cfg.yarn
+    if master != "yarn" and not is_local_master(master):
+        raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
+    if y.num_workers < 1:
+        raise ConfigError("yarn.num_workers", y.num_workers, "must be >= 1 (pass --num-workers N)")
+    if build.version is None:
+        raise EnvironmentProblem(f"Horovod does not import in this environment ({build.error}); the driver "
+                                 "runs horovod.spark.run: build it with `make env`, check with `make check-build`")
+    if not build.tensorflow:
+        raise EnvironmentProblem(f"Horovod {build.version} was built without TensorFlow ({build.error}); "
+                                 "rebuild with HOROVOD_WITH_TENSORFLOW=1 (make env)")
+    if not build.gloo:
+        raise EnvironmentProblem(f"Horovod {build.version} was built without Gloo, which YARN jobs use to "
+                                 "connect ranks; rebuild with HOROVOD_WITH_GLOO=1 (make env, needs CMake)")
+    if y.gpus_per_worker > 0 and not build.nccl:
+        raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
+                          f"needs Horovod built with NCCL, but this build has none ({build.describe()}); "
+                          "rebuild on a CUDA host with HOROVOD_GPU_OPERATIONS=NCCL make env, "
+                          "or pass --gpus-per-worker 0")
+    if (y.principal is None) != (y.keytab is None):
+        raise ConfigError("yarn.principal", y.principal, "and yarn.keytab must be set together "
+                          "(pass --principal user@REALM --keytab /path/user.keytab)")
+    if y.keytab is not None and not is_file(y.keytab):
+        raise ConfigError("yarn.keytab", y.keytab, "does not exist or is not a file; pass the path of the "
+                          "keytab for --principal on this host (e.g. --keytab ~/user.keytab)")
+    if is_local_master(master):
+        if y.gpus_per_worker > 0:
+            raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
+                              f"needs --master yarn: local Spark ({master}) assigns no GPUs; pass --gpus-per-worker 0")
+        slots = local_slots(master)
+        if slots is not None and slots < y.num_workers:
+            raise ConfigError("--master", master, f"runs {slots} task(s) at a time, but {y.num_workers} ranks "
+                              f"must run together; use --master local[{y.num_workers}]")
+    for key, value in y.spark_conf.items():
+        if key in OWNED_CONF:
+            raise ConfigError(f"yarn.spark_conf.{key}", value, f"is set by the launcher; use {OWNED_CONF[key]}")
+
+
+def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) -> list[tuple[str, str]]:
+    """Every --conf of the submission, in order (pure)."""
+    y = cfg.yarn
+    conf: list[tuple[str, str]] = [("spark.task.maxFailures", "1")]  # a retried rank cannot rejoin the ring
+    if is_local_master(master):
+        conf += [("spark.task.cpus", "1"),
+                 ("spark.log.level", "WARN"),  # a rehearsal: keep the ranks' output readable
+                 ("spark.pyspark.python", inputs.python),
+                 ("spark.pyspark.driver.python", inputs.python)]
+    else:
+        driver_python = SHIPPED_PYTHON if deploy_mode == "cluster" else inputs.python
+        conf += [("spark.yarn.maxAppAttempts", "1"),  # a second attempt would start training over
+                 ("spark.dynamicAllocation.enabled", "false"),
+                 ("spark.executor.instances", str(y.num_workers)),
+                 ("spark.task.cpus", str(y.executor_cores)),  # one task, so one rank, per executor
+                 ("spark.scheduler.minRegisteredResourcesRatio", "1.0"),
+                 ("spark.scheduler.maxRegisteredResourcesWaitingTime", f"{y.start_timeout}s"),
+                 ("spark.pyspark.python", SHIPPED_PYTHON),
+                 ("spark.pyspark.driver.python", driver_python)]
+        if deploy_mode == "cluster":
+            conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", SHIPPED_PYTHON))
+        if y.gpus_per_worker > 0:
+            conf += [("spark.executor.resource.gpu.amount", str(y.gpus_per_worker)),
+                     ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
+                     ("spark.executor.resource.gpu.discoveryScript", f"./{os.path.basename(GPU_SCRIPT)}")]
+    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
+    conf += list(y.spark_conf.items())
+    return conf
+
+
+def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
+               is_file: Callable[[str], bool] = os.path.isfile) -> SubmitPlan:
+    """The spark-submit command and environment for a job (pure, given ``is_file`` for the keytab).
+
+    Raises ConfigError / EnvironmentProblem for a submission that cannot work (:func:`validate`).
+    """
+    validate(cfg, master, inputs.build, is_file)
+    y = cfg.yarn
+    local = is_local_master(master)
+    deploy_mode = "client" if local else y.deploy_mode
+    notes = []
+    if local and y.deploy_mode == "cluster":
+        notes.append(f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode")
+    argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
+    if y.queue and not local:
+        argv += ["--queue", y.queue]
+    if y.principal:
+        argv += ["--principal", y.principal, "--keytab", y.keytab]
+    argv += ["--driver-memory", y.driver_memory]
+    if not local:
+        if inputs.archive_uri is None:
+            raise ValueError("a YARN plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
+        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores),
+                 "--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
+    files = [inputs.job_yaml] + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else [])
+    argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
+    for key, value in spark_conf(cfg, master, deploy_mode, inputs):
+        argv += ["--conf", f"{key}={value}"]
+    result_uri = fs.join(cfg.train.output, RESULT_NAME)
+    # In cluster mode the driver runs in the application master's container, beside the --files.
+    config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
+    argv += [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(y.num_workers),
+             "--start-timeout", str(y.start_timeout),
+             "--executable", inputs.python if local else SHIPPED_PYTHON, "--result", result_uri]
+    env = {"PYTHONUNBUFFERED": "1"}
+    if local:
+        # Driver and ranks import the shipped zip, as containers do (the YARN client puts
+        # --py-files on the executors' PYTHONPATH; local Spark does not, for child processes).
+        env["PYTHONPATH"] = inputs.code_zip
+    else:
+        notes += _cluster_notes(cfg)
+    return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes)
+
+
+def _cluster_notes(cfg: JobConfig) -> list[str]:
+    notes = []
+    if cfg.yarn.gpus_per_worker > 1:
+        notes.append(f"yarn.gpus_per_worker={cfg.yarn.gpus_per_worker}: each rank trains on one GPU (Horovod runs "
+                     "one process per GPU), so the others idle; prefer --gpus-per-worker 1 with more workers")
+    for name, value in (("etl.output", cfg.etl.output), ("train.output", cfg.train.output)):
+        if fs.is_local(value):
+            notes.append(f"{name} {value} is a local path: every YARN container must see it (shared mount), "
+                         f"or set {name}=hdfs://namenode:8020/...")
+    if cfg.tracking.enabled and not cfg.tracking.uri and "MLFLOW_TRACKING_URI" not in cfg.yarn.env:
+        notes.append("tracking.uri is unset: rank 0 would log to a SQLite file on whichever host it runs; "
+                     "set tracking.uri=http://mlflow-server:5000 (or yarn.env.MLFLOW_TRACKING_URI)")
+    if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
+        notes.append("the env archive is local, so spark-submit uploads it on every submission; "
+                     "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once")
+    return notes
+
+
+def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
+    """The ``yarn.*`` overrides the command-line flags stand for (pure)."""
+    out = []
+    for flag, key in (("num_workers", "num_workers"), ("gpus_per_worker", "gpus_per_worker")):
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"yarn.{key}={int(value)}")
+    for flag in ("queue", "principal"):
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"yarn.{flag}={json.dumps(value)}")
+    if args.keytab is not None:  # relative to where the command runs, not to the YAML's folder
+        out.append(f"yarn.keytab={json.dumps(os.path.join(cwd, os.path.expanduser(args.keytab)))}")
+    return out
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Flag values that are wrong on their face, named by flag (the config names the rest)."""
+    for flag, minimum in (("num_workers", 1), ("gpus_per_worker", 0)):
+        value = getattr(args, flag)
+        if value is not None and value < minimum:
+            raise ConfigError(f"--{flag.replace('_', '-')}", value, f"must be >= {minimum}")
+
+
+def format_plan(plan: SubmitPlan) -> str:
+    """The command and environment, copy-pasteable (``--dry-run``)."""
+    lines = [f"# {note}" for note in plan.notes]
+    if plan.cwd:
+        lines.append(f"cd {shlex.quote(plan.cwd)}")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.env.items()]
+    parts, i, argv = [shlex.quote(plan.argv[0])], 1, plan.argv
+    while i < len(argv):
+        if argv[i].startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            parts.append(f"{argv[i]} {shlex.quote(argv[i + 1])}")
+            i += 2
+        else:
+            parts.append(shlex.quote(argv[i]))
+            i += 1
+    lines.append(" \\\n  ".join(parts))
+    return "\n".join(lines)
+
+
+# -- act: the running submission -----------------------------------------------------------------
+
+def parse_app_id(line: str) -> Optional[str]:
+    match = APP_ID.search(line)
+    return match.group(0) if match else None
+
+
+def kill_command(app_id: str) -> list[str]:
+    return ["yarn", "application", "-kill", app_id]
+
+
+def release_actions(plan: SubmitPlan, app_id: Optional[str], running: bool) -> list[str]:
+    """What leaving a submission early must do (pure): "kill-app" and/or "terminate"."""
+    actions = []
+    if not plan.is_local and plan.deploy_mode == "cluster" and app_id:
+        actions.append("kill-app")  # the app outlives spark-submit in cluster mode
+    if running:
+        actions.append("terminate")  # client mode: spark-submit's shutdown hook stops the app
+    return actions
+
+
+class Submission:
+    """spark-submit running a plan; leaving the block by an error or Ctrl-C releases the application.
+
+    Usage::
+
+        with Submission(plan) as sub:
+            code = sub.wait()
+    """
+
+    def __init__(self, plan: SubmitPlan, popen: Callable[..., Any] = subprocess.Popen,
+                 run: envcheck.Runner = envcheck.run_command, out: IO[str] = sys.stdout,
+                 err: IO[str] = sys.stderr, grace: float = 60.0):
+        self.plan = plan
+        self._popen, self._run, self._out, self._err, self._grace = popen, run, out, err, grace
+        self.proc: Any = None
+        self.app_id: Optional[str] = None
+        self.returncode: Optional[int] = None
+        self._readers: list[threading.Thread] = []
+
+    def __enter__(self) -> "Submission":
+        # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
+        self.proc = self._popen(self.plan.argv, env={**os.environ, **self.plan.env}, cwd=self.plan.cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                                start_new_session=True)
+        for stream, sink in ((self.proc.stdout, self._out), (self.proc.stderr, self._err)):
+            reader = threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        return self
+
+    def _pump(self, stream: IO[str], sink: IO[str]) -> None:
+        for line in stream:
+            if self.app_id is None:
+                self.app_id = parse_app_id(line)
+            sink.write(line)
+            sink.flush()
+
+    def wait(self) -> int:
+        self.returncode = self.proc.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return self.returncode
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        still_running = self.proc is not None and self.proc.poll() is None
+        if exc_type is not None or self.returncode not in (0, None) or still_running:
+            self.release()
+        return False
+
+    def release(self) -> None:
+        actions = release_actions(self.plan, self.app_id, self.proc is not None and self.proc.poll() is None)
+        if "kill-app" in actions:
+            cmd = kill_command(self.app_id)
+            result = self._run(cmd)
+            status = "killed" if result.returncode == 0 else f"could not be killed ({result.output.strip()[:200]})"
+            self._err.write(f"hvdtrain: {self.app_id} {status}; to retry: {shlex.join(cmd)}\n")
+        if "terminate" in actions:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self._grace)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # spark-submit, the Python driver and local ranks
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# -- main ------------------------------------------------------------------------------------
+
+@dataclass
+class Collaborators:
+    """What main() uses to look at and act on the world; tests pass fakes."""
+
+    probe_build: Callable[[], HorovodBuild] = envcheck.probe_horovod_build
+    find_spark_submit: Callable[[], str] = envcheck.find_spark_submit
+    identity: Optional[Callable[[HorovodBuild], list[str]]] = None  # default: packaging.current_identity
+    ensure_archive: Optional[Callable[..., Any]] = None  # default: packaging.ensure_env_archive
+    submission: Callable[[SubmitPlan], Submission] = Submission
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    out: IO[str] = field(default_factory=lambda: sys.stdout)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hvdtrain yarn submit", description="Train on YARN: spark-submit running "
+                                "horovod.spark.run on N executors (flags override the config's yarn: block).")
+    p.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
+    p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
+    p.add_argument("--num-workers", type=int, help="Horovod ranks = executors (yarn.num_workers)")
+    p.add_argument("--gpus-per-worker", type=int, help="GPUs per executor; needs Horovod with NCCL")
+    p.add_argument("--queue", help="YARN queue (yarn.queue)")
+    p.add_argument("--principal", help="Kerberos principal, with --keytab")
+    p.add_argument("--keytab", help="keytab file for --principal")
+    p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
+    return p.parse_intermixed_args(argv)  # key=value overrides may come after the flags
+
+
+def prepare(args: argparse.Namespace, deps: Collaborators) -> tuple[JobConfig, HorovodBuild]:
+    """Config with the flags applied, and the Horovod facts, validated."""
+    check_flags(args)
+    cfg = config_mod.load(args.config, list(args.overrides) + flag_overrides(args, os.getcwd()))
+    build = deps.probe_build()
+    validate(cfg, args.master, build)
+    return cfg, build
+
+
+def run(args: argparse.Namespace, deps: Collaborators) -> int:
+    cfg, build = prepare(args, deps)
+    local = is_local_master(args.master)
+    try:
+        spark_submit = deps.find_spark_submit()
+    except EnvironmentProblem:
+        if not args.dry_run:
+            raise
+        spark_submit = "spark-submit"
+    if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
+        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
+                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
+    staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-submit-{cfg.name}") if args.dry_run
+               else tempfile.mkdtemp(prefix=f"hvdtrain-submit-{cfg.name}-"))
+    try:
+        archive = None
+        if not local:
+            identity = (deps.identity or packaging.current_identity)(build)
+            if args.dry_run:
+                archive = packaging.planned_archive(cfg.yarn, identity).uri
+            else:
+                archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
+        inputs = Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP),
+                        os.path.join(staging, JOB_YAML), archive, build)
+        plan = build_plan(cfg, args.master, inputs)
+        if args.dry_run:
+            what = "the code zip and the resolved config are written at submit time"
+            if archive is not None and cfg.yarn.env_archive is None:
+                what += "; the env archive is packed and uploaded if it is not cached yet"
+            print(f"# dry run: {what}\n{format_plan(plan)}", file=deps.out)
+            return 0
+        with open(inputs.job_yaml, "w") as fh:
+            fh.write(cfg.to_yaml())
+        packaging.build_code_zip(inputs.code_zip)
+        for note in plan.notes:
+            print(f"hvdtrain: note: {note}", file=sys.stderr)
+        print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
+        with deps.submission(plan) as sub:
+            code = sub.wait()
+            if code != 0:
+                where = (f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else "")
+                raise HvdtrainError(f"spark-submit failed (exit code {code}); see the messages above{where}")
+        print(result_summary(plan.result_uri), file=deps.out)
+        return 0
+    finally:
+        if not args.dry_run:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def result_summary(uri: str) -> str:
+    try:
+        doc = json.loads(fs.read_bytes(uri))
+    except Exception as exc:  # noqa: BLE001 - the job succeeded; the summary is a courtesy
+        return f"hvdtrain: training finished; could not read {uri} ({exc})"
+    result = doc.get("result") or {}
+    return (f"hvdtrain: training finished on {doc.get('world_size')} ranks: test accuracy "
+            f"{result.get('test_accuracy', float('nan')):.4f}, ranks agree: {result.get('ranks_agree')}; "
+            f"result: {uri}")
+
+
+def main(argv: Optional[Sequence[str]] = None, deps: Optional[Collaborators] = None) -> int:
+    args = parse_args(argv)
+    deps = deps or Collaborators()
+    # A plain `kill` of this process releases the application as Ctrl-C does.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main_thread else None
+    try:
+        return run(args, deps)
+    except HvdtrainError as exc:
+        print(f"hvdtrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hvdtrain: interrupted; the application was released", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
