@@ -54,7 +54,7 @@ def test_publish_order_is_data_then_checksums_then_commit(tmp_path):
     data = [n for n in opened if n in ck.DATA_FILES]
     assert opened.index(ck.CHECKSUMS) > max(opened.index(n) for n in data)
     assert opened[-1].startswith(ck.COMMIT)  # written atomically: COMMIT.tmp-xxxx, renamed last
-    arrays, meta = ck.load(ck.latest_valid(f"{tmp_path}/ckpts"))
+    _, arrays, meta = ck.restore_latest(f"{tmp_path}/ckpts")
     np.testing.assert_array_equal(arrays["w"], state()["w"])
     assert meta["step"] == 7 and meta["metrics"]["validation_accuracy"] == 0.8
 
@@ -70,7 +70,9 @@ def test_invalid_checkpoints_are_skipped_with_a_warning_naming_them(tmp_path, ca
         fh.write(b"\x00\x01\x02")
     with caplog.at_level(logging.WARNING):
         best = ck.latest_valid(root)
-    assert best.step == 1
+        restored, arrays, _ = ck.restore_latest(root)
+    assert best.step == 1 and restored.step == 1
+    np.testing.assert_array_equal(arrays["w"], state(1)["w"])
     assert "ckpt-0000000003: uncommitted" in caplog.text and "ckpt-0000000002: corrupt" in caplog.text
     statuses = {i.name: i.status for i in ck.scan(root)}
     assert statuses == {"ckpt-0000000001": "ok", "ckpt-0000000002": "corrupt", "ckpt-0000000003": "uncommitted"}
@@ -141,3 +143,15 @@ def test_cli_lists_and_verifies(tmp_path, capsys):
     assert cli.main(["checkpoints", "verify", root]) == 1
     assert "corrupt (meta.json does not match its checksum)" in capsys.readouterr().out
     assert cli.main(["checkpoints", "list", str(tmp_path / "none")]) == 2
+
+
+def test_pack_round_trips_dtypes_and_shapes_without_pickle():
+    arrays = {"a": np.arange(6, dtype=np.int64).reshape(2, 3), "b": np.float32(1.5) * np.ones((0, 4), np.float32),
+              "scalar": np.array(3.25, np.float64), "h": np.array([1, 2], np.float16)}
+    out = ck.unpack(ck.pack(arrays))
+    assert set(out) == set(arrays)
+    for k in arrays:
+        assert out[k].dtype == arrays[k].dtype and out[k].shape == arrays[k].shape
+        np.testing.assert_array_equal(out[k], arrays[k])
+    with pytest.raises(DataError, match="bad magic"):
+        ck.unpack(b"PK\x03\x04 a zip file")
