@@ -196,14 +196,23 @@ class EtlConfig:
 
 @dataclass
 class ModelConfig:
-    """Keras model by name; sizes for the Transformer text classifier."""
+    """Keras model by name.
 
-    kind: Literal["transformer"] = "transformer"
+    ``transformer`` (text: ``input_ids`` + ``attention_mask``) uses ``embed_dim``,
+    ``num_heads``, ``ff_dim``, ``num_layers``: tiny by default, DistilBERT-shaped
+    with ``embed_dim: 768, num_heads: 12, ff_dim: 3072, num_layers: 6``.
+    ``mlp`` (tabular: ``numeric`` and/or ``categorical``) uses ``hidden_units``
+    and ``categorical_embed_dim``. ``dropout`` applies to both.
+    """
+
+    kind: Literal["transformer", "mlp"] = "transformer"
     embed_dim: int = 64
     num_heads: int = 2
     ff_dim: int = 128
     num_layers: int = 1
     dropout: float = 0.1
+    hidden_units: list[int] = field(default_factory=lambda: [128, 64])  # mlp: one Dense layer per entry
+    categorical_embed_dim: int = 8  # mlp: embedding width of each categorical column
 
     def __post_init__(self) -> None:
         for name in ("embed_dim", "num_heads", "ff_dim", "num_layers"):
@@ -211,12 +220,49 @@ class ModelConfig:
         _require(self.embed_dim % self.num_heads == 0, "embed_dim", self.embed_dim,
                  f"must be divisible by model.num_heads ({self.num_heads})")
         _require(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+        _require(bool(self.hidden_units) and all(u > 0 for u in self.hidden_units), "hidden_units",
+                 self.hidden_units, "must be a non-empty list of layer widths > 0, e.g. [128, 64]")
+        _require(self.categorical_embed_dim > 0, "categorical_embed_dim", self.categorical_embed_dim, "must be > 0")
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stop when the validation ``metric`` has not improved for ``patience`` epochs.
+
+    Decided from metrics summed over all ranks, so every rank stops at the same
+    epoch. ``mode: auto`` minimizes loss and maximizes accuracy and macro F1.
+    """
+
+    metric: Literal["accuracy", "macro_f1", "loss"] = "loss"
+    patience: int = 3
+    mode: Literal["auto", "min", "max"] = "auto"
+    min_delta: float = 0.0  # an improvement must beat the best by more than this
+    restore_best: bool = True  # end with (and export) the best epoch's weights
+
+    def __post_init__(self) -> None:
+        _require(self.patience >= 0, "patience", self.patience, "must be >= 0 epochs")
+        _require(self.min_delta >= 0, "min_delta", self.min_delta, "must be >= 0")
+        natural = "min" if self.metric == "loss" else "max"
+        _require(self.mode in ("auto", natural), "mode", self.mode,
+                 f"must be auto or {natural} for metric {self.metric} (a {'lower' if natural == 'min' else 'higher'}"
+                 " value is better)")
+
+    @property
+    def direction(self) -> str:
+        """``min`` or ``max``, with ``auto`` resolved from the metric."""
+        return ("min" if self.metric == "loss" else "max") if self.mode == "auto" else self.mode
 
 
 @dataclass
 class TrainConfig:
     """Training loop. ``batch_size`` is per rank; the learning rate is per rank
-    too and is multiplied by the number of ranks."""
+    too and is multiplied by the number of ranks.
+
+    With ``grad_accum_steps: k`` each optimizer step consumes k batches per rank
+    and all-reduces once, so the global batch is ``batch_size * k * ranks`` and an
+    epoch has ``floor(train_records / (batch_size * k * ranks))`` optimizer steps
+    (warm-up and decay count optimizer steps too).
+    """
 
     epochs: int = 3
     batch_size: int = 64
@@ -225,6 +271,17 @@ class TrainConfig:
     shuffle_buffer: int = 2048
     seed: int = 1234
     output: str = "{workdir}/runs/{name}"
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, to epochs x steps
+    min_lr_ratio: float = 0.0  # cosine/linear decay ends at learning rate x this
+    clip_norm: Optional[float] = None  # clip gradients by global norm (after the all-reduce)
+    grad_accum_steps: int = 1
+    fp16_allreduce: bool = False  # send gradients as float16 (Horovod fp16 compression)
+    mixed_precision: Literal["none", "bfloat16", "float16"] = "none"
+    validate_every_epoch: bool = False
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    progress: Literal["auto", "bar", "log", "off"] = "auto"  # auto: a bar on a terminal, else log lines
+    progress_every_steps: int = 50
+    progress_every_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
@@ -232,6 +289,18 @@ class TrainConfig:
         _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
         _require(self.shuffle_buffer >= 1, "shuffle_buffer", self.shuffle_buffer, "must be >= 1")
+        _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        _require(self.clip_norm is None or self.clip_norm > 0, "clip_norm", self.clip_norm,
+                 "must be > 0, or null for no clipping")
+        _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps,
+                 "must be >= 1 (1 = no accumulation)")
+        _require(self.progress_every_steps >= 1, "progress_every_steps", self.progress_every_steps, "must be >= 1")
+        _require(self.progress_every_seconds > 0, "progress_every_seconds", self.progress_every_seconds,
+                 "must be > 0")
+
+    @property
+    def validates_each_epoch(self) -> bool:
+        return self.validate_every_epoch or self.early_stopping is not None
 
 
 @dataclass
@@ -275,6 +344,14 @@ class TrackingConfig:
     uri: Optional[str] = None
     experiment: str = "hvdtrain-{name}"
     enabled: bool = True
+    log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
+    registered_model_name: Optional[str] = None  # also register the logged model under this name
+
+    def __post_init__(self) -> None:
+        _require(self.log_every_steps >= 0, "log_every_steps", self.log_every_steps,
+                 "must be >= 0 (0 turns per-step metrics off)")
+        _require(self.registered_model_name is None or bool(self.registered_model_name.strip()),
+                 "registered_model_name", self.registered_model_name, "must be a non-empty name, or null")
 
 
 @dataclass

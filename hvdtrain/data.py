@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
@@ -52,7 +51,12 @@ from hvdtrain.manifest import FeatureSpec, Manifest
 if TYPE_CHECKING:
     import tensorflow as tf
 
-MODEL_INPUTS = ("input_ids", "attention_mask")
+# The features each model kind reads. A transformer needs both; an MLP reads
+# whichever of its features the dataset has (at least one).
+MODEL_INPUTS: dict[str, tuple[str, ...]] = {
+    "transformer": ("input_ids", "attention_mask"),
+    "mlp": ("numeric", "categorical"),
+}
 MAX_LOAD_RATIO = 2.0
 STAGE_AHEAD = 3  # remote shards staged in front of the reader
 _TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
@@ -62,23 +66,52 @@ _TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
 
 @dataclass(frozen=True)
 class InputShape:
-    """What the model builder needs to know about the data."""
+    """What the model builder needs to know about the data.
+
+    Text datasets fill ``max_length`` and ``vocab_size``; tabular ones
+    ``numeric_features`` (width of ``numeric``) and ``cardinalities`` (one per
+    ``categorical`` column, unknown bucket included). ``inputs`` are the
+    features the model reads, in order.
+    """
 
     max_length: int
     vocab_size: int
     num_classes: int
     label_feature: str
+    kind: str = "transformer"
+    inputs: tuple[str, ...] = MODEL_INPUTS["transformer"]
+    numeric_features: int = 0
+    cardinalities: tuple[int, ...] = ()
+
+    def input_specs(self) -> dict[str, tuple[str, list[int]]]:
+        """(dtype, shape without the batch axis) of each model input."""
+        specs = {"input_ids": ("int64", [self.max_length]), "attention_mask": ("int64", [self.max_length]),
+                 "numeric": ("float32", [self.numeric_features]),
+                 "categorical": ("int64", [len(self.cardinalities)])}
+        return {name: specs[name] for name in self.inputs}
 
 
-def required_features(model_cfg: ModelConfig, label_feature: str, max_length: int) -> dict[str, FeatureSpec]:
-    """Features (dtype, shape) a model of this kind reads (pure)."""
-    if model_cfg.kind == "transformer":
-        return {
-            "input_ids": FeatureSpec("int64", [max_length]),
-            "attention_mask": FeatureSpec("int64", [max_length]),
-            label_feature: FeatureSpec("int64", []),
-        }
-    raise DataError(f"model.kind {model_cfg.kind!r} has no input contract; use transformer")
+def model_inputs(kind: str, features: Sequence[str]) -> tuple[str, ...]:
+    """The features a model of ``kind`` reads from a dataset with ``features`` (pure)."""
+    if kind not in MODEL_INPUTS:
+        raise DataError(f"model.kind {kind!r} has no input contract; use one of {', '.join(MODEL_INPUTS)}")
+    if kind == "mlp":
+        return tuple(name for name in MODEL_INPUTS[kind] if name in features)
+    return MODEL_INPUTS[kind]
+
+
+def required_features(model_cfg: ModelConfig, label_feature: str, max_length: int,
+                      features: Sequence[str] = ()) -> dict[str, FeatureSpec]:
+    """Features (dtype, shape) a model of this kind reads (pure); a wanted length of 0 means any."""
+    wanted = {"input_ids": FeatureSpec("int64", [max_length]), "attention_mask": FeatureSpec("int64", [max_length]),
+              "numeric": FeatureSpec("float32", [0]), "categorical": FeatureSpec("int64", [0])}
+    inputs = model_inputs(model_cfg.kind, features)
+    if not inputs:
+        raise DataError(f"model.kind={model_cfg.kind} needs feature 'numeric' {_describe(wanted['numeric'])} "
+                        f"and/or 'categorical' {_describe(wanted['categorical'])}, but the dataset has neither "
+                        f"(it has {', '.join(features) or 'none'}): use model.kind=transformer for a text "
+                        "dataset, or set source.numeric_columns/categorical_columns and rerun the ETL")
+    return {**{name: wanted[name] for name in inputs}, label_feature: FeatureSpec("int64", [])}
 
 
 def _fits(have: FeatureSpec, want: FeatureSpec) -> bool:
@@ -88,8 +121,33 @@ def _fits(have: FeatureSpec, want: FeatureSpec) -> bool:
     return all(w == h if w else h > 0 for h, w in zip(have.shape, want.shape))
 
 
-def _describe(spec: FeatureSpec) -> str:
-    return f"{spec.dtype}[{', '.join(str(d) if d else 'max_length' for d in spec.shape)}]"
+def _describe(spec: FeatureSpec, name: str = "") -> str:
+    """``int64[12]``; a wanted length of 0 shows as ``max_length`` (text) or ``n`` (any width)."""
+    free = "max_length" if name in MODEL_INPUTS["transformer"] else "n"
+    return f"{spec.dtype}[{', '.join(str(d) if d else free for d in spec.shape)}]"
+
+
+def _missing_fix(kind: str, features: Sequence[str]) -> str:
+    """What to do about a missing model input: another model kind, or a newer ETL."""
+    for other, names in MODEL_INPUTS.items():
+        if other != kind and any(n in features for n in names):
+            return f"the dataset has {other} inputs: set model.kind={other}, or rerun the ETL for {kind} features"
+    return "rerun the ETL with this hvdtrain version"
+
+
+def _check_features(manifest: Manifest, model_cfg: ModelConfig, wanted: dict[str, FeatureSpec]) -> None:
+    where = manifest.location or "manifest"
+    for name, want in wanted.items():
+        have = manifest.features.get(name)
+        if have is None:
+            has = ", ".join(f"{k} {_describe(v)}" for k, v in manifest.features.items()) or "none"
+            raise DataError(f"{where}: feature {name!r} is missing (the dataset has: {has}) but "
+                            f"model.kind={model_cfg.kind} needs {name} {_describe(want, name)}; "
+                            f"{_missing_fix(model_cfg.kind, list(manifest.features))}")
+        if not _fits(have, want):
+            raise DataError(f"{where}: feature {name!r} is {_describe(have)} in the dataset but "
+                            f"model.kind={model_cfg.kind} needs {_describe(want, name)}; "
+                            "rerun the ETL, or fix the feature spec it writes")
 
 
 def check_manifest(manifest: Manifest, model_cfg: ModelConfig) -> InputShape:
@@ -101,25 +159,37 @@ def check_manifest(manifest: Manifest, model_cfg: ModelConfig) -> InputShape:
     where = manifest.location or "manifest"
     ids = manifest.features.get("input_ids")
     max_length = ids.shape[0] if ids is not None and len(ids.shape) == 1 and ids.shape[0] > 0 else 0
-    for name, want in required_features(model_cfg, manifest.label_feature, max_length).items():
-        have = manifest.features.get(name)
-        if have is None:
-            has = ", ".join(f"{k} {_describe(v)}" for k, v in manifest.features.items()) or "none"
-            raise DataError(f"{where}: feature {name!r} is missing (the dataset has: {has}) but "
-                            f"model.kind={model_cfg.kind} needs {name} {_describe(want)}; "
-                            "rerun the ETL with this hvdtrain version")
-        if not _fits(have, want):
-            raise DataError(f"{where}: feature {name!r} is {_describe(have)} in the dataset but "
-                            f"model.kind={model_cfg.kind} needs {_describe(want)}; "
-                            "rerun the ETL, or fix the feature spec it writes")
+    wanted = required_features(model_cfg, manifest.label_feature, max_length, list(manifest.features))
+    _check_features(manifest, model_cfg, wanted)
     if manifest.num_classes < 2:
         raise DataError(f"{where}: labels {manifest.labels!r} has {manifest.num_classes} class(es); "
                         "a classifier needs >= 2: check the source's label column")
+    inputs = tuple(name for name in wanted if name != manifest.label_feature)
+    if model_cfg.kind == "mlp":
+        return _tabular_shape(manifest, inputs)
     vocab_size = manifest.vocab.get("size")
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise DataError(f"{where}: vocab.size is {vocab_size!r}; the embedding needs a positive vocabulary size: "
                         "rerun the ETL so the manifest records its vocabulary")
     return InputShape(max_length, vocab_size, manifest.num_classes, manifest.label_feature)
+
+
+def _tabular_shape(manifest: Manifest, inputs: tuple[str, ...]) -> InputShape:
+    """Sizes of the tabular features; categorical ones need the ETL's cardinalities."""
+    where = manifest.location or "manifest"
+    numeric = manifest.features["numeric"].shape[0] if "numeric" in inputs else 0
+    cards: tuple[int, ...] = ()
+    if "categorical" in inputs:
+        width = manifest.features["categorical"].shape[0]
+        found = manifest.preprocessing.get("tabular", {}).get("cardinalities")
+        if (not isinstance(found, list) or len(found) != width
+                or not all(isinstance(c, int) and c >= 1 for c in found)):
+            raise DataError(f"{where}: preprocessing.tabular.cardinalities is {found!r}, but feature 'categorical' "
+                            f"is int64[{width}]: the embeddings need one size >= 1 per column (unknown bucket "
+                            "included); rerun the ETL with this hvdtrain version")
+        cards = tuple(found)
+    return InputShape(0, 0, manifest.num_classes, manifest.label_feature, kind="mlp", inputs=inputs,
+                      numeric_features=numeric, cardinalities=cards)
 
 
 # -- planning (pure) ------------------------------------------------------------------
@@ -142,17 +212,22 @@ def assign_shards(shard_records: Sequence[int], size: int) -> list[list[int]]:
     return [sorted(x) for x in out]
 
 
-def steps_per_epoch(total_records: int, batch_size: int, size: int) -> int:
-    """Steps every rank runs per epoch: whole global batches in one pass of the data.
+def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps: int = 1) -> int:
+    """Optimizer steps every rank runs per epoch: whole global batches in one pass of the data.
+
+    With gradient accumulation one optimizer step consumes ``accum_steps``
+    batches on each rank, so the global batch is ``batch_size * accum_steps * size``.
 
     Raises:
         DataError: when the split does not fill one global batch.
     """
-    steps = total_records // (batch_size * size)
+    global_batch = batch_size * accum_steps * size
+    steps = total_records // global_batch
     if steps < 1:
+        accum = f" x train.grad_accum_steps {accum_steps}" if accum_steps > 1 else ""
         raise DataError(f"the train split has {total_records} records, fewer than one global batch "
-                        f"(train.batch_size {batch_size} x {size} ranks = {batch_size * size}); "
-                        "lower train.batch_size, use fewer ranks, or produce more data")
+                        f"(train.batch_size {batch_size}{accum} x {size} ranks = {global_batch}); "
+                        "lower train.batch_size or train.grad_accum_steps, use fewer ranks, or produce more data")
     return steps
 
 
@@ -210,50 +285,61 @@ def shard_stream(shards: Sequence[int], seed: int, passes: Optional[int] = None)
         p += 1
 
 
-def _local_path(uri: str) -> str:
-    return urllib.parse.urlparse(uri).path if uri.startswith("file://") else uri
-
-
 def check_local_shards(manifest: Manifest, split: str, shards: Sequence[int]) -> None:
     """Fail before reading when a local shard is missing, naming it."""
     entries = manifest.split(split).shards
     for index in shards:
         uri = manifest.shard_uri(entries[index])
-        if fs.is_local(uri) and not os.path.exists(_local_path(uri)):
+        if fs.is_local(uri) and not os.path.exists(fs.local_path(uri)):
             raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
                             "the dataset is incomplete: rerun the ETL")
 
 
+@dataclass
+class FileSource:
+    """Local file paths in reading order, and what to call when a file has been read."""
+
+    paths: Callable[[], Iterator[str]]
+    release: Optional[Callable[[str], None]] = None  # set when files are staged copies
+
+
 def file_paths(manifest: Manifest, split: str, order: Callable[[], Iterator[int]], stage_dir: Optional[str],
-               cycle_length: int, force_staging: bool = False, ahead: int = STAGE_AHEAD,
-               copy: Callable[[str, str], Any] = fs.copy_to_local) -> Callable[[], Iterator[str]]:
-    """A generator factory of local file paths in reading order.
+               force_staging: bool = False, ahead: int = STAGE_AHEAD,
+               copy: Callable[[str, str], Any] = fs.copy_to_local) -> FileSource:
+    """Where the reader finds each shard, in reading order.
 
     Local shards are read in place. Remote ones (or all, with ``force_staging``,
     which benchmarks use to measure the remote path on local data) go through a
     :class:`~hvdtrain.staging.ShardStager` that copies ``ahead`` shards in front
-    of the reader and deletes them behind it.
+    of the reader; each staged copy is deleted when its last record is read.
     """
     from hvdtrain.staging import ShardStager
 
     entries = manifest.split(split).shards
     uris = [manifest.shard_uri(e) for e in entries]
     if not force_staging and all(fs.is_local(u) for u in uris):
-        return lambda: (_local_path(uris[j]) for j in order())
+        return FileSource(lambda: (fs.local_path(uris[j]) for j in order()))
     if stage_dir is None:
         raise DataError(f"split {split!r} has remote shards ({uris[0]}); pass a local stage_dir to stage them in")
+    live: list[ShardStager] = []
 
     def staged() -> Iterator[str]:
         folder = tempfile.mkdtemp(prefix=f"{split}-", dir=stage_dir)
         items = ((uris[j], os.path.basename(entries[j].path)) for j in order())
-        stager = ShardStager(items, folder, ahead=ahead, keep=cycle_length + 2, copy=copy)
+        stager = ShardStager(items, folder, ahead=ahead, copy=copy)
+        live.append(stager)
         try:
             yield from stager
         finally:
             stager.close()
+            live.remove(stager)
             shutil.rmtree(folder, ignore_errors=True)
 
-    return staged
+    def release(path: str) -> None:
+        for stager in list(live):
+            stager.release(path)
+
+    return FileSource(staged, release)
 
 
 def parse_spec(manifest: Manifest, names: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -271,12 +357,23 @@ def parse_spec(manifest: Manifest, names: Optional[Sequence[str]] = None) -> dic
     return spec
 
 
-def _records(manifest: Manifest, files: "tf.data.Dataset", cycle_length: int) -> "tf.data.Dataset":
+def _records(manifest: Manifest, source: FileSource, cycle_length: int) -> "tf.data.Dataset":
+    """Records of the source's files, interleaved in a deterministic order."""
     import tensorflow as tf
 
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    return files.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-                            cycle_length=max(1, cycle_length), block_length=1,
+    files = tf.data.Dataset.from_generator(source.paths, output_signature=tf.TensorSpec((), tf.string))
+
+    def read(path: tf.Tensor) -> tf.data.Dataset:
+        records = tf.data.TFRecordDataset(path, compression_type=compression)
+        if source.release is None:
+            return records
+        # After the file's last record: release (delete) the staged copy; the marker itself is dropped.
+        done = tf.data.Dataset.from_tensors(path).map(
+            lambda p: tf.py_function(lambda q: source.release(q.numpy().decode()) or q, [p], tf.string))
+        return records.concatenate(done.filter(lambda _: False))
+
+    return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1,
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -304,10 +401,9 @@ def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, 
     check_local_shards(manifest, split, plan.shards)
     order_seed = file_seed(seed, rank, plan)
     cycle = min(n, cycle_length)
-    paths = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed), stage_dir, cycle,
-                       force_staging=force_staging)
-    files = tf.data.Dataset.from_generator(paths, output_signature=tf.TensorSpec((), tf.string))
-    records = _records(manifest, files, cycle)
+    source = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed), stage_dir,
+                        force_staging=force_staging)
+    records = _records(manifest, source, cycle)
     if plan.record_level:
         records = records.shard(plan.stride, plan.offset)
     records = records.shuffle(shuffle_buffer, seed=seed + 104729 * (rank + 1))
@@ -322,9 +418,8 @@ def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_
     entries = manifest.split(split).shards
     plan = plan_eval_reads(len(entries), [s.records for s in entries], rank, size)
     check_local_shards(manifest, split, plan.shards)
-    paths = file_paths(manifest, split, lambda: iter(plan.shards), stage_dir, cycle_length=1)
-    files = tf.data.Dataset.from_generator(paths, output_signature=tf.TensorSpec((), tf.string))
-    records = _records(manifest, files, cycle_length=1)  # manifest order: the same sequence on every rank
+    source = file_paths(manifest, split, lambda: iter(plan.shards), stage_dir)
+    records = _records(manifest, source, cycle_length=1)  # manifest order: the same sequence on every rank
     if plan.record_level:
         records = records.shard(plan.stride, plan.offset)
     return _batched(records, parse_spec(manifest, features), batch_size, drop_remainder=False)

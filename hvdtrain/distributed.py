@@ -86,13 +86,24 @@ def init(use_horovod: Optional[bool] = None) -> RankInfo:
     return _info
 
 
+ASSIGNED_GPUS_ENV = "HVDTRAIN_ASSIGNED_GPUS"  # set by yarn/executor.py from Spark's GPU assignment
+
+
+def gpu_index(local_rank: int, env: Mapping[str, str]) -> int:
+    """Which visible GPU this process uses (pure): the first when a resource manager
+    (Spark on YARN) already narrowed CUDA_VISIBLE_DEVICES to this task's GPUs, else
+    the one of its local rank."""
+    return 0 if env.get(ASSIGNED_GPUS_ENV) else local_rank
+
+
 def pin_gpu(local_rank: int) -> Optional[str]:
-    """Make only the GPU of this local rank visible (one GPU per process); None without GPUs."""
+    """Make only this process's GPU visible (one GPU per process); None without GPUs."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return None
+    local_rank = gpu_index(local_rank, os.environ)
     if local_rank >= len(gpus):
         raise EnvironmentProblem(f"local rank {local_rank} has no GPU: this host has {len(gpus)}; "
                                  "launch at most one process per GPU (horovodrun -H host:NUM_GPUS)")
@@ -115,11 +126,14 @@ def _horovod() -> Any:
 
 # -- collectives ----------------------------------------------------------------
 
-def allreduce_grads(grads: Sequence[Any]) -> list[Any]:
+def allreduce_grads(grads: Sequence[Any], fp16: bool = False) -> list[Any]:
     """Average gradients over ranks in one fused group (callable inside tf.function).
 
     Sparse gradients (embedding lookups) are made dense first, as Horovod's
     ``sparse_as_dense=True`` does: one fused all-reduce instead of allgathers.
+    With ``fp16`` the tensors travel as float16 (``hvd.Compression.fp16``,
+    which ``grouped_allreduce`` supports: verified under Gloo) and come back in
+    their own dtype; values beyond float16's range (65504) arrive as inf.
     """
     hvd = _horovod()
     if hvd is None:
@@ -127,7 +141,8 @@ def allreduce_grads(grads: Sequence[Any]) -> list[Any]:
     import tensorflow as tf
 
     dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    return hvd.grouped_allreduce(dense, op=hvd.Average)
+    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
 
 
 def broadcast_state(model: Any, optimizer: Any, root_rank: int = 0) -> None:

@@ -2,11 +2,10 @@
 
 tf.data cannot read ``hdfs://`` with TF 2.21 (tensorflow-io does not load), so
 remote shards are copied to a local folder by a background thread that stays
-``ahead`` shards in front of the reader. A shard is deleted once the reader
-is ``keep`` shards past it: with a deterministic interleave of ``cycle_length``
-files, a shard that far back is either finished or already open (and an open
-file stays readable after unlinking on POSIX), so ``keep = cycle_length + 2``
-is safe. Local disk use is at most ``ahead + keep`` shards.
+``ahead`` shards in front of the reader's requests. The reader releases a
+shard when it has read its last record (the input pipeline appends a release
+step to each file's records), and the staged copy is deleted then. Local disk
+holds at most the shards tf.data has open or queued plus ``ahead``.
 """
 from __future__ import annotations
 
@@ -25,13 +24,13 @@ log = logging.getLogger(__name__)
 class ShardStager:
     """Copies (uri, name) items into ``stage_dir`` in order, ``ahead`` items in front of the reader."""
 
-    def __init__(self, items: Iterable[tuple[str, str]], stage_dir: str, ahead: int = 3, keep: int = 6,
+    def __init__(self, items: Iterable[tuple[str, str]], stage_dir: str, ahead: int = 3,
                  copy: Callable[[str, str], object] = fs.copy_to_local):
-        if ahead < 1 or keep < 1:
-            raise ValueError(f"ahead and keep must be >= 1 (got {ahead}, {keep})")
+        if ahead < 1:
+            raise ValueError(f"ahead must be >= 1 (got {ahead})")
         self._items = iter(items)
         self._dir = stage_dir
-        self._ahead, self._keep, self._copy = ahead, keep, copy
+        self._ahead, self._copy = ahead, copy
         self._staged: dict[int, str] = {}
         self._next_read = 0
         self._exhausted_at: Optional[int] = None
@@ -79,14 +78,18 @@ class ShardStager:
                                 or (self._exhausted_at is not None and seq >= self._exhausted_at))
             self.wait_seconds += time.perf_counter() - start
             if seq in self._staged:
-                path = self._staged[seq]
-            elif self._error is not None:
+                return self._staged[seq]
+            if self._error is not None:
                 raise self._error
-            else:
-                return None
-            for old in [s for s in self._staged if s < seq - self._keep]:
-                _unlink(self._staged.pop(old))
-        return path
+            return None
+
+    def release(self, path: str) -> None:
+        """The reader is done with a staged file: delete it."""
+        with self._cond:
+            for seq, staged in list(self._staged.items()):
+                if staged == path:
+                    del self._staged[seq]
+        _unlink(path)
 
     def __iter__(self) -> Iterator[str]:
         seq = 0

@@ -1,21 +1,27 @@
-"""Small synthetic text datasets written like the ETL's output, without Spark (tests and benchmarks).
+"""Small synthetic datasets written like the ETL's output, without Spark (tests and benchmarks).
 
-``make_text_dataset`` writes TFRecord shards with :mod:`hvdtrain.tfrecord` and
-publishes a manifest with :func:`hvdtrain.manifest.write`, so training tests
-do not depend on the ETL. Each class owns a handful of token ids; a document
-mixes its class's tokens with shared filler tokens, so a small model separates
-the classes in an epoch or two.
+Both writers produce TFRecord shards with :mod:`hvdtrain.tfrecord` and publish
+a manifest with :func:`hvdtrain.manifest.write`, so training tests do not
+depend on the ETL.
+
+* ``make_text_dataset``: ``input_ids`` / ``attention_mask``. Each class owns a
+  handful of token ids; a document mixes its class's tokens with shared filler
+  tokens, so a small model separates the classes in an epoch or two.
+* ``make_tabular_dataset``: ``numeric`` float32 [k] (standard-scaled, as the
+  ETL leaves it) and ``categorical`` int64 [m] (0 = unknown bucket), with
+  ``preprocessing["tabular"]`` laid out as ``etl/tabular.py`` writes it. Each
+  class shifts the numeric means and prefers some categories.
 """
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.manifest import FeatureSpec, Manifest, Shard, Split
-from hvdtrain.tfrecord import BYTES, INT64, TFRecordWriter, encode_examples
+from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter, encode_examples
 
 SPECIAL = 5  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK], as etl/text.py lays them out
 SPLITS = ("train", "validation", "test")
@@ -41,13 +47,12 @@ def _sizes(total: int, shards: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(shards)]
 
 
-def _write_shard(root: str, rel: str, rows: dict[str, np.ndarray], labels: list[str], compression: str) -> Shard:
-    records = encode_examples({
-        "input_ids": (INT64, rows["input_ids"]),
-        "attention_mask": (INT64, rows["attention_mask"]),
-        "label": (INT64, rows["label"]),
-        "key": (BYTES, rows["key"]),
-    })
+_KINDS = {"input_ids": INT64, "attention_mask": INT64, "numeric": FLOAT, "categorical": INT64, "label": INT64,
+          "key": BYTES}
+
+
+def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], compression: str) -> Shard:
+    records = encode_examples({name: (_KINDS[name], values) for name, values in rows.items()})
     os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
     with open(os.path.join(root, rel), "wb") as fh:
         writer = TFRecordWriter(fh, compression=compression)
@@ -56,6 +61,29 @@ def _write_shard(root: str, rel: str, rows: dict[str, np.ndarray], labels: list[
         stats = writer.finish()
     counts = {labels[k]: v for k, v in stats.class_counts.items()}
     return Shard(path=rel, records=stats.records, bytes=stats.bytes, sha256=stats.sha256, class_counts=counts)
+
+
+def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], labels: list[str],
+                  n_per_split: Union[int, dict[str, int]], shards_per_split: int,
+                  shard_sizes: Optional[dict[str, list[int]]], compression: str) -> dict[str, Split]:
+    """Generate each split's rows and write them as shards; keys are ``<split>-<index>``."""
+    splits = {}
+    for split in SPLITS:
+        if shard_sizes and split in shard_sizes:
+            sizes = list(shard_sizes[split])
+        else:
+            total = n_per_split[split] if isinstance(n_per_split, dict) else n_per_split
+            sizes = _sizes(total, shards_per_split)
+        table = make_rows(sum(sizes))
+        keys = [f"{split}-{i:06d}".encode() for i in range(sum(sizes))]
+        shards, start = [], 0
+        for i, n in enumerate(sizes):
+            part = {name: values[start:start + n] for name, values in table.items()}
+            part["key"] = keys[start:start + n]
+            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, compression))
+            start += n
+        splits[split] = Split(shards)
+    return splits
 
 
 def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, num_classes: int = 3,
@@ -72,22 +100,12 @@ def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, 
     """
     rng = np.random.default_rng(seed)
     labels = [f"class{i}" for i in range(num_classes)]
-    splits = {}
-    for split in SPLITS:
-        if shard_sizes and split in shard_sizes:
-            sizes = list(shard_sizes[split])
-        else:
-            total = n_per_split[split] if isinstance(n_per_split, dict) else n_per_split
-            sizes = _sizes(total, shards_per_split)
-        ids, mask, y = _documents(rng, sum(sizes), num_classes, max_length, vocab_size, class_rate)
-        keys = np.array([f"{split}-{i:06d}".encode() for i in range(sum(sizes))], dtype=object)
-        shards, start = [], 0
-        for i, n in enumerate(sizes):
-            part = slice(start, start + n)
-            rows = {"input_ids": ids[part], "attention_mask": mask[part], "label": y[part], "key": list(keys[part])}
-            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", rows, labels, compression))
-            start += n
-        splits[split] = Split(shards)
+
+    def rows(n: int) -> dict[str, np.ndarray]:
+        ids, mask, y = _documents(rng, n, num_classes, max_length, vocab_size, class_rate)
+        return {"input_ids": ids, "attention_mask": mask, "label": y}
+
+    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression)
     manifest = Manifest(
         features={"input_ids": FeatureSpec("int64", [max_length]),
                   "attention_mask": FeatureSpec("int64", [max_length]),
@@ -98,11 +116,85 @@ def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, 
         splits=splits,
         compression=compression,
         vocab={"path": "vocab.txt", "size": vocab_size, "sha256": ""},
-        preprocessing={"tokenizer": "synthetic", "max_length": max_length, "lowercase": True},
+        preprocessing={"text": {"tokenizer": "synthetic", "max_length": max_length, "lowercase": True}},
         source={"synthetic": True, "seed": seed},
         etl_config_hash="synthetic",
         versions={"hvdtrain": "test"},
         created_at="1970-01-01T00:00:00Z",
+    )
+    manifest_lib.write(manifest, root)
+    return manifest_lib.read(root)
+
+
+def _tabular_rows(rng: np.random.Generator, n: int, num_classes: int, num_numeric: int,
+                  cardinalities: list[int], signal: float, label_noise: float) -> dict[str, np.ndarray]:
+    """Class-dependent numeric means and category preferences; ``label_noise`` of labels replaced."""
+    y = rng.integers(0, num_classes, size=n)
+    centers = np.random.default_rng(1000 + num_classes).normal(0.0, signal, size=(num_classes, num_numeric))
+    numeric = (centers[y] + rng.normal(0.0, 1.0, size=(n, num_numeric))).astype(np.float32)
+    categorical = np.zeros((n, len(cardinalities)), np.int64)
+    for j, card in enumerate(cardinalities):
+        known = card - 1  # index 0 is the unknown bucket
+        preferred = 1 + (y * 7 + j) % known  # each class leans to one category per column
+        uniform = rng.integers(0, card, size=n)  # includes some unknowns (0)
+        categorical[:, j] = np.where(rng.random(n) < 0.5, preferred, uniform)
+    noisy = rng.random(n) < label_noise
+    y = np.where(noisy, (y + rng.integers(1, num_classes, size=n)) % num_classes, y)
+    return {"numeric": numeric, "categorical": categorical, "label": y.astype(np.int64)}
+
+
+def tabular_preprocessing(num_numeric: int, cardinalities: list[int]) -> dict[str, Any]:
+    """``preprocessing["tabular"]`` as etl/tabular.py writes it (fitted on standard-normal columns)."""
+    numeric_columns = [f"x{i}" for i in range(num_numeric)]
+    categorical_columns = [f"c{j}" for j in range(len(cardinalities))]
+    return {
+        "numeric_columns": numeric_columns, "categorical_columns": categorical_columns,
+        "impute": "mean", "impute_value": 0.0, "scale": True,
+        "numeric": {c: {"mean": 0.0, "std": 1.0, "median": 0.0, "count": 0.0} for c in numeric_columns},
+        "categories": {c: [f"{c}_v{k}" for k in range(1, card)] for c, card in zip(categorical_columns, cardinalities)},
+        "fill_values": [0.0] * num_numeric,
+        "cardinalities": list(cardinalities),
+    }
+
+
+def make_tabular_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, num_classes: int = 3,
+                         num_numeric: int = 6, cardinalities: Optional[list[int]] = None,
+                         shards_per_split: int = 2, seed: int = 0, signal: float = 1.5, label_noise: float = 0.0,
+                         shard_sizes: Optional[dict[str, list[int]]] = None, compression: str = "none") -> Manifest:
+    """Write a tabular classification dataset under ``root`` and return its manifest (as read back).
+
+    Args:
+        num_numeric: width of ``numeric`` (0: no numeric feature).
+        cardinalities: sizes per categorical column including the unknown bucket
+            (default ``[5, 8, 3]``; ``[]``: no categorical feature).
+        signal: spread of the per-class numeric means (in standard deviations).
+        label_noise: fraction of labels replaced by another class.
+    """
+    cards = [5, 8, 3] if cardinalities is None else list(cardinalities)
+    if num_numeric <= 0 and not cards:
+        raise ValueError("a tabular dataset needs num_numeric > 0 or some cardinalities")
+    if any(c < 2 for c in cards):
+        raise ValueError(f"cardinalities include the unknown bucket, so each must be >= 2 (got {cards})")
+    rng = np.random.default_rng(seed)
+    labels = [f"class{i}" for i in range(num_classes)]
+
+    def rows(n: int) -> dict[str, np.ndarray]:
+        table = _tabular_rows(rng, n, num_classes, max(num_numeric, 1), cards or [2], signal, label_noise)
+        return {name: table[name] for name in ("numeric", "categorical", "label")
+                if (name != "numeric" or num_numeric > 0) and (name != "categorical" or cards)}
+
+    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression)
+    features = {}
+    if num_numeric > 0:
+        features["numeric"] = FeatureSpec("float32", [num_numeric])
+    if cards:
+        features["categorical"] = FeatureSpec("int64", [len(cards)])
+    manifest = Manifest(
+        features={**features, "label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])},
+        label_feature="label", labels=labels, splits=splits, compression=compression,
+        preprocessing={"tabular": tabular_preprocessing(num_numeric, cards)},
+        source={"synthetic": True, "seed": seed, "kind": "tabular"}, etl_config_hash="synthetic",
+        versions={"hvdtrain": "test"}, created_at="1970-01-01T00:00:00Z",
     )
     manifest_lib.write(manifest, root)
     return manifest_lib.read(root)

@@ -21,8 +21,10 @@ exported SavedModel (for TF Serving) is logged as plain artifacts under ``servin
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
@@ -179,11 +181,18 @@ class Tracker:
     def log_text(self, text: str, name: str) -> None:
         self._guard("log_text", lambda: self._mlflow.log_text(text, name))
 
-    def log_keras_model(self, model: Any, max_length: int, num_classes: int) -> Optional[str]:
-        """Log with the Keras flavor and an explicit tensor signature; returns the model URI."""
+    def log_keras_model(self, model: Any, input_specs: Mapping[str, tuple[str, list[int]]], num_classes: int,
+                        registered_model_name: Optional[str] = None) -> Optional[str]:
+        """Log with the Keras flavor and an explicit tensor signature; returns the model URI.
+
+        Args:
+            input_specs: each model input's (dtype, shape without the batch axis).
+            registered_model_name: also register the logged model (a new version) under this name.
+        """
         def log_model() -> str:
-            info = self._mlflow.keras.log_model(model, name="model", signature=_signature(max_length, num_classes),
-                                                pip_requirements=_pip_requirements())
+            info = self._mlflow.keras.log_model(model, name="model", signature=_signature(input_specs, num_classes),
+                                                pip_requirements=_pip_requirements(),
+                                                registered_model_name=registered_model_name)
             return info.model_uri
 
         return self._guard("log_model", log_model)
@@ -193,7 +202,8 @@ class Tracker:
         if self.run_id is None or self._mlflow is None:
             return
         self._active = True  # one last attempt even after a failure, so the run is not left RUNNING
-        self._guard("end_run", lambda: self._mlflow.end_run(status=status))
+        with contextlib.redirect_stdout(sys.stderr):  # MLflow prints "View run ..." links: keep stdout for results
+            self._guard("end_run", lambda: self._mlflow.end_run(status=status))
         self._active = False
 
     def __enter__(self) -> "Tracker":
@@ -220,14 +230,13 @@ def _experiment_id(mlflow: Any, name: str, artifact_location: Optional[str]) -> 
         return found.experiment_id
 
 
-def _signature(max_length: int, num_classes: int) -> Any:
+def _signature(input_specs: Mapping[str, tuple[str, list[int]]], num_classes: int) -> Any:
     import numpy as np
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Schema, TensorSpec
 
     return ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype("int64"), (-1, max_length), "input_ids"),
-                       TensorSpec(np.dtype("int64"), (-1, max_length), "attention_mask")]),
+        inputs=Schema([TensorSpec(np.dtype(dtype), (-1, *shape), name) for name, (dtype, shape) in input_specs.items()]),
         outputs=Schema([TensorSpec(np.dtype("float32"), (-1, num_classes), "logits")]),
     )
 

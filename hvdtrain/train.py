@@ -4,61 +4,67 @@
 hvdtrain.train CONFIG [key=value ...]`` and by the YARN launcher. Each rank:
 
 1. initializes Horovod (or a single process), reads the manifest and checks it
-   fits the model before any work;
-2. builds its input stream (see :mod:`hvdtrain.data`), the model and Adam
-   (learning rate ``train.learning_rate * size``, linear warm-up), then takes
-   rank 0's initial weights and optimizer state;
-3. trains ``train.epochs`` epochs of ``steps_per_epoch`` steps: plain
-   ``tf.GradientTape``, gradients averaged with one grouped all-reduce;
-   per-epoch loss and accuracy are summed exactly over ranks;
-4. evaluates validation and test exactly (each rank's confusion matrix, summed);
+   fits the model (``model.kind``: transformer for text, mlp for tabular)
+   before any work;
+2. builds its input stream (see :mod:`hvdtrain.data`), the model (optionally
+   under a mixed-precision policy) and Adam with linear warm-up and
+   ``train.lr_schedule`` decay (peak rate ``train.learning_rate * size``),
+   then takes rank 0's initial weights and optimizer state;
+3. trains ``train.epochs`` epochs of ``steps_per_epoch`` optimizer steps
+   (:mod:`hvdtrain.loop`, :mod:`hvdtrain.steps`): plain ``tf.GradientTape``,
+   optional accumulation over ``train.grad_accum_steps`` batches, one grouped
+   all-reduce per optimizer step (optionally float16 on the wire), clipping
+   after the all-reduce; per-epoch loss and accuracy are summed exactly over
+   ranks. With ``train.validate_every_epoch`` or ``train.early_stopping`` the
+   validation split is evaluated after every epoch; early stopping decides
+   from those all-reduced metrics, so every rank stops at the same epoch, and
+   (``restore_best``) every rank restores the best epoch's weights;
+4. evaluates validation and test exactly (:mod:`hvdtrain.evaluation`:
+   confusion matrices, loss sums and, for two classes, ROC-AUC score
+   histograms, summed over ranks);
 5. checks that every rank ends with the same weights (digests gathered to rank 0).
 
-Rank 0 then writes to ``train.output``: ``eval_report.json``, ``model.keras``,
-``saved_model/`` (``model.export``, for serving), ``labels.json`` and
-``result.json``, and logs the run to MLflow (:mod:`hvdtrain.tracking`).
+Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
+``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
+``model.keras``, ``saved_model/`` (``model.export``, for serving),
+``labels.json`` and ``result.json``, and logs the run to MLflow
+(:mod:`hvdtrain.tracking`).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import logging
 import os
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import data, distributed, fs, metrics, tracking
+from hvdtrain import data, distributed, evaluation, fs, plots, progress, steps as steps_lib, tracking
 from hvdtrain import manifest as manifest_lib
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.config import JobConfig, TrainConfig
+from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.loop import EarlyStopper, EpochMonitor, EpochStats, epoch_stats, fit  # noqa: F401 (re-exported)
 from hvdtrain.manifest import Manifest
 from hvdtrain.models import build_model
+from hvdtrain.schedules import (WarmupDecay, WarmupSchedule, learning_rate_at,  # noqa: F401 (re-exported)
+                                scaled_learning_rate, warmup_learning_rate)
+from hvdtrain.steps import make_train_step  # noqa: F401 (re-exported: benchmarks use it)
 
 log = logging.getLogger("hvdtrain.train")
 EVAL_SPLITS = ("validation", "test")
+CONFUSION_PNG = "confusion_matrix.png"
 
 
 # -- pure helpers -------------------------------------------------------------------
-
-def scaled_learning_rate(base: float, size: int) -> float:
-    """Linear scaling: the global batch grows with the rank count, so does the step size."""
-    return base * size
-
-
-def warmup_learning_rate(step: int, peak: float, warmup_steps: int) -> float:
-    """Rate at optimizer step ``step`` (0-based): linear ramp to ``peak`` over ``warmup_steps``."""
-    return peak if warmup_steps <= 0 else peak * min(1.0, (step + 1) / warmup_steps)
-
 
 def weights_digest(arrays: Sequence[np.ndarray]) -> dict[str, Any]:
     """Exact (SHA-256 of the bytes) and rough (sum of |w|) fingerprints of a model's weights."""
@@ -77,113 +83,34 @@ def rank_agreement(digests: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"agree": len({d["sha256"] for d in digests}) == 1, "ranks": list(digests)}
 
 
-@dataclass
-class EpochStats:
-    epoch: int
-    steps: int
-    examples: int
-    loss: float
-    accuracy: float
-    seconds: float
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.examples / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "samples_per_sec": self.samples_per_sec}
+def global_batch_size(train: TrainConfig, size: int) -> int:
+    """Examples per optimizer step over all ranks."""
+    return train.batch_size * train.grad_accum_steps * size
 
 
-def epoch_stats(epoch: int, steps: int, totals: np.ndarray, seconds: float) -> EpochStats:
-    """From rank-summed [loss sum, correct, examples]: exact means, not a mean of means."""
-    loss_sum, correct, examples = (float(x) for x in totals)
-    return EpochStats(epoch, steps, int(examples), loss_sum / max(examples, 1), correct / max(examples, 1), seconds)
+# -- model, optimizer ------------------------------------------------------------------------
+
+def build_optimizer(train: TrainConfig, size: int, total_steps: int) -> keras.optimizers.Optimizer:
+    """Adam on the warm-up/decay schedule, clipping by global norm; loss scaling under float16."""
+    schedule = WarmupDecay(scaled_learning_rate(train.learning_rate, size), train.warmup_steps, total_steps,
+                           train.lr_schedule, train.min_lr_ratio)
+    optimizer = keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=train.clip_norm)
+    if train.mixed_precision == "float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
 
 
-# -- model, optimizer, steps ---------------------------------------------------------------
-
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """``warmup_learning_rate`` as a Keras schedule over the optimizer's step counter."""
-
-    def __init__(self, peak: float, warmup_steps: int):
-        self.peak, self.warmup_steps = float(peak), int(warmup_steps)
-
-    def __call__(self, step: Any) -> Any:
-        if self.warmup_steps <= 0:
-            return keras.ops.convert_to_tensor(self.peak, "float32")
-        ramp = (keras.ops.cast(step, "float32") + 1.0) / float(self.warmup_steps)
-        return self.peak * keras.ops.minimum(1.0, ramp)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
-
-
-def build_state(cfg: JobConfig, shape: data.InputShape, size: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
-    """Model and built optimizer, ready for broadcast_state()."""
-    model = build_model(cfg.model, shape.vocab_size, shape.max_length, shape.num_classes)
-    peak = scaled_learning_rate(cfg.train.learning_rate, size)
-    optimizer = keras.optimizers.Adam(learning_rate=WarmupSchedule(peak, cfg.train.warmup_steps))
+def build_state(cfg: JobConfig, shape: data.InputShape, size: int,
+                total_steps: int = 0) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """Model and built optimizer, ready for broadcast_state(); ``total_steps`` is the decay horizon."""
+    model = build_model(cfg.model, shape, cfg.train.mixed_precision)
+    optimizer = build_optimizer(cfg.train, size, total_steps)
     optimizer.build(model.trainable_variables)
     return model, optimizer
 
 
-def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                    label_feature: str) -> Callable[[dict[str, tf.Tensor]], tuple[tf.Tensor, tf.Tensor]]:
-    """A compiled step returning this rank's (sum of losses, correct predictions) for the batch."""
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    @tf.function
-    def train_step(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        labels = batch[label_feature]
-        with tf.GradientTape() as tape:
-            logits = model({k: batch[k] for k in data.MODEL_INPUTS}, training=True)
-            per_example = loss_fn(labels, logits)
-            loss = tf.reduce_mean(per_example)
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads = distributed.allreduce_grads(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float64))
-        return tf.reduce_sum(tf.cast(per_example, tf.float64)), correct
-
-    return train_step
-
-
-def make_predict_step(model: keras.Model) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
-    @tf.function(reduce_retracing=True)
-    def predict(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
-        return tf.argmax(model(inputs, training=False), axis=-1)
-
-    return predict
-
-
-# -- the loop ------------------------------------------------------------------------------
-
-def fit(train_step: Callable, batches: Iterator[dict[str, tf.Tensor]], epochs: int, steps: int,
-        batch_size: int, on_epoch: Callable[[EpochStats], None]) -> list[EpochStats]:
-    """Run ``epochs`` x ``steps`` steps on the shared stream; stats are summed over ranks."""
-    history = []
-    for epoch in range(1, epochs + 1):
-        start = time.perf_counter()
-        loss_sums, corrects = [], []
-        for _ in range(steps):
-            loss_sum, correct = train_step(next(batches))
-            loss_sums.append(loss_sum)
-            corrects.append(correct)
-        local = np.array([float(tf.add_n(loss_sums)), float(tf.add_n(corrects)), steps * batch_size], np.float64)
-        totals = distributed.allreduce_sum(local, name=f"hvdtrain.epoch{epoch}")
-        stats = epoch_stats(epoch, steps, totals, time.perf_counter() - start)
-        on_epoch(stats)
-        history.append(stats)
-    return history
-
-
-def evaluate(predict: Callable, batches: Any, label_feature: str, num_classes: int, name: str) -> np.ndarray:
-    """The confusion matrix over every rank's part of a split (exact: summed counts)."""
-    cm = np.zeros((num_classes, num_classes), np.int64)
-    for batch in batches:
-        preds = predict({k: batch[k] for k in data.MODEL_INPUTS})
-        cm += metrics.confusion_matrix(batch[label_feature].numpy(), preds.numpy(), num_classes)
-    return distributed.allreduce_sum(cm, name=f"hvdtrain.eval.{name}")
+def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 # -- run -------------------------------------------------------------------------------------
@@ -193,45 +120,78 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     rank = distributed.init()
     _configure_logging(rank)
     _configure_tf(rank, cfg.train.seed)
-    manifest = manifest_lib.read(cfg.etl.output)
-    shape = data.check_manifest(manifest, cfg.model)
-    steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size)
-    log.info("world size %d (%s), dataset %s (digest %s), %d steps/epoch x %d epochs, global batch %d",
-             rank.size, rank.backend, manifest.root, manifest.digest(), steps, cfg.train.epochs,
-             cfg.train.batch_size * rank.size)
-    with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank)) as tracker, \
+    manifest, shape, steps = plan(cfg, rank)
+    hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
+    log.info("world size %d (%s) on %s, dataset %s (digest %s), model %s, %d optimizer steps/epoch x %d epochs, "
+             "global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root, manifest.digest(),
+             cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
+    with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts)) as tracker, \
             tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
-        tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps)})
-        model, history = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker)
-        evaluation = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir)
-        report = build_report(cfg, manifest, rank, steps, history, evaluation, _rank_digests(model, rank))
+        tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
+        model, history, stopping = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker)
+        evaluated = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir)
+        report = build_report(cfg, manifest, rank, steps, history, evaluated, _rank_digests(model, rank), stopping)
         if not rank.is_chief:
             return result_record(tracker.run_id, report, cfg.train.output, exported=False)
         result = publish(cfg, manifest, shape, model, report, tracker)
-    log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluation["test"]["accuracy"],
-             evaluation["test"]["macro_f1"], cfg.train.output)
+    log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
+             evaluated["test"]["macro_f1"], cfg.train.output)
     return result
 
 
+def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
+    """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
+    manifest = manifest_lib.read(cfg.etl.output)
+    shape = data.check_manifest(manifest, cfg.model)
+    steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
+                                 cfg.train.grad_accum_steps)
+    if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
+        raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
+                        "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "
+                        "fraction and rerun the ETL, or turn both off")
+    return manifest, shape, steps
+
+
 def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-           stage_dir: str, tracker: tracking.Tracker) -> tuple[keras.Model, list[EpochStats]]:
-    """Build, take rank 0's initial state, and fit; logs one line per epoch on rank 0."""
-    model, optimizer = build_state(cfg, shape, rank.size)
+           stage_dir: str, tracker: tracking.Tracker) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
+    """Build, take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
+    model, optimizer = build_state(cfg, shape, rank.size, total_steps=steps * cfg.train.epochs)
     distributed.broadcast_state(model, optimizer)
     batches = iter(data.train_dataset(
         manifest, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
         shuffle_buffer=cfg.train.shuffle_buffer, seed=cfg.train.seed,
-        features=[*data.MODEL_INPUTS, shape.label_feature], stage_dir=stage_dir))
+        features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir))
+    step_fn = steps_lib.make_optimizer_step(model, optimizer, shape.label_feature, shape.inputs,
+                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
+    stopping = cfg.train.early_stopping
+    stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
+    monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper)
+    history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
+                  batch_size=cfg.train.batch_size, hooks=monitor)
+    if stopper is None:
+        return model, history, None
+    restore = stopper.best_weights is not None and stopper.decision.best_epoch != len(history)
+    if restore:  # identical on every rank: same weights, same decision
+        model.set_weights(stopper.best_weights)
+        log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
+                 stopping.metric)
+    return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
 
-    def on_epoch(stats: EpochStats) -> None:
-        log.info("epoch %d/%d: loss %.4f, accuracy %.4f, %d samples in %.1fs (%.0f samples/s)", stats.epoch,
-                 cfg.train.epochs, stats.loss, stats.accuracy, stats.examples, stats.seconds, stats.samples_per_sec)
-        tracker.log_metrics({"train_loss": stats.loss, "train_accuracy": stats.accuracy,
-                             "samples_per_sec": stats.samples_per_sec}, step=stats.epoch)
 
-    history = fit(make_train_step(model, optimizer, shape.label_feature), batches, cfg.train.epochs, steps,
-                  cfg.train.batch_size, on_epoch)
-    return model, history
+def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
+             stage_dir: str, tracker: tracking.Tracker, model: keras.Model, optimizer: Any,
+             stopper: Optional[EarlyStopper]) -> EpochMonitor:
+    mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
+    bar = progress.Progress(mode, cfg.train.epochs, steps, cfg.train.progress_every_steps,
+                            cfg.train.progress_every_seconds)
+    every = cfg.tracking.log_every_steps if rank.is_chief and tracker.active else 0
+    step_metrics = progress.MetricsLogger(tracker.log_metrics, every)
+    validate = None
+    if cfg.train.validates_each_epoch:
+        eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
+        validate = functools.partial(evaluate_split, eval_step, manifest, "validation", shape, cfg, rank, stage_dir)
+    return EpochMonitor(cfg.train.epochs, steps, rank.size, bar, step_metrics, tracker.log_metrics,
+                        lambda: current_learning_rate(optimizer), validate, stopper)
 
 
 def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[str, Any]]:
@@ -240,45 +200,57 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
     return distributed.allgather_object({"rank": rank.rank, "host": rank.hostname, **mine}, name="hvdtrain.digests")
 
 
+def evaluate_split(eval_step: Any, manifest: Manifest, split: str, shape: data.InputShape, cfg: JobConfig,
+                   rank: distributed.RankInfo, stage_dir: str) -> dict[str, Any]:
+    """One split's report from counts summed over ranks (a collective: every rank calls it)."""
+    batches = data.eval_dataset(manifest, split, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
+                                features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir)
+    local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes)
+    counts = evaluation.allreduce_counts(local, split)
+    expected = manifest.split(split).records
+    if counts.records != expected:
+        log.warning("%s: evaluated %d records but the manifest lists %d", split, counts.records, expected)
+    return evaluation.split_report(counts, manifest.labels, expected)
+
+
 def _evaluate_splits(model: keras.Model, manifest: Manifest, shape: data.InputShape, cfg: JobConfig,
                      rank: distributed.RankInfo, stage_dir: str) -> dict[str, dict[str, Any]]:
-    predict = make_predict_step(model)
-    out = {}
-    for split in EVAL_SPLITS:
-        batches = data.eval_dataset(manifest, split, rank=rank.rank, size=rank.size,
-                                    batch_size=cfg.train.batch_size,
-                                    features=[*data.MODEL_INPUTS, shape.label_feature], stage_dir=stage_dir)
-        cm = evaluate(predict, batches, shape.label_feature, shape.num_classes, split)
-        expected = manifest.split(split).records
-        out[split] = {**metrics.report(cm, manifest.labels), "expected_records": expected,
-                      "complete": int(cm.sum()) == expected}
-        if int(cm.sum()) != expected:
-            log.warning("%s: evaluated %d records but the manifest lists %d", split, int(cm.sum()), expected)
-    return out
+    eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
+    return {split: evaluate_split(eval_step, manifest, split, shape, cfg, rank, stage_dir) for split in EVAL_SPLITS}
 
 
 def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo, steps: int,
-                 history: list[EpochStats], evaluation: dict[str, Any], digests: list[dict[str, Any]]) -> dict:
+                 history: list[EpochStats], evaluated: dict[str, Any], digests: list[dict[str, Any]],
+                 stopping: Optional[dict[str, Any]] = None) -> dict:
     """The eval_report.json document (pure)."""
-    seconds = sum(h.seconds for h in history)
-    examples = sum(h.examples for h in history)
     return {
         "job": cfg.name,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dataset": {"location": manifest.root, "manifest_digest": manifest.digest(),
                     "records": {name: split.records for name, split in manifest.splits.items()}},
         "labels": manifest.labels,
-        "training": {
-            "world_size": rank.size, "backend": rank.backend, "epochs": len(history), "steps_per_epoch": steps,
-            "steps": steps * len(history), "batch_size_per_rank": cfg.train.batch_size,
-            "global_batch_size": cfg.train.batch_size * rank.size,
-            "learning_rate": scaled_learning_rate(cfg.train.learning_rate, rank.size),
-            "warmup_steps": cfg.train.warmup_steps, "seconds": seconds,
-            "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
-            "history": [h.to_dict() for h in history],
-        },
-        "evaluation": evaluation,
+        "model": {"kind": cfg.model.kind, "mixed_precision": cfg.train.mixed_precision},
+        "training": training_summary(cfg.train, rank, steps, history),
+        "early_stopping": stopping,
+        "evaluation": evaluated,
         "rank_digest": rank_agreement(digests),
+    }
+
+
+def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
+                     history: list[EpochStats]) -> dict[str, Any]:
+    """The report's training section (pure)."""
+    seconds = sum(h.seconds for h in history)
+    examples = sum(h.examples for h in history)
+    return {
+        "world_size": rank.size, "backend": rank.backend, "epochs": len(history), "steps_per_epoch": steps,
+        "steps": steps * len(history), "grad_accum_steps": train.grad_accum_steps,
+        "batch_size_per_rank": train.batch_size, "global_batch_size": global_batch_size(train, rank.size),
+        "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
+        "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
+        "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
+        "history": [h.to_dict() for h in history],
     }
 
 
@@ -292,12 +264,15 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
         "mlflow_model_uri": model_uri,
         "test_accuracy": test["accuracy"],
         "test_macro_f1": test["macro_f1"],
+        "test_roc_auc": test.get("roc_auc"),
         "validation_accuracy": report["evaluation"]["validation"]["accuracy"],
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
+        "epochs_run": report["training"]["epochs"],
         "report": fs.join(output, "eval_report.json"),
         "exports": {"keras": fs.join(output, "model.keras"), "saved_model": fs.join(output, "saved_model"),
-                    "labels": fs.join(output, "labels.json")} if exported else {},
+                    "labels": fs.join(output, "labels.json"),
+                    "confusion_matrix": fs.join(output, CONFUSION_PNG)} if exported else {},
     }
 
 
@@ -305,14 +280,15 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
 
 def publish(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, model: keras.Model,
             report: dict[str, Any], tracker: tracking.Tracker) -> dict[str, Any]:
-    """Write report, exports and result to ``train.output`` and log them to MLflow."""
+    """Write report, chart, exports and result to ``train.output`` and log them to MLflow."""
     output = cfg.train.output
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
         _dump_json(os.path.join(local, "labels.json"), labels_document(manifest, shape))
+        png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
-        model_uri = _log_run_end(tracker, cfg, manifest, shape, model, report, local)
+        model_uri = _log_run_end(tracker, cfg, manifest, shape, model, report, local, png)
         result = result_record(tracker.run_id, report, output, exported=True, model_uri=model_uri,
                                tracking_uri=tracker.tracking_uri)
         _dump_json(os.path.join(local, "result.json"), result)
@@ -320,27 +296,53 @@ def publish(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, model: k
     return result
 
 
+def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
+    """The test split's confusion matrix as a PNG; a charting failure only warns."""
+    test = report["evaluation"]["test"]
+    title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
+    try:
+        return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
+                                          os.path.join(folder, CONFUSION_PNG), title)
+    except Exception as exc:  # noqa: BLE001 - a chart is not worth failing a finished training for
+        log.warning("could not draw %s (%s: %s); the report has the same numbers", CONFUSION_PNG,
+                    type(exc).__name__, exc)
+        return None
+
+
 def labels_document(manifest: Manifest, shape: data.InputShape) -> dict[str, Any]:
     """What a server needs beside the model: label names and how inputs were made."""
-    return {"labels": manifest.labels, "label_feature": shape.label_feature, "max_length": shape.max_length,
-            "inputs": list(data.MODEL_INPUTS), "outputs": "logits", "preprocessing": manifest.preprocessing,
+    return {"labels": manifest.labels, "label_feature": shape.label_feature, "model_kind": shape.kind,
+            "max_length": shape.max_length, "inputs": list(shape.inputs),
+            "input_specs": {k: {"dtype": d, "shape": s} for k, (d, s) in shape.input_specs().items()},
+            "outputs": "logits", "preprocessing": manifest.preprocessing,
             "vocab": manifest.vocab, "manifest_digest": manifest.digest(), "dataset": manifest.root}
 
 
-def _log_run_end(tracker: tracking.Tracker, cfg: JobConfig, manifest: Manifest, shape: data.InputShape,
-                 model: keras.Model, report: dict[str, Any], local: str) -> Optional[str]:
-    final = {}
+def final_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """End-of-run MLflow metrics from the report (pure)."""
+    out = {"train_samples_per_sec": report["training"]["samples_per_sec"]}
     for split, result in report["evaluation"].items():
-        final[f"{split}_accuracy"] = result["accuracy"]
-        final[f"{split}_macro_f1"] = result["macro_f1"]
-    tracker.log_metrics({**final, "train_samples_per_sec": report["training"]["samples_per_sec"]})
-    tracker.set_tags({"ranks_agree": report["rank_digest"]["agree"]})
+        out.update(evaluation.scalar_metrics(result, split))
+    return out
+
+
+def _log_run_end(tracker: tracking.Tracker, cfg: JobConfig, manifest: Manifest, shape: data.InputShape,
+                 model: keras.Model, report: dict[str, Any], local: str, png: Optional[str]) -> Optional[str]:
+    tracker.log_metrics(final_metrics(report))
+    tags: dict[str, Any] = {"ranks_agree": report["rank_digest"]["agree"]}
+    if report["early_stopping"] is not None:
+        tags.update(best_epoch=report["early_stopping"]["best_epoch"],
+                    stopped_early=report["early_stopping"]["stopped_early"])
+    tracker.set_tags(tags)
     tracker.log_text(cfg.to_yaml(), "config.yaml")
     tracker.log_text(manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
+    if png is not None:
+        tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
-    return tracker.log_keras_model(model, shape.max_length, shape.num_classes)
+    return tracker.log_keras_model(model, shape.input_specs(), shape.num_classes,
+                                   cfg.tracking.registered_model_name)
 
 
 def upload_dir(local: str, output: str) -> None:
@@ -365,19 +367,20 @@ def _dump_json(path: str, doc: Any) -> None:
         fh.write("\n")
 
 
-def _run_tags(manifest: Manifest, rank: distributed.RankInfo) -> dict[str, str]:
+def _run_tags(manifest: Manifest, rank: distributed.RankInfo, hosts: Sequence[str]) -> dict[str, str]:
     tags = {"manifest_digest": manifest.digest(), "dataset": manifest.root, "horovod_size": str(rank.size),
-            "distributed_backend": rank.backend}
+            "horovod_hosts": ",".join(hosts), "distributed_backend": rank.backend}
     commit = tracking.git_commit(os.path.dirname(os.path.abspath(__file__)))
     if commit:
         tags["git_commit"] = commit
     return tags
 
 
-def _run_params(cfg: JobConfig, rank: distributed.RankInfo, steps: int) -> dict[str, Any]:
-    return {"horovod.size": rank.size, "steps_per_epoch": steps,
-            "global_batch_size": cfg.train.batch_size * rank.size,
-            "scaled_learning_rate": scaled_learning_rate(cfg.train.learning_rate, rank.size)}
+def _run_params(cfg: JobConfig, rank: distributed.RankInfo, steps: int, hosts: Sequence[str]) -> dict[str, Any]:
+    return {"horovod.size": rank.size, "horovod.hosts": ",".join(hosts), "steps_per_epoch": steps,
+            "global_batch_size": global_batch_size(cfg.train, rank.size),
+            "scaled_learning_rate": scaled_learning_rate(cfg.train.learning_rate, rank.size),
+            "decay_steps": steps * cfg.train.epochs}
 
 
 def _configure_logging(rank: distributed.RankInfo) -> None:

@@ -138,35 +138,49 @@ def _remote(tmp_path, m):
     return remote, copied, copy
 
 
-def test_remote_shards_are_staged_ahead_and_read_through_the_pipeline(tmp_path) -> None:
+def test_remote_shards_are_staged_ahead_and_released_after_their_last_record(tmp_path) -> None:
     m = make_text_dataset(str(tmp_path / "ds"), n_per_split=40, shards_per_split=4, max_length=6)
     remote, copied, copy = _remote(tmp_path, m)
     stage = tmp_path / "stage"
     stage.mkdir()
-    paths = data.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), cycle_length=1, copy=copy)
-    got = list(paths())
+    source = data.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), copy=copy)
+    got = list(source.paths())
     assert copied == [f"hdfs://namenode:8020/data/ds/test/part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
     assert [os.path.basename(p).split("-", 1)[1] for p in got] == [f"part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
-    assert os.listdir(stage) == []  # staged copies are removed when the reader is done
+    assert os.listdir(stage) == []  # the folder goes when the reader is done
     with pytest.raises(DataError, match="remote shards .* pass a local stage_dir"):
-        data.file_paths(remote, "test", lambda: iter([0]), None, cycle_length=1, copy=copy)
+        data.file_paths(remote, "test", lambda: iter([0]), None, copy=copy)
 
 
-def test_stager_bounds_local_disk_and_reports_copy_failures(tmp_path) -> None:
+def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_path) -> None:
+    import pyarrow.fs as pafs
+
+    from hvdtrain import fs
+
+    m = make_text_dataset(str(tmp_path / "data" / "ds"), n_per_split=80, shards_per_split=8, max_length=6)
+    remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
+    # hdfs:// served from a local folder: the real staging path, no cluster needed.
+    fs.register_scheme("hdfs", lambda netloc: pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    try:
+        ds = data.train_dataset(remote, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
+                                stage_dir=str(stage), cycle_length=2)
+        local = data.train_dataset(m, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3, cycle_length=2)
+        most = 0
+        staged_keys, local_keys = [], []
+        for a, b in zip(ds.take(30), local.take(30)):  # three passes over 80 records
+            staged_keys += a["key"].numpy().tolist()
+            local_keys += b["key"].numpy().tolist()
+            most = max(most, sum(len(files) for _, _, files in os.walk(stage)))
+    finally:
+        fs.register_scheme("hdfs", None)
+    assert staged_keys == local_keys  # staging changes where bytes come from, never the data order
+    assert 0 < most <= data.STAGE_AHEAD + 2 * 2 + 2, most
+
+
+def test_stager_reports_copy_failures_naming_the_shard(tmp_path) -> None:
     from hvdtrain.staging import ShardStager
-
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(20):
-        (src / f"s{i}").write_bytes(b"x" * 10)
-    stager = ShardStager(((str(src / f"s{i}"), f"s{i}") for i in range(20)), str(tmp_path / "st"),
-                         ahead=2, keep=3, copy=lambda u, l: shutil.copyfile(u, l))
-    most = 0
-    for path in stager:
-        assert open(path, "rb").read() == b"x" * 10
-        most = max(most, stager.on_disk())
-    assert most <= 2 + 3 + 1
-    stager.close()
 
     def broken(uri: str, local: str) -> None:
         raise ConnectionError("namenode went away")
@@ -210,3 +224,69 @@ def test_check_manifest_names_feature_and_both_specs(dataset: manifest_lib.Manif
 def test_check_manifest_needs_a_vocabulary_size(dataset: manifest_lib.Manifest) -> None:
     with pytest.raises(DataError, match="vocab.size"):
         data.check_manifest(dataclasses.replace(dataset, vocab={}), ModelConfig())
+
+
+# -- the tabular contract (model.kind: mlp) ---------------------------------------------------
+
+MLP = ModelConfig(kind="mlp")
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
+    from hvdtrain.synthetic import make_tabular_dataset
+
+    return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), n_per_split=20, num_numeric=4,
+                                cardinalities=[3, 6], seed=1)
+
+
+def test_model_inputs_per_kind() -> None:
+    assert data.MODEL_INPUTS["transformer"] == ("input_ids", "attention_mask")
+    assert data.model_inputs("mlp", ["numeric", "label"]) == ("numeric",)
+    assert data.model_inputs("mlp", ["categorical", "numeric"]) == ("numeric", "categorical")
+    with pytest.raises(DataError, match="model.kind 'cnn' has no input contract"):
+        data.model_inputs("cnn", [])
+
+
+def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest) -> None:
+    shape = data.check_manifest(tabular, MLP)
+    assert shape == data.InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric", "categorical"),
+                                    numeric_features=4, cardinalities=(3, 6))
+    assert shape.input_specs() == {"numeric": ("float32", [4]), "categorical": ("int64", [2])}
+    batch = next(iter(data.eval_dataset(tabular, "test", rank=0, size=1, batch_size=5,
+                                        features=[*shape.inputs, "label"])))
+    assert batch["numeric"].dtype.name == "float32" and batch["numeric"].shape == (5, 4)
+    assert batch["categorical"].shape == (5, 2) and int(batch["categorical"].numpy().max()) < 6
+
+
+def test_numeric_only_tabular_dataset(tmp_path) -> None:
+    from hvdtrain.synthetic import make_tabular_dataset
+
+    m = make_tabular_dataset(str(tmp_path), n_per_split=8, num_numeric=3, cardinalities=[], seed=2)
+    shape = data.check_manifest(m, MLP)
+    assert shape.inputs == ("numeric",) and shape.cardinalities == ()
+
+
+@pytest.mark.parametrize("name,spec,have,want", [
+    ("numeric", FeatureSpec("int64", [4]), "int64[4]", "float32[n]"),
+    ("categorical", FeatureSpec("float32", [2]), "float32[2]", "int64[n]"),
+    ("categorical", FeatureSpec("int64", []), "int64[]", "int64[n]"),
+])
+def test_tabular_mismatch_names_feature_and_both_specs(tabular, name: str, spec, have: str, want: str) -> None:
+    with pytest.raises(DataError) as info:
+        data.check_manifest(_with_feature(tabular, name, spec), MLP)
+    message = str(info.value)
+    assert repr(name) in message and have in message and want in message and "model.kind=mlp" in message
+
+
+def test_wrong_model_kind_says_which_kind_fits(tabular, dataset) -> None:
+    with pytest.raises(DataError, match="feature 'input_ids' is missing .* set model.kind=mlp"):
+        data.check_manifest(tabular, ModelConfig())
+    with pytest.raises(DataError, match="needs feature 'numeric' float32\\[n\\] and/or 'categorical' int64\\[n\\]"):
+        data.check_manifest(dataset, MLP)
+
+
+def test_categorical_needs_the_etl_cardinalities(tabular) -> None:
+    stats = dict(tabular.preprocessing["tabular"], cardinalities=[3])
+    broken = dataclasses.replace(tabular, preprocessing={"tabular": stats})
+    with pytest.raises(DataError, match=r"cardinalities is \[3\], but feature 'categorical' is int64\[2\]"):
+        data.check_manifest(broken, MLP)

@@ -102,3 +102,64 @@ def test_weight_digests_detect_any_difference_between_ranks() -> None:
     nudged = [weights[0].copy(), np.nextafter(weights[1], 2).astype(np.float32)]
     assert train.rank_agreement([train.weights_digest(weights), same])["agree"]
     assert not train.rank_agreement([same, train.weights_digest(nudged)])["agree"]
+
+
+# -- ROC-AUC from summed score histograms ---------------------------------------------------------
+
+def _scores(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, n)
+    return labels, rng.normal(1.2 * labels - 0.6, 1.5)  # overlapping classes: an AUC near 0.7
+
+
+def test_binned_auc_is_within_its_bound_of_scikit_learn() -> None:
+    sk = pytest.importorskip("sklearn.metrics")
+    labels, scores = _scores(5000, 3)
+    hist = metrics.score_histogram(labels, scores)
+    exact = sk.roc_auc_score(labels, scores)
+    bound = metrics.auc_binning_error(hist)
+    assert bound < 1e-3
+    assert abs(metrics.roc_auc_from_histogram(hist) - exact) <= bound + 1e-12
+    assert metrics.roc_auc_from_histogram(hist) == pytest.approx(exact, abs=1e-3)
+
+
+def test_auc_equals_scikit_learn_exactly_when_scores_sit_on_the_grid() -> None:
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 800)
+    width = 2 * metrics.AUC_LIMIT / metrics.AUC_BINS
+    bins = rng.integers(3000, 3040, 800) + labels * 5  # few distinct scores, many ties, as sklearn counts them
+    scores = -metrics.AUC_LIMIT + (bins + 0.5) * width
+    hist = metrics.score_histogram(labels, scores)
+    assert metrics.roc_auc_from_histogram(hist) == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+
+
+def test_rank_histograms_sum_to_the_whole_splits_histogram() -> None:
+    labels, scores = _scores(1001, 5)
+    whole = metrics.score_histogram(labels, scores)
+    parts = [metrics.score_histogram(labels[r::2], scores[r::2]) for r in range(2)]  # two "ranks"
+    np.testing.assert_array_equal(sum(parts), whole)
+    assert metrics.roc_auc_from_histogram(sum(parts)) == metrics.roc_auc_from_histogram(whole)
+    assert whole.dtype == np.int64 and whole.shape == (2, metrics.AUC_BINS) and whole.sum() == 1001
+
+
+def test_auc_edge_cases() -> None:
+    perfect = metrics.score_histogram(np.array([0, 0, 1, 1]), np.array([-30.0, -1.0, 1.0, 40.0]))  # out of range
+    assert metrics.roc_auc_from_histogram(perfect) == 1.0
+    assert metrics.roc_auc_from_histogram(metrics.score_histogram(np.array([1, 1]), np.array([0.1, 0.2]))) is None
+    ties = metrics.score_histogram(np.array([0, 1]), np.array([0.5, 0.5]))
+    assert metrics.roc_auc_from_histogram(ties) == 0.5 and metrics.auc_binning_error(ties) == 0.5
+    with pytest.raises(ValueError, match="binary labels"):
+        metrics.score_histogram(np.array([0, 2]), np.array([0.1, 0.2]))
+
+
+def test_split_report_has_loss_and_auc_for_two_classes() -> None:
+    from hvdtrain.evaluation import SplitCounts, scalar_metrics, split_report
+
+    labels, scores = _scores(100, 6)
+    cm = metrics.confusion_matrix(labels, (scores > 0).astype(int), 2)
+    report = split_report(SplitCounts(cm, 25.0, metrics.score_histogram(labels, scores)), ["a", "b"], 100)
+    assert report["loss"] == 0.25 and report["complete"] and 0.5 < report["roc_auc"] <= 1.0
+    assert set(scalar_metrics(report, "val")) == {"val_accuracy", "val_macro_f1", "val_loss", "val_roc_auc"}
+    three = split_report(SplitCounts(np.eye(3, dtype=np.int64), 0.0), ["a", "b", "c"], 4)
+    assert "roc_auc" not in three and not three["complete"]

@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import pytest
 
 from hvdtrain import config
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import make_tabular_dataset, make_text_dataset
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,15 +33,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _job(tmp: Path, name: str, data_dir: Path, tracking: bool = False, **train: Any) -> tuple[Path, Path]:
+def _job(tmp: Path, name: str, data_dir: Path, tracking: bool = False, model: Optional[dict] = None,
+         **train: Any) -> tuple[Path, Path]:
     """Write a job config; returns (config path, train output folder)."""
     cfg = config.from_dict({
         "name": name, "workdir": str(tmp), "source": {"table": "demo.reviews"},
-        "etl": {"output": str(data_dir)}, "model": TINY_MODEL,
+        "etl": {"output": str(data_dir)}, "model": model or TINY_MODEL,
         "train": {"epochs": 2, "batch_size": 16, "learning_rate": 0.003, "shuffle_buffer": 64, **train},
         "tracking": {"enabled": tracking},
     }, base_dir=str(tmp))
     path = tmp / f"{name}.yaml"
+    tmp.mkdir(parents=True, exist_ok=True)
     path.write_text(cfg.to_yaml())
     return path, Path(cfg.train.output)
 
@@ -116,3 +119,86 @@ def test_single_process_without_horovodrun(tmp_path: Path) -> None:
     assert result["run_id"] is None  # tracking disabled
     assert result["test_accuracy"] >= 0.8
     _assert_complete(report, manifest)
+
+
+# -- features of the Horovod step, exact evaluation and exports ---------------------------------------
+
+# Loads the exports in a fresh interpreter, predicts on token ids with both, and evaluates the test split
+# single-process (one thread, as each of the two ranks had) with the same counting code.
+FRESH_PROCESS_CHECK = """
+import json, sys
+import numpy as np, tensorflow as tf, keras
+tf.config.threading.set_intra_op_parallelism_threads(1)
+from hvdtrain import data, distributed, evaluation, manifest, metrics, steps
+out, dataset = sys.argv[1], sys.argv[2]
+model = keras.saving.load_model(out + '/model.keras')
+served = tf.saved_model.load(out + '/saved_model')
+ids = np.zeros((3, 16), np.int64)
+ids[:, :6] = [[5, 6, 7, 8, 9, 10], [40, 41, 42, 43, 44, 45], [7, 50, 8, 51, 9, 52]]
+mask = (ids > 0).astype(np.int64)
+from_keras = model.predict({'input_ids': ids, 'attention_mask': mask}, verbose=0)
+from_saved = served.serve({'input_ids': tf.constant(ids), 'attention_mask': tf.constant(mask)}).numpy()
+distributed.init(use_horovod=False)
+m = manifest.read(dataset)
+batches = data.eval_dataset(m, 'test', rank=0, size=1, batch_size=16, features=['input_ids', 'attention_mask', 'label'])
+counts = evaluation.count_split(steps.make_eval_step(model, 'label'), batches, 'label', m.num_classes)
+print(json.dumps({'keras': from_keras.tolist(), 'saved': from_saved.tolist(), 'cm': counts.confusion.tolist(),
+                  'roc_auc': metrics.roc_auc_from_histogram(counts.histogram)}))
+"""
+
+
+def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> None:
+    """LR scaling: -np 2 reaches the single-process accuracy; evaluation is exact; exports load elsewhere."""
+    manifest = make_text_dataset(str(tmp_path / "data"), n_per_split={"train": 640, "validation": 100, "test": 200},
+                                 num_classes=2, shards_per_split=4, class_rate=0.5, seed=21)
+    features = dict(epochs=4, fp16_allreduce=True, lr_schedule="cosine", warmup_steps=5, clip_norm=1.0,
+                    early_stopping={"metric": "loss", "patience": 1}, progress="log", progress_every_steps=5)
+    np2_config, np2_out = _job(tmp_path / "np2", "np2", tmp_path / "data", **features)
+    proc = _horovodrun(np2_config)
+    one_config, one_out = _job(tmp_path / "one", "one", tmp_path / "data", **features)
+    _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=120)
+    (two, report), (one, _) = _outputs(np2_out), _outputs(one_out)
+
+    assert report["rank_digest"]["agree"] and two["world_size"] == 2 and one["world_size"] == 1
+    assert min(two["test_accuracy"], one["test_accuracy"]) >= 0.9, (two, one)
+    gap = abs(two["test_accuracy"] - one["test_accuracy"])
+    assert gap <= 0.01 + 1e-9, (two["test_accuracy"], one["test_accuracy"])  # within 1 point (2 of 200 records)
+    training = report["training"]
+    assert training["steps_per_epoch"] == 640 // 32 and training["fp16_allreduce"]
+    assert training["learning_rate"] == pytest.approx(0.006) and training["decay_steps"] == 4 * 20
+    stopping = report["early_stopping"]
+    assert len(stopping["values"]) == training["epochs"] and 1 <= stopping["best_epoch"] <= training["epochs"]
+    assert all(h["validation"]["records"] == 100 for h in training["history"])
+    assert "epoch 1/4 step 5/20: loss" in proc.stderr  # plain progress lines: stderr is not a terminal here
+    _assert_complete(report, manifest)
+    assert (np2_out / "confusion_matrix.png").stat().st_size > 1000
+
+    check = _run([sys.executable, "-c", FRESH_PROCESS_CHECK, str(np2_out), str(tmp_path / "data")], timeout=120)
+    fresh = json.loads(check.stdout.strip().splitlines()[-1])
+    test = report["evaluation"]["test"]
+    assert fresh["cm"] == test["confusion_matrix"]  # -np 2 counts == one process's counts
+    assert fresh["roc_auc"] == test["roc_auc"] and test["roc_auc"] >= 0.9
+    assert len(fresh["keras"]) == 3 and len(fresh["keras"][0]) == 2
+    np.testing.assert_allclose(fresh["saved"], fresh["keras"], atol=1e-4)
+
+
+def test_mlp_on_tabular_data_with_accumulation_and_bfloat16(tmp_path: Path) -> None:
+    manifest = make_tabular_dataset(str(tmp_path / "data"), n_per_split={"train": 768, "validation": 96, "test": 96},
+                                    num_classes=3, num_numeric=6, cardinalities=[5, 8, 3], seed=4)
+    config_path, output = _job(tmp_path, "tabular", tmp_path / "data",
+                               model={"kind": "mlp", "hidden_units": [32, 16], "dropout": 0.0},
+                               epochs=3, learning_rate=0.005, grad_accum_steps=2, mixed_precision="bfloat16",
+                               lr_schedule="linear", validate_every_epoch=True, progress="off")
+    _horovodrun(config_path)
+    result, report = _outputs(output)
+    assert report["rank_digest"]["agree"] and result["world_size"] == 2
+    training = report["training"]
+    # each optimizer step: 2 micro-batches of 16 on each of 2 ranks
+    assert training["steps_per_epoch"] == 768 // 64 and training["global_batch_size"] == 64
+    assert [h["examples"] for h in training["history"]] == [768] * 3
+    assert all(h["validation"] is not None for h in training["history"]) and report["early_stopping"] is None
+    assert result["test_accuracy"] >= 0.8, report["evaluation"]["test"]
+    _assert_complete(report, manifest)
+    labels = json.loads((output / "labels.json").read_text())
+    assert labels["model_kind"] == "mlp" and labels["inputs"] == ["numeric", "categorical"]
+    assert labels["preprocessing"]["tabular"]["cardinalities"] == [5, 8, 3]

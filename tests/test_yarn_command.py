@@ -531,3 +531,10 @@ def test_launcher_imports_stay_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "[]"
+
+
+def test_gpu_index_uses_spark_assignment_when_present():
+    from hvdtrain import distributed
+
+    assert distributed.gpu_index(1, {}) == 1
+    assert distributed.gpu_index(1, {distributed.ASSIGNED_GPUS_ENV: "3"}) == 0

@@ -26,8 +26,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-
-ASSIGNED_GPUS_ENV = "HVDTRAIN_ASSIGNED_GPUS"
+from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:

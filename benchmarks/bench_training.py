@@ -1,0 +1,63 @@
+"""hvd_overhead, scaling_np2, launch_overhead: training throughput under horovodrun."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import Entry
+from benchmarks.launch import ROOT, horovodrun
+
+
+def plain(args: list[str]) -> dict:
+    """The worker as one plain process (no horovodrun)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.train_worker", *args], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCH "):
+            return json.loads(line[6:])
+    raise RuntimeError(f"train_worker {args} printed no result:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+
+
+def median_of(fn, reps: int) -> dict:
+    runs = sorted((fn() for _ in range(reps)), key=lambda r: r["samples_per_sec"])
+    return runs[len(runs) // 2]
+
+
+def run(quick: bool, extra: dict) -> list[Entry]:
+    from hvdtrain.synthetic import make_text_dataset
+
+    steps = "20" if quick else "100"
+    reps = 1 if quick else 5
+    root = tempfile.mkdtemp(prefix="bench-train-")
+    try:
+        make_text_dataset(root, n_per_split={"train": 8192, "validation": 64, "test": 64}, num_classes=4,
+                          max_length=64, vocab_size=2000, shards_per_split=4, seed=3)
+        keras_fit = median_of(lambda: plain([root, "keras", steps]), reps)
+        np1 = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps]), reps)
+        one_thread = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps,
+                                                                                  "--threads", "1"]), reps)
+        two = median_of(lambda: horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]),
+                        reps)
+        launch_hvd, launch_plain = [], []
+        for _ in range(reps):
+            start = time.time()
+            launch_hvd.append(horovodrun(2, "benchmarks.train_worker", [root, "hvd", "1"])["first_step_at"] - start)
+            start = time.time()
+            launch_plain.append(plain([root, "hvd", "1"])["first_step_at"] - start)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    hvd_s, plain_s = sorted(launch_hvd)[len(launch_hvd) // 2], sorted(launch_plain)[len(launch_plain) // 2]
+    return [
+        Entry("hvd_overhead", np1["samples_per_sec"], "samples/s", "plain Keras model.fit, 1 process",
+              keras_fit["samples_per_sec"], 0.95, notes={"steps": int(steps), "batch_size": 64}),
+        Entry("scaling_np2", two["samples_per_sec"], "samples/s", "2 x (-np 1), 1 intra/inter-op thread each",
+              2 * one_thread["samples_per_sec"], 0.8, notes={"np1_samples_per_sec": one_thread["samples_per_sec"]}),
+        Entry("launch_overhead", hvd_s, "s", "plain process to first step", plain_s, None,
+              lower_is_better=True, notes={"overhead_s": round(hvd_s - plain_s, 2), "np": 2}),
+    ]

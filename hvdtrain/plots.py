@@ -1,0 +1,34 @@
+"""Charts written next to the evaluation report (matplotlib, Agg backend: no display needed)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def confusion_matrix_png(cm: np.ndarray, labels: Sequence[str], path: str, title: str = "") -> str:
+    """Draw ``cm[true, predicted]`` with counts in the cells and save a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure  # a Figure without pyplot: no global state, no GUI
+
+    cm = np.asarray(cm, dtype=np.int64)
+    n = cm.shape[0]
+    size = min(3.0 + 0.6 * n, 14.0)
+    fig = Figure(figsize=(size, size * 0.85), dpi=100)
+    ax = fig.add_subplot()
+    shown = ax.imshow(cm, cmap="Blues")
+    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+    ax.set(xticks=range(n), yticks=range(n), xticklabels=list(labels), yticklabels=list(labels),
+           xlabel="predicted", ylabel="true", title=title)
+    ax.tick_params(axis="x", labelrotation=45)
+    if n <= 30:  # counts stay legible up to about this many classes
+        threshold = cm.max() / 2 if cm.size else 0
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if cm[i, j] > threshold else "black")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path

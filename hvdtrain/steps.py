@@ -1,0 +1,144 @@
+"""Compiled training and evaluation steps.
+
+One optimizer step on every rank: forward and backward with a plain
+``tf.GradientTape``, ONE grouped all-reduce of the gradients (averaged over
+ranks; optionally sent as float16), then ``optimizer.apply``. Clipping by
+global norm is the optimizer's ``global_clipnorm``, applied inside ``apply``,
+i.e. after the all-reduce (every rank clips the same averaged gradients the
+same way) and, under float16 loss scaling, after unscaling.
+
+Gradient accumulation (``k > 1``): each of the k micro-batches adds its
+gradients into non-trainable accumulators with no communication; the k-th
+call averages them (``sum / k``), all-reduces once and applies. All
+micro-batches have the same size (training batches drop the remainder), so
+the update equals one step on a batch of ``batch_size * k * ranks`` examples.
+
+Mixed precision: the loss is computed in float32 from float32 logits (the
+logits layer is float32, see :mod:`hvdtrain.models`); ``optimizer.scale_loss``
+is the identity for a plain optimizer and multiplies by the dynamic scale for
+``keras.optimizers.LossScaleOptimizer`` (float16), whose ``apply`` unscales,
+skips non-finite steps and adapts the scale. The finiteness check runs on the
+all-reduced gradients, so every rank skips the same steps. A skipped step does
+not advance the optimizer's step counter, so the learning-rate schedule waits
+for it too (the first few float16 steps are usually skipped while the scale
+comes down from 2**15).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import distributed
+
+Batch = dict[str, tf.Tensor]
+Allreduce = Callable[[Sequence[Any]], list[Any]]
+# One optimizer step over k micro-batches -> (this rank's sum of per-example losses, correct predictions).
+OptimizerStep = Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor]]
+
+
+def _loss_fn() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def _input_names(model: keras.Model) -> tuple[str, ...]:
+    return tuple(t.name for t in model.inputs)
+
+
+def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: keras.losses.Loss,
+               batch: Batch, inputs: Sequence[str], label_feature: str) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
+    """This rank's (loss-scaled) gradients of the batch-mean loss, loss sum and correct count."""
+    labels = batch[label_feature]
+    with tf.GradientTape() as tape:
+        logits = model({k: batch[k] for k in inputs}, training=True)
+        per_example = loss_fn(labels, logits)
+        scaled = optimizer.scale_loss(tf.reduce_mean(per_example))
+    grads = tape.gradient(scaled, model.trainable_variables)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float64))
+    return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), correct
+
+
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                    inputs: Optional[Sequence[str]] = None,
+                    allreduce: Allreduce = distributed.allreduce_grads) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+    """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
+    names = tuple(inputs) if inputs is not None else _input_names(model)
+    loss_fn = _loss_fn()
+
+    @tf.function
+    def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        grads, loss_sum, correct = _gradients(model, optimizer, loss_fn, batch, names, label_feature)
+        optimizer.apply(allreduce(grads), model.trainable_variables)
+        return loss_sum, correct
+
+    return train_step
+
+
+class AccumulatingStep:
+    """k micro-batches per optimizer step, one all-reduce per step (see the module docstring)."""
+
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                 accum_steps: int, inputs: Optional[Sequence[str]] = None,
+                 allreduce: Allreduce = distributed.allreduce_grads):
+        if accum_steps < 1:
+            raise ValueError(f"train.grad_accum_steps must be >= 1 (got {accum_steps})")
+        self.accum_steps = accum_steps
+        self._model, self._optimizer, self._allreduce = model, optimizer, allreduce
+        self._names = tuple(inputs) if inputs is not None else _input_names(model)
+        self._label, self._loss_fn = label_feature, _loss_fn()
+        self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
+                      for v in model.trainable_variables]
+        self._micro = tf.function(self._micro_step)
+        self._apply = tf.function(self._apply_step)
+
+    def _micro_step(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names,
+                                              self._label)
+        for total, grad in zip(self._sums, grads):
+            if grad is not None:
+                total.assign_add(tf.convert_to_tensor(grad))
+        return loss_sum, correct
+
+    def _apply_step(self) -> None:
+        mean = [total / float(self.accum_steps) for total in self._sums]
+        self._optimizer.apply(self._allreduce(mean), self._model.trainable_variables)
+        for total in self._sums:
+            total.assign(tf.zeros_like(total))
+
+    def __call__(self, batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+        if len(batches) != self.accum_steps:
+            raise ValueError(f"an optimizer step takes {self.accum_steps} micro-batches (got {len(batches)})")
+        outs = [self._micro(batch) for batch in batches]
+        self._apply()
+        return tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs])
+
+
+def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                        inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False) -> OptimizerStep:
+    """The step the training loop calls with ``accum_steps`` batches at a time."""
+    def allreduce(grads: Sequence[Any]) -> list[Any]:
+        return distributed.allreduce_grads(grads, fp16=fp16_allreduce)
+
+    if accum_steps == 1:
+        fused = make_train_step(model, optimizer, label_feature, inputs, allreduce)
+        return lambda batches: fused(batches[0])
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, allreduce)
+
+
+def make_eval_step(model: keras.Model, label_feature: str,
+                   inputs: Optional[Sequence[str]] = None) -> Callable[[Batch], dict[str, tf.Tensor]]:
+    """A compiled inference step: predicted class, per-example loss and, for two classes, the logit margin."""
+    names = tuple(inputs) if inputs is not None else _input_names(model)
+    loss_fn = _loss_fn()
+    binary = model.outputs[0].shape[-1] == 2
+
+    @tf.function(reduce_retracing=True)
+    def eval_step(batch: Batch) -> dict[str, tf.Tensor]:
+        logits = tf.cast(model({k: batch[k] for k in names}, training=False), tf.float32)
+        out = {"pred": tf.argmax(logits, axis=-1), "loss": loss_fn(batch[label_feature], logits)}
+        if binary:
+            out["margin"] = logits[:, 1] - logits[:, 0]  # log-odds of class 1
+        return out
+
+    return eval_step
