@@ -5,21 +5,11 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
 
-
-def timed(fn, reps: int) -> float:
-    fn()  # warm-up (also negotiates the tensor's response cache entry)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common import median_time
 
 
 def main() -> None:
@@ -36,7 +26,7 @@ def main() -> None:
         for log2 in range(12, top + 1, 2):
             n = (1 << log2) // 4
             x = tf.constant(np.ones(n, dtype=np.float32))
-            sec = timed(lambda: hvd.allreduce(x, op=hvd.Sum, name=f"ar{log2}").numpy(), reps)
+            sec = median_time(lambda: hvd.allreduce(x, op=hvd.Sum, name=f"ar{log2}").numpy(), reps)
             algbw = n * 4 / sec / 1e9
             # NCCL-tests bus bandwidth: algbw * 2(n-1)/n (equal to algbw for 2 ranks).
             points.append({"bytes": n * 4, "seconds": sec, "algbw_gbps": algbw,
@@ -49,7 +39,7 @@ def main() -> None:
         def many() -> list:
             return [hvd.allreduce(x, op=hvd.Sum, name=f"small{i}") for i, x in enumerate(xs)]
 
-        out["fusion_seconds"] = timed(lambda: [t.numpy() for t in many()], reps)
+        out["fusion_seconds"] = median_time(lambda: [t.numpy() for t in many()], reps)
     if hvd.rank() == 0:
         print("BENCH " + json.dumps(out), flush=True)
 

@@ -238,20 +238,24 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         raise
 
 
+def _pump(src, dst, chunk: int) -> int:
+    n = 0
+    while True:
+        block = src.read(chunk)
+        if not block:
+            return n
+        dst.write(block)
+        n += len(block)
+
+
 def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
     """Copy a (remote) file to a local path; returns bytes copied."""
     fs, path = resolve(uri)
 
     def copy() -> int:
-        n = 0
         tmp = f"{local}.part"
         with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
-            while True:
-                block = src.read(chunk)
-                if not block:
-                    break
-                dst.write(block)
-                n += len(block)
+            n = _pump(src, dst, chunk)
         os.replace(tmp, local)
         return n
 
@@ -261,15 +265,8 @@ def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
 def copy_from_local(local: str, uri: str, chunk: int = 8 << 20) -> int:
     """Copy a local file to a (remote) path; the whole copy is retried on transient errors."""
     def copy() -> int:
-        n = 0
         with open(local, "rb") as src, open_output(uri) as dst:
-            while True:
-                block = src.read(chunk)
-                if not block:
-                    break
-                dst.write(block)
-                n += len(block)
-        return n
+            return _pump(src, dst, chunk)
 
     n = with_retries(copy, f"copy {local} -> {uri}")
     if size(uri) != n:
