@@ -23,7 +23,7 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -272,12 +272,3 @@ def copy_from_local(local: str, uri: str, chunk: int = 8 << 20) -> int:
     if size(uri) != n:
         raise DataError(f"copy {local} -> {uri}: wrote {n} bytes but the file has {size(uri)}")
     return n
-
-
-def walk_files(uri: str) -> Iterator[str]:
-    """Every file below a directory, as paths relative to it."""
-    fs, path = resolve(uri)
-    infos = with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), f"list {uri}")
-    for info in infos:
-        if info.type == pafs.FileType.File:
-            yield posixpath.relpath(info.path, path)

@@ -106,10 +106,6 @@ class ShardStager:
         for path in leftovers:
             _unlink(path)
 
-    def on_disk(self) -> int:
-        with self._cond:
-            return len(self._staged)
-
 
 def _unlink(path: str) -> None:
     try:
