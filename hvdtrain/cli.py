@@ -16,6 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from hvdtrain import config as config_mod
+from hvdtrain import fs
 from hvdtrain.errors import HvdtrainError
 
 
@@ -47,12 +48,14 @@ def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str
     return cmd + list(overrides)
 
 
-def train_command(config_path: str, overrides: Sequence[str], np: int) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo python -m hvdtrain.train ...`` (or plain python for N=1)."""
+def train_command(config_path: str, overrides: Sequence[str], np: int, start_timeout: int = 120) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo --start-timeout S python -m hvdtrain.train ...``
+    (or plain python for N=1)."""
     train = [sys.executable, "-m", "hvdtrain.train", config_path, *overrides]
     if np == 1:
         return train
-    return [_bin("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *train]
+    return [_bin("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+            "--start-timeout", str(start_timeout), *train]
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -69,8 +72,8 @@ def cmd_etl(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    config_mod.load(args.config, args.overrides)  # fail on a bad config before launching ranks
-    _run(train_command(args.config, args.overrides, args.np), "training")
+    cfg = config_mod.load(args.config, args.overrides)  # fail on a bad config before launching ranks
+    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     return 0
 
 
@@ -80,7 +83,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise HvdtrainError(f"{args.config} has no source.sample block; the demo generates its data from it")
     _run(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True),
          "ETL")
-    _run(train_command(args.config, args.overrides, args.np), "training")
+    if cfg.checkpoint.enabled and fs.exists(cfg.checkpoint.dir):  # new data: a new run, not a resume
+        print(f"demo: removing the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
+        fs.delete(cfg.checkpoint.dir)
+    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
     return 0
 

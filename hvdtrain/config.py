@@ -282,6 +282,9 @@ class TrainConfig:
     progress: Literal["auto", "bar", "log", "off"] = "auto"  # auto: a bar on a terminal, else log lines
     progress_every_steps: int = 50
     progress_every_seconds: float = 30.0
+    # Audit the data order: each rank appends the record keys of every batch it trains on to
+    # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
+    record_trace: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
@@ -424,7 +427,7 @@ class JobConfig:
 PATH_FIELDS = {
     "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
     "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
-    "checkpoint.dir",
+    "checkpoint.dir", "train.record_trace",
 }
 
 

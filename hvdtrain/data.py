@@ -8,12 +8,17 @@ Training reads an endless stream per rank. Rules:
 * Every rank runs the same number of steps per epoch,
   ``floor(train_records / (batch_size * size))``, computed from the manifest,
   so no rank waits in an all-reduce that another rank never joins.
-* Each rank reads its inputs as ONE stream that repeats forever; pass ``p``
-  visits the rank's files in an order drawn from the seed ``(seed, p)``, and a
-  shuffle buffer (seeded per rank) runs over the whole stream. Epoch ``e`` is
-  simply the next ``steps_per_epoch`` batches of that stream, so a record left
-  over at the end of one epoch starts the next: no record is skipped
-  systematically, however records and batches divide.
+* Each rank reads its inputs as ONE stream of passes that repeats forever;
+  pass ``p`` visits the rank's files in an order drawn from the seed
+  ``(seed, p)`` and shuffles its records with a buffer seeded by rank and
+  ``p``. Epoch ``e`` is simply the next ``steps_per_epoch`` batches of that
+  stream, so a record left over at the end of one epoch starts the next: no
+  record is skipped systematically, however records and batches divide.
+* Because a pass depends only on ``(seed, rank, p)``, the stream can be
+  resumed exactly: after ``n`` records a rank is in pass
+  ``n // records_per_pass`` at offset ``n % records_per_pass``
+  (:func:`resume_point`); ``train_dataset(start_record=n)`` starts that pass
+  and skips the offset, giving the same records an uninterrupted run reads.
 * Shards go to ranks whole, balanced by record count (:func:`assign_shards`).
   When that is impossible or lopsided (fewer shards than ranks, or the lightest
   rank would hold less than ``1 / MAX_LOAD_RATIO`` of the heaviest) every rank
@@ -261,6 +266,24 @@ def plan_eval_reads(num_shards: int, shard_records: Sequence[int], rank: int, si
     return ReadPlan(tuple(range(num_shards)), stride=size, offset=rank)
 
 
+def records_per_pass(plan: ReadPlan, shard_records: Sequence[int]) -> int:
+    """Records a rank reads in one pass over its plan (pure)."""
+    total = sum(shard_records[i] for i in plan.shards)
+    return len(range(plan.offset, total, plan.stride)) if plan.record_level else total
+
+
+def resume_point(consumed: int, per_pass: int) -> tuple[int, int]:
+    """(pass, records to skip in it) after a rank has read ``consumed`` records (pure)."""
+    if per_pass < 1:
+        raise ValueError(f"a pass must hold at least one record (got {per_pass})")
+    return divmod(consumed, per_pass)
+
+
+def shuffle_seed(seed: int, rank: int) -> int:
+    """Base of a rank's per-pass shuffle seeds (pass ``p`` uses ``shuffle_seed + p``)."""
+    return seed + 104729 * (rank + 1)
+
+
 def file_seed(seed: int, rank: int, plan: ReadPlan) -> int:
     """Seed of the per-pass file order: shared by all ranks under record-level
     sharding (they must walk the same global sequence), per rank otherwise."""
@@ -276,10 +299,10 @@ def pass_order(n: int, seed: int, pass_index: int) -> list[int]:
     return np.random.default_rng([seed, pass_index]).permutation(n).tolist()
 
 
-def shard_stream(shards: Sequence[int], seed: int, passes: Optional[int] = None) -> Iterator[int]:
-    """Shard indices in reading order: pass after pass (forever when ``passes`` is None)."""
-    p = 0
-    while passes is None or p < passes:
+def shard_stream(shards: Sequence[int], seed: int, passes: Optional[int] = None, start: int = 0) -> Iterator[int]:
+    """Shard indices in reading order: pass after pass from pass ``start`` (forever when ``passes`` is None)."""
+    p = start
+    while passes is None or p < start + passes:
         for i in pass_order(len(shards), seed, p):
             yield shards[i]
         p += 1
@@ -357,12 +380,14 @@ def parse_spec(manifest: Manifest, names: Optional[Sequence[str]] = None) -> dic
     return spec
 
 
-def _records(manifest: Manifest, source: FileSource, cycle_length: int) -> "tf.data.Dataset":
-    """Records of the source's files, interleaved in a deterministic order."""
+def _records(manifest: Manifest, source: FileSource, cycle_length: int,
+             files: Optional["tf.data.Dataset"] = None) -> "tf.data.Dataset":
+    """Records of the source's files (or of ``files``, paths from it), interleaved in a deterministic order."""
     import tensorflow as tf
 
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    files = tf.data.Dataset.from_generator(source.paths, output_signature=tf.TensorSpec((), tf.string))
+    if files is None:
+        files = tf.data.Dataset.from_generator(source.paths, output_signature=tf.TensorSpec((), tf.string))
 
     def read(path: tf.Tensor) -> tf.data.Dataset:
         records = tf.data.TFRecordDataset(path, compression_type=compression)
@@ -389,8 +414,13 @@ def _batched(records: "tf.data.Dataset", spec: dict[str, Any], batch_size: int,
 
 def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, shuffle_buffer: int, seed: int,
                   features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None,
-                  split: str = "train", cycle_length: int = 4, force_staging: bool = False) -> "tf.data.Dataset":
-    """An endless stream of parsed batches (dicts of tensors) for one rank; see the module rules."""
+                  split: str = "train", cycle_length: int = 4, force_staging: bool = False,
+                  start_record: int = 0) -> "tf.data.Dataset":
+    """An endless stream of parsed batches (dicts of tensors) for one rank; see the module rules.
+
+    ``start_record`` resumes the stream after that many of this rank's records
+    (a multiple of ``batch_size`` keeps batches aligned with an uninterrupted run).
+    """
     import tensorflow as tf
 
     shard_records = [s.records for s in manifest.split(split).shards]
@@ -399,15 +429,44 @@ def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, 
     if n == 0:
         raise DataError(f"split {split!r} has no shards for rank {rank}; the dataset is empty: rerun the ETL")
     check_local_shards(manifest, split, plan.shards)
+    first_pass, skip = resume_point(start_record, records_per_pass(plan, shard_records))
     order_seed = file_seed(seed, rank, plan)
-    cycle = min(n, cycle_length)
-    source = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed), stage_dir,
+    source = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed, start=first_pass), stage_dir,
                         force_staging=force_staging)
-    records = _records(manifest, source, cycle)
-    if plan.record_level:
-        records = records.shard(plan.stride, plan.offset)
-    records = records.shuffle(shuffle_buffer, seed=seed + 104729 * (rank + 1))
-    return _batched(records, parse_spec(manifest, features), batch_size, drop_remainder=True)
+    paths = _PassFiles(source, n, first_pass)
+    base_seed = shuffle_seed(seed, rank)
+
+    def one_pass(p: tf.Tensor) -> tf.data.Dataset:
+        files = tf.data.Dataset.from_generator(paths, args=(p,), output_signature=tf.TensorSpec((), tf.string))
+        records = _records(manifest, source, min(n, cycle_length), files)
+        if plan.record_level:
+            records = records.shard(plan.stride, plan.offset)
+        records = records.shuffle(shuffle_buffer, seed=base_seed + p, reshuffle_each_iteration=False)
+        return records.skip(tf.where(tf.equal(p, first_pass), tf.constant(skip, tf.int64), tf.constant(0, tf.int64)))
+
+    stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass)
+    return _batched(stream, parse_spec(manifest, features), batch_size, drop_remainder=True)
+
+
+class _PassFiles:
+    """The files of pass ``p``: the next ``n`` paths of the source's endless sequence.
+
+    Passes are read one after another (``flat_map``), so one iterator over the
+    sequence serves them all (a stager keeps copying across pass boundaries);
+    asking for the first pass again starts a new iterator (a new iteration of the dataset).
+    """
+
+    def __init__(self, source: FileSource, n: int, first_pass: int):
+        self._source, self._n, self._first = source, n, first_pass
+        self._it: Optional[Iterator[str]] = None
+
+    def __call__(self, p: Any) -> Iterator[str]:
+        if self._it is None or int(p) == self._first:
+            if self._it is not None and hasattr(self._it, "close"):
+                self._it.close()  # type: ignore[attr-defined]
+            self._it = self._source.paths()
+        for _ in range(self._n):
+            yield next(self._it)
 
 
 def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_size: int,
@@ -423,3 +482,38 @@ def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_
     if plan.record_level:
         records = records.shard(plan.stride, plan.offset)
     return _batched(records, parse_spec(manifest, features), batch_size, drop_remainder=False)
+
+
+# -- auditing the data order ---------------------------------------------------------------
+
+KEY_FEATURE = "key"
+
+
+def trace_batches(batches: Iterator[dict[str, Any]], folder: str, rank: int, first_batch: int,
+                  key_feature: str = KEY_FEATURE) -> Iterator[dict[str, Any]]:
+    """Pass batches through, appending ``<batch number>\t<keys>`` lines to ``<folder>/rank<R>.keys``.
+
+    Batch numbers count this rank's batches from the start of training (a
+    resumed run starts at ``first_batch``), so the lines of an interrupted run
+    and of its resumption can be laid side by side with an uninterrupted run's.
+    The first line of each run is ``# pid <pid> from <first_batch>``.
+    """
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"rank{rank}.keys"), "a", buffering=1) as out:
+        out.write(f"# pid {os.getpid()} from {first_batch}\n")
+        for number, batch in enumerate(batches, start=first_batch):
+            keys = batch[key_feature].numpy()
+            out.write(f"{number}\t{','.join(k.decode() for k in keys)}\n")
+            yield batch
+
+
+def read_trace(path: str) -> dict[int, list[str]]:
+    """A trace file as {batch number: keys}; a later run's line for a batch replaces an earlier one's."""
+    out: dict[int, list[str]] = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("#") or "\t" not in line:
+                continue
+            number, keys = line.rstrip("\n").split("\t", 1)
+            out[int(number)] = keys.split(",")
+    return out

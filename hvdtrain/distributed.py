@@ -200,6 +200,14 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> list[Any]:
     return hvd.allgather_object(obj, name=name)
 
 
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Rank ``root_rank``'s (picklable) object, on every rank."""
+    hvd = _horovod()
+    if hvd is None:
+        return obj
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
 def barrier() -> None:
     """Wait until every rank gets here (an allreduce of one number)."""
     allreduce_sum(np.zeros(1, dtype=np.int32), name="hvdtrain.barrier")

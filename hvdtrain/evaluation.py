@@ -32,8 +32,8 @@ class SplitCounts:
 
 
 def count_split(eval_step: Callable[[dict[str, Any]], dict[str, Any]], batches: Iterable[dict[str, Any]],
-                label_feature: str, num_classes: int) -> SplitCounts:
-    """This rank's counts over its batches (no communication)."""
+                label_feature: str, num_classes: int, on_batch: Callable[[], None] = lambda: None) -> SplitCounts:
+    """This rank's counts over its batches (no communication); ``on_batch`` hears each batch done."""
     cm = np.zeros((num_classes, num_classes), np.int64)
     hist = np.zeros((2, metrics.AUC_BINS), np.int64) if num_classes == 2 else None
     loss_sum = 0.0
@@ -44,6 +44,7 @@ def count_split(eval_step: Callable[[dict[str, Any]], dict[str, Any]], batches: 
         loss_sum += float(np.asarray(out["loss"], dtype=np.float64).sum())
         if hist is not None:
             hist += metrics.score_histogram(labels, np.asarray(out["margin"]))
+        on_batch()
     return SplitCounts(cm, loss_sum, hist)
 
 

@@ -12,7 +12,14 @@ Everything else goes through :class:`LoopHooks`, called on every rank:
   reporting is timed by the clock, which differs between ranks);
 * ``end_epoch(stats) -> stop`` after each epoch (validation, early
   stopping). It may run collectives, and must return the same decision on
-  every rank.
+  every rank;
+* ``after_step(state)`` after every optimizer step that does not end an
+  epoch, and after ``end_epoch`` (``state.epoch_end``): checkpoints. It may
+  run collectives; whether it does must depend on the step number only.
+
+A resumed run passes ``start`` (:class:`Start`): the optimizer steps already
+done, the finished epochs' stats, and the interrupted epoch's sums so far
+(rank-summed, carried by rank 0 only, so the epoch's all-reduce stays exact).
 
 :class:`EpochMonitor` is the hooks object training uses.
 """
@@ -21,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
@@ -73,6 +80,33 @@ class LoopHooks(Protocol):
 
     def end_epoch(self, stats: EpochStats) -> bool: ...
 
+    def after_step(self, state: "LoopState") -> None: ...
+
+
+@dataclass
+class Start:
+    """Where a (resumed) run starts: 0 steps, no history, nothing carried for a fresh one."""
+
+    step: int = 0  # optimizer steps already done, over all epochs
+    history: list[EpochStats] = field(default_factory=list)
+    carried: Optional[np.ndarray] = None  # [loss sum, correct, examples] of the interrupted epoch, rank-summed
+    carried_seconds: float = 0.0
+    stopped: bool = False  # the run had already stopped (early stopping) when it was saved
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint needs from the loop after a step."""
+
+    step: int  # global optimizer step just finished (1-based)
+    epoch: int
+    epoch_end: bool
+    partial: Callable[[], np.ndarray]  # this rank's [loss sum, correct, examples] of the epoch so far (a device
+    # sync: call it only when saving); zeros at an epoch end
+    epoch_seconds: float
+    history: list[EpochStats]
+    stopped: bool = False
+
 
 def take_batches(batches: Iterator[Any], count: int,
                  clock: Callable[[], float] = time.perf_counter) -> tuple[list[Any], float]:
@@ -83,26 +117,50 @@ def take_batches(batches: Iterator[Any], count: int,
 
 
 def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[Any], *, epochs: int, steps: int,
-        accum_steps: int, batch_size: int, hooks: LoopHooks) -> list[EpochStats]:
-    """Run up to ``epochs`` x ``steps`` optimizer steps; stops early when ``hooks.end_epoch`` says so."""
-    history = []
+        accum_steps: int, batch_size: int, hooks: LoopHooks, start: Optional[Start] = None,
+        phase: Callable[[str], None] = lambda what: None) -> list[EpochStats]:
+    """Run up to ``epochs`` x ``steps`` optimizer steps; stops early when ``hooks.end_epoch`` says so.
+
+    ``phase`` hears what the loop is about to wait for (the stall watchdog's message).
+    Returns every epoch's stats, those of a resumed run's earlier epochs included.
+    """
+    start = start or Start()
+    history = list(start.history)
+    if start.stopped:
+        return history
     examples = accum_steps * batch_size  # this rank's examples per optimizer step
-    for epoch in range(1, epochs + 1):
+    first_epoch, done_in_epoch = divmod(start.step, steps)
+    for epoch in range(first_epoch + 1, epochs + 1):
+        resumed = epoch == first_epoch + 1 and done_in_epoch > 0
+        carried = start.carried if resumed and start.carried is not None else np.zeros(3)
         hooks.start_epoch(epoch)
-        start = time.perf_counter()
+        begin = time.perf_counter() - (start.carried_seconds if resumed else 0.0)
         loss_sums, corrects = [], []
-        for step in range(1, steps + 1):
+
+        def partial() -> np.ndarray:
+            done = len(loss_sums) * examples
+            return carried + np.array([sum(float(x) for x in loss_sums), sum(float(x) for x in corrects), done],
+                                      np.float64)
+
+        for step in range(done_in_epoch + 1 if resumed else 1, steps + 1):
+            global_step = (epoch - 1) * steps + step
+            phase(f"waiting for input batches of step {global_step}")
             micro, waited = take_batches(batches, accum_steps)
+            phase(f"computing and all-reducing step {global_step}")
             loss_sum, correct = step_fn(micro)
             loss_sums.append(loss_sum)
             corrects.append(correct)
             hooks.on_step(epoch, step, waited, loss_sum, examples)
-        local = np.array([sum(float(x) for x in loss_sums), sum(float(x) for x in corrects), steps * examples],
-                         np.float64)
-        totals = distributed.allreduce_sum(local, name=f"hvdtrain.epoch{epoch}")
-        stats = epoch_stats(epoch, steps, totals, time.perf_counter() - start)
+            if step < steps:
+                hooks.after_step(LoopState(global_step, epoch, False, partial, time.perf_counter() - begin, history))
+        phase(f"all-reducing the metrics of epoch {epoch}")
+        totals = distributed.allreduce_sum(partial(), name=f"hvdtrain.epoch{epoch}")
+        stats = epoch_stats(epoch, steps, totals, time.perf_counter() - begin)
         history.append(stats)
-        if hooks.end_epoch(stats):
+        phase(f"ending epoch {epoch} (validation, early stopping)")
+        stop = hooks.end_epoch(stats)
+        hooks.after_step(LoopState(epoch * steps, epoch, True, lambda: np.zeros(3), 0.0, history, stopped=stop))
+        if stop:
             break
     return history
 
@@ -125,6 +183,15 @@ class EarlyStopper:
             self.best_weights = [np.array(w, copy=True) for w in self._get_weights()]
         return self.decision.stop
 
+    def restore(self, values: Sequence[float], best_weights: Optional[list[np.ndarray]]) -> None:
+        """Continue from a checkpoint: the values so far and (rank 0) the best epoch's weights."""
+        self.values = [float(v) for v in values]
+        if self.values:
+            self.decision = early_stopping.decide(self.values, self.cfg.direction, self.cfg.patience,
+                                                  self.cfg.min_delta)
+        if best_weights is not None:
+            self.best_weights = [np.array(w, copy=True) for w in best_weights]
+
     def summary(self, restored: bool, epochs: int) -> dict[str, Any]:
         """The report's early-stopping section; ``epochs`` is the configured maximum."""
         d = self.decision
@@ -144,6 +211,7 @@ class EpochMonitor:
         self.epochs, self.steps, self.world_size = epochs, steps, world_size
         self.progress, self.step_metrics, self._log_metrics = progress, step_metrics, log_metrics
         self._learning_rate, self._validate, self.stopper = learning_rate, validate, stopper
+        self.checkpointer: Any = None  # resume.Checkpointer, set once the MLflow run id is known
 
     def start_epoch(self, epoch: int) -> None:
         self.progress.start_epoch(epoch)
@@ -153,6 +221,10 @@ class EpochMonitor:
         self.progress.on_step(step, data_seconds, loss_sum, examples, self.world_size)
         global_step = (epoch - 1) * self.steps + step
         self.step_metrics.on_step(global_step, data_seconds, loss_sum, examples, self.world_size)
+
+    def after_step(self, state: Any) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(state)
 
     def end_epoch(self, stats: EpochStats) -> bool:
         self.progress.end_epoch()

@@ -135,12 +135,12 @@ class Tracker:
             self._active = False
             return None
 
-    def start(self, tags: Mapping[str, str]) -> Optional[str]:
-        """Open the run (creating the experiment if needed); returns the run id."""
-        self._guard("start", lambda: self._start(tags))
+    def start(self, tags: Mapping[str, str], resume_run_id: Optional[str] = None) -> Optional[str]:
+        """Open the run (creating the experiment if needed), or continue ``resume_run_id``; returns the run id."""
+        self._guard("start", lambda: self._start(tags, resume_run_id))
         return self.run_id
 
-    def _start(self, tags: Mapping[str, str]) -> None:
+    def _start(self, tags: Mapping[str, str], resume_run_id: Optional[str] = None) -> None:
         import mlflow
 
         store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
@@ -149,8 +149,10 @@ class Tracker:
         if store.tracking_uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
         mlflow.set_tracking_uri(store.tracking_uri)
-        experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
+        run = _resume_run(mlflow, resume_run_id) if resume_run_id else None
+        if run is None:
+            experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
         self._mlflow, self.run_id, self.tracking_uri = mlflow, run.info.run_id, store.tracking_uri
         log.info("MLflow run %s in experiment %r at %s", self.run_id, self.cfg.tracking.experiment,
                  store.tracking_uri)
@@ -216,6 +218,19 @@ class Tracker:
             self.end("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
 
 
+def _resume_run(mlflow: Any, run_id: str) -> Any:
+    """The checkpoint's run, reopened (same run id); None when this store does not have it."""
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException as exc:
+        log.warning("the checkpoint's MLflow run %s is not in this tracking store (%s); starting a new run",
+                    run_id, str(exc).splitlines()[0])
+        return None
+    run = mlflow.start_run(run_id=run_id)
+    log.info("continuing MLflow run %s (resumed from a checkpoint)", run_id)
+    return run
+
+
 def _experiment_id(mlflow: Any, name: str, artifact_location: Optional[str]) -> str:
     client = mlflow.MlflowClient()
     found = client.get_experiment_by_name(name)
@@ -254,8 +269,8 @@ def _pip_requirements() -> list[str]:
     return out
 
 
-def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str]) -> Tracker:
+def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str], resume_run_id: Optional[str] = None) -> Tracker:
     """A started tracker on rank 0 (when tracking is enabled); an inert one elsewhere."""
     tracker = Tracker(cfg, enabled=is_chief)
-    tracker.start(tags)
+    tracker.start(tags, resume_run_id)
     return tracker

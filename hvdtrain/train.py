@@ -41,14 +41,15 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import data, distributed, evaluation, fs, plots, progress, steps as steps_lib, tracking
+from hvdtrain import (data, distributed, evaluation, fs, plots, progress, resume, steps as steps_lib, tracking,
+                      watchdog)
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.errors import DataError, HvdtrainError
@@ -117,23 +118,37 @@ def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
 
 def run(cfg: JobConfig) -> dict[str, Any]:
     """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank."""
+    for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
+                                            cfg.fault.stall_timeout).items():
+        os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
     rank = distributed.init()
     _configure_logging(rank)
     _configure_tf(rank, cfg.train.seed)
-    manifest, shape, steps = plan(cfg, rank)
-    hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
-    log.info("world size %d (%s) on %s, dataset %s (digest %s), model %s, %d optimizer steps/epoch x %d epochs, "
-             "global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root, manifest.digest(),
-             cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
-    with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts)) as tracker, \
-            tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
-        tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
-        model, history, stopping = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker)
-        evaluated = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir)
-        report = build_report(cfg, manifest, rank, steps, history, evaluated, _rank_digests(model, rank), stopping)
-        if not rank.is_chief:
-            return result_record(tracker.run_id, report, cfg.train.output, exported=False)
-        result = publish(cfg, manifest, shape, model, report, tracker)
+    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
+        dog.phase("reading the manifest and agreeing on the plan")
+        manifest, shape, steps = plan(cfg, rank)
+        hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
+        log.info("world size %d (%s) on %s, dataset %s (digest %s), model %s, %d optimizer steps/epoch x %d "
+                 "epochs, global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root,
+                 manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
+        layout = resume.layout(cfg, rank.size, steps, manifest.digest())
+        dog.phase("looking for a checkpoint to resume from")
+        resumed = resume.find(cfg.checkpoint, rank, layout)
+        with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
+                            resume_run_id=resumed.run_id if resumed else None) as tracker, \
+                tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
+            if resumed is None or tracker.run_id != resumed.run_id:
+                tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
+            model, history, stopping = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker, dog, layout,
+                                              resumed)
+            evaluated = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir, dog)
+            dog.phase("gathering weight digests")
+            report = build_report(cfg, manifest, rank, steps, history, evaluated, _rank_digests(model, rank), stopping)
+            report["resumed_from"] = resumed.uri if resumed else None
+            if not rank.is_chief:
+                return result_record(tracker.run_id, report, cfg.train.output, exported=False)
+            dog.phase("exporting the model and logging it to MLflow")
+            result = publish(cfg, manifest, shape, model, report, tracker)
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
@@ -143,6 +158,10 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model)
+    if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
+        raise DataError(f"{manifest.location}: train.record_trace={cfg.train.record_trace} needs feature "
+                        f"{data.KEY_FEATURE!r} (the record keys), which this dataset lacks; rerun the ETL with this "
+                        "hvdtrain version or set train.record_trace=null")
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
@@ -153,26 +172,40 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
 
 
 def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-           stage_dir: str, tracker: tracking.Tracker) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
-    """Build, take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
+           stage_dir: str, tracker: tracking.Tracker, dog: watchdog.Watchdog, layout: dict[str, Any],
+           resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
+    """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
     model, optimizer = build_state(cfg, shape, rank.size, total_steps=steps * cfg.train.epochs)
+    stopping = cfg.train.early_stopping
+    stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
+    if resumed is not None:
+        resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
+    start_record = resume.records_read(resumed.step, cfg) if resumed else 0
+    trace = cfg.train.record_trace
     batches = iter(data.train_dataset(
         manifest, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
         shuffle_buffer=cfg.train.shuffle_buffer, seed=cfg.train.seed,
-        features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir))
+        features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])], stage_dir=stage_dir,
+        start_record=start_record))
+    if trace:
+        batches = data.trace_batches(batches, fs.local_path(trace), rank.rank, start_record // cfg.train.batch_size)
     step_fn = steps_lib.make_optimizer_step(model, optimizer, shape.label_feature, shape.inputs,
                                             cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
-    stopping = cfg.train.early_stopping
-    stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
-    monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper)
+    monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper, dog)
+    monitor.checkpointer = resume.Checkpointer(cfg.checkpoint, rank, steps, model, optimizer, layout,
+                                               tracker.run_id, stopper, dog.phase)
     history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
-                  batch_size=cfg.train.batch_size, hooks=monitor)
+                  batch_size=cfg.train.batch_size, hooks=monitor,
+                  start=resumed.start(rank) if resumed else None, phase=dog.phase)
+    monitor.checkpointer.close()
     if stopper is None:
         return model, history, None
-    restore = stopper.best_weights is not None and stopper.decision.best_epoch != len(history)
-    if restore:  # identical on every rank: same weights, same decision
-        model.set_weights(stopper.best_weights)
+    restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
+    if restore:  # the same decision on every rank; rank 0 holds the best weights (even after a resume)
+        if stopper.best_weights is not None:
+            model.set_weights(stopper.best_weights)
+        distributed.broadcast_state(model, optimizer)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
@@ -180,7 +213,7 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
 
 def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
              stage_dir: str, tracker: tracking.Tracker, model: keras.Model, optimizer: Any,
-             stopper: Optional[EarlyStopper]) -> EpochMonitor:
+             stopper: Optional[EarlyStopper], dog: watchdog.Watchdog) -> EpochMonitor:
     mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
     bar = progress.Progress(mode, cfg.train.epochs, steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
@@ -189,7 +222,8 @@ def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: d
     validate = None
     if cfg.train.validates_each_epoch:
         eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-        validate = functools.partial(evaluate_split, eval_step, manifest, "validation", shape, cfg, rank, stage_dir)
+        validate = functools.partial(evaluate_split, eval_step, manifest, "validation", shape, cfg, rank, stage_dir,
+                                     dog.phase)
     return EpochMonitor(cfg.train.epochs, steps, rank.size, bar, step_metrics, tracker.log_metrics,
                         lambda: current_learning_rate(optimizer), validate, stopper)
 
@@ -201,11 +235,14 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
 
 
 def evaluate_split(eval_step: Any, manifest: Manifest, split: str, shape: data.InputShape, cfg: JobConfig,
-                   rank: distributed.RankInfo, stage_dir: str) -> dict[str, Any]:
+                   rank: distributed.RankInfo, stage_dir: str,
+                   phase: Callable[[str], None] = lambda what: None) -> dict[str, Any]:
     """One split's report from counts summed over ranks (a collective: every rank calls it)."""
     batches = data.eval_dataset(manifest, split, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
                                 features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir)
-    local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes)
+    local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
+                                   on_batch=lambda: phase(f"evaluating the {split} split"))
+    phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
     expected = manifest.split(split).records
     if counts.records != expected:
@@ -214,9 +251,11 @@ def evaluate_split(eval_step: Any, manifest: Manifest, split: str, shape: data.I
 
 
 def _evaluate_splits(model: keras.Model, manifest: Manifest, shape: data.InputShape, cfg: JobConfig,
-                     rank: distributed.RankInfo, stage_dir: str) -> dict[str, dict[str, Any]]:
+                     rank: distributed.RankInfo, stage_dir: str,
+                     dog: watchdog.Watchdog) -> dict[str, dict[str, Any]]:
     eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-    return {split: evaluate_split(eval_step, manifest, split, shape, cfg, rank, stage_dir) for split in EVAL_SPLITS}
+    return {split: evaluate_split(eval_step, manifest, split, shape, cfg, rank, stage_dir, dog.phase)
+            for split in EVAL_SPLITS}
 
 
 def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo, steps: int,

@@ -55,7 +55,9 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
 
     def phase(self, what: str) -> None:
+        """Now doing ``what`` (named if it stalls); entering a phase counts as progress."""
         self._phase = what
+        self._last = self._clock()
 
     def beat(self) -> None:
         self._last = self._clock()

@@ -1,12 +1,14 @@
 """A local filesystem that misbehaves on purpose, reachable as ``faulty://`` through hvdtrain.fs.
 
 Used only to inject faults (the thing under test is real code on a real
-filesystem): the first ``fail_first`` calls raise a transient error, and
-``truncate`` names files whose writes lose their second half.
+filesystem): the first ``fail_first`` calls raise a transient error,
+``truncate`` names files whose writes lose their second half, and reads of
+paths containing a ``hang`` string never return.
 """
 from __future__ import annotations
 
 import io
+import threading
 from typing import Optional
 
 import pyarrow as pa
@@ -16,9 +18,10 @@ from hvdtrain import fs
 
 
 class FaultyHandler(pafs.FileSystemHandler):
-    def __init__(self, fail_first: int = 0, truncate: tuple[str, ...] = (), error: Optional[Exception] = None):
+    def __init__(self, fail_first: int = 0, truncate: tuple[str, ...] = (), error: Optional[Exception] = None,
+                 hang: tuple[str, ...] = ()):
         self.local = pafs.LocalFileSystem()
-        self.fail_first, self.truncate = fail_first, truncate
+        self.fail_first, self.truncate, self.hang = fail_first, truncate, hang
         self.error = error or ConnectionResetError("connection reset by peer (injected)")
         self.calls: list[tuple[str, str]] = []
 
@@ -68,6 +71,8 @@ class FaultyHandler(pafs.FileSystemHandler):
 
     def open_input_stream(self, path):
         self._call("read", path)
+        if any(h in path for h in self.hang):
+            threading.Event().wait()  # a read that never returns (a datanode that stopped answering)
         return self.local.open_input_stream(path)
 
     def open_input_file(self, path):

@@ -104,6 +104,29 @@ def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.M
     assert first[0] and first[1] and not first[0] & first[1]
 
 
+def test_records_per_pass_and_resume_point() -> None:
+    assert data.records_per_pass(data.ReadPlan((0, 2)), [30, 10, 20]) == 50
+    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
+    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=0), [9]) == 5
+    assert data.resume_point(0, 50) == (0, 0)
+    assert data.resume_point(130, 50) == (2, 30)
+    with pytest.raises(ValueError):
+        data.resume_point(5, 0)
+
+
+@pytest.mark.parametrize("rank,size", [(0, 1), (1, 2), (0, 4)])  # whole shards; record-level (3 shards, 4 ranks)
+@pytest.mark.parametrize("batches_done", [0, 4, 9, 20])  # start, mid pass, a pass boundary (90 / 10), pass 2
+def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, rank: int, size: int,
+                                                                       batches_done: int) -> None:
+    def stream(start_record: int):
+        return data.train_dataset(dataset, rank=rank, size=size, batch_size=5, shuffle_buffer=16, seed=7,
+                                  features=["key"], start_record=start_record)
+
+    full = _keys(itertools.islice(iter(stream(0)), batches_done + 12))
+    resumed = _keys(itertools.islice(iter(stream(batches_done * 5)), 12))
+    assert resumed == full[batches_done * 5:]
+
+
 @pytest.mark.parametrize("shards,size", [(3, 2), (1, 2), (2, 3), (3, 3)])
 def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int, size: int) -> None:
     m = make_text_dataset(str(tmp_path), n_per_split=23, shards_per_split=shards, max_length=6, seed=shards)

@@ -76,6 +76,9 @@ class RecordingHooks:
         self.events.append(("end", stats.epoch, stats.examples, stats.loss))
         return stats.epoch == self.stop_after
 
+    def after_step(self, state: Any) -> None:
+        self.events.append(("after", state.step, state.epoch_end, tuple(state.partial())))
+
 
 def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
     from hvdtrain import distributed
@@ -95,6 +98,33 @@ def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
     assert history[0].examples == 3 * 2 * 4 and history[0].loss == 2.0
     assert ("step", 1, 3, 8) in hooks.events and hooks.events[0] == ("start", 1)
     assert [e[1] for e in hooks.events if e[0] == "end"] == [1, 2]
+
+
+def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> None:
+    """A run resumed after step 4 (mid epoch 2) sees the batches and epoch sums of the uninterrupted run."""
+    from hvdtrain import distributed
+    from hvdtrain.loop import Start, fit
+
+    distributed.init(use_horovod=False)
+
+    def step(batches):  # loss depends on the batch, so a wrong position changes the sums
+        return float(sum(batches)), float(len(batches))
+
+    full_hooks = RecordingHooks()
+    full = fit(step, itertools.count(), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=full_hooks)
+    # the state the checkpointer would have saved after step 4: epoch 1 done, 1 step of epoch 2
+    after4 = [e for e in full_hooks.events if e[0] == "after" and e[1] == 4][0]
+    assert after4[2] is False and after4[3] == (3.0, 1.0, 4.0)  # batch 3's loss, 1 correct, 4 examples
+    hooks = RecordingHooks()
+    resumed = fit(step, itertools.count(4), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=hooks,
+                  start=Start(4, full[:1], np.array(after4[3]), 0.0))
+    assert [(h.epoch, h.examples, h.loss, h.accuracy) for h in resumed] == \
+        [(h.epoch, h.examples, h.loss, h.accuracy) for h in full]
+    assert [e for e in hooks.events if e[0] == "step"] == [("step", 2, 2, 4), ("step", 2, 3, 4)] + \
+        [("step", 3, s, 4) for s in (1, 2, 3)]
+    assert [e[1] for e in hooks.events if e[0] == "after" and e[2]] == [6, 9]  # epoch-end saves
+    assert fit(step, itertools.count(), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=RecordingHooks(),
+               start=Start(9, full, None, 0.0, stopped=True)) == full  # a finished run has nothing left to do
 
 
 # -- progress ---------------------------------------------------------------------------------

@@ -1,0 +1,307 @@
+"""Kill drill: SIGKILL a rank at random steps, resume, and compare with an uninterrupted run.
+
+    python -m benchmarks.kill_drill [--kills 5] [--seed S] [--out benchmarks/results/kill_drill.json]
+
+One job (2 local Gloo ranks under ``horovodrun``, a tiny Transformer with
+dropout, checkpoints every few steps, every batch's record keys traced) is run
+twice from the same seed:
+
+* uninterrupted;
+* interrupted: a random rank is SIGKILLed at a random step after a
+  checkpoint, ``--kills`` times, each time restarting the same command
+  (``checkpoint.resume: auto``), then left to finish.
+
+Figures: resumes that succeeded, seconds from the kill to ``horovodrun``'s
+exit (the surviving rank torn down, the lost rank named), the final weight
+difference between the two runs, and the records lost or repeated (the
+interrupted run's batches, segment by segment up to where the next run
+resumed, against the uninterrupted run's batches). ``tests/test_resume_mp.py``
+runs the same drill with one kill.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
+NP = 2
+
+
+@dataclass
+class Drill:
+    """The job both runs share."""
+
+    workdir: str
+    data_dir: str
+    epochs: int = 4
+    batch_size: int = 16
+    every_steps: int = 7
+    train_records: int = 960
+    steps_per_epoch: int = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+
+@dataclass
+class Kill:
+    rank: int
+    target_step: int
+    killed_after_batch: int = -1  # the dead rank's last traced batch (0-based)
+    resumed_from_step: Optional[int] = None  # the step the next run continued from
+    seconds_to_exit: float = 0.0
+    exit_code: Optional[int] = None
+    lost_rank_named: bool = False
+    run_id: Optional[str] = None  # the MLflow run the killed job logged to
+
+
+@dataclass
+class Report:
+    kills: list[Kill] = field(default_factory=list)
+    resumes_ok: int = 0
+    final_weight_max_abs_diff: float = float("nan")
+    optimizer_max_abs_diff: float = float("nan")
+    records_lost: int = -1
+    records_repeated: int = -1
+    batches_equal: bool = False
+    same_mlflow_run: bool = False
+    test_accuracy: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_dataset(drill: Drill) -> None:
+    from hvdtrain.synthetic import make_text_dataset
+
+    make_text_dataset(drill.data_dir, n_per_split={"train": drill.train_records, "validation": 64, "test": 64},
+                      shards_per_split=4, class_rate=0.35, seed=21)
+    drill.steps_per_epoch = drill.train_records // (drill.batch_size * NP)
+
+
+def write_config(drill: Drill, name: str, tracking: bool = True) -> str:
+    from hvdtrain import config
+
+    cfg = config.from_dict({
+        "name": name, "workdir": drill.workdir, "source": {"table": "demo.reviews"},
+        "etl": {"output": drill.data_dir}, "model": TINY_MODEL,
+        "train": {"epochs": drill.epochs, "batch_size": drill.batch_size, "learning_rate": 0.003,
+                  "shuffle_buffer": 64, "progress": "log", "record_trace": os.path.join(drill.workdir, name, "trace")},
+        "checkpoint": {"every_steps": drill.every_steps, "keep_last": 2},
+        "fault": {"peer_timeout": 30, "stall_timeout": 120},
+        "tracking": {"enabled": tracking},
+    }, base_dir=drill.workdir)
+    path = os.path.join(drill.workdir, f"{name}.yaml")
+    with open(path, "w") as fh:
+        fh.write(cfg.to_yaml())
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "OMPI_", "PMI_")) and k != "MLFLOW_TRACKING_URI"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+    return env
+
+
+def command(config_path: str) -> list[str]:
+    hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return [hr, "-np", str(NP), "-H", f"localhost:{NP}", "--gloo", sys.executable, "-m", "hvdtrain.train",
+            config_path]
+
+
+def run_to_end(config_path: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(config_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def trace_path(drill: Drill, name: str, rank: int) -> str:
+    return os.path.join(drill.workdir, name, "trace", f"rank{rank}.keys")
+
+
+def segments(path: str) -> list[tuple[int, int, dict[int, list[str]]]]:
+    """The trace of each run, in order: (pid, first batch, {batch: keys})."""
+    out: list[tuple[int, int, dict[int, list[str]]]] = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as fh:
+        for line in fh:
+            head = re.match(r"# pid (\d+) from (\d+)", line)
+            if head:
+                out.append((int(head.group(1)), int(head.group(2)), {}))
+            elif "\t" in line and out and line.endswith("\n"):
+                number, keys = line.rstrip("\n").split("\t", 1)
+                out[-1][2][int(number)] = keys.split(",")
+    return out
+
+
+def stitched(path: str) -> dict[int, list[str]]:
+    """The batches the finished model was trained on: each run's, up to where the next one resumed."""
+    runs = segments(path)
+    out: dict[int, list[str]] = {}
+    for i, (_, first, batches) in enumerate(runs):
+        end = runs[i + 1][1] if i + 1 < len(runs) else None
+        missing = [b for b in range(first, end) if b not in batches] if end is not None else []
+        if missing:
+            raise AssertionError(f"{path}: run {i} resumed at batch {first} but never read batches {missing[:5]} "
+                                 f"before the next run resumed at {end}")
+        out.update({b: keys for b, keys in batches.items() if end is None or b < end})
+    return out
+
+
+def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
+    """(pid, batches traced) of the run after the first ``runs_before`` ones, once it has started."""
+    runs = segments(path)
+    if len(runs) <= runs_before:
+        return None
+    pid, first, batches = runs[runs_before]
+    return pid, (max(batches) + 1 if batches else first)
+
+
+def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before: int,
+              timeout: float = 300) -> None:
+    """Start the job, SIGKILL ``kill.rank`` once its trace reaches ``kill.target_step``, wait for the job's exit."""
+    proc = subprocess.Popen(command(config_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    path = trace_path(drill, name, kill.rank)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the job ended (exit {proc.returncode}) before step {kill.target_step}:\n"
+                                   f"{proc.stdout.read()[-4000:]}")
+            now = _current_pid(path, runs_before)
+            if now is not None and now[1] >= kill.target_step:
+                os.kill(now[0], signal.SIGKILL)
+                killed_at = time.monotonic()
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"step {kill.target_step} not reached in {timeout}s")
+            time.sleep(0.01)
+        out, _ = proc.communicate(timeout=timeout)
+        kill.seconds_to_exit = time.monotonic() - killed_at
+        kill.exit_code = proc.returncode
+        kill.lost_rank_named = bool(re.search(rf"Process name: {kill.rank}\b", out)) or \
+            f"rank {kill.rank}" in out
+        found = re.search(r"MLflow run ([0-9a-f]{32})", out)
+        kill.run_id = found.group(1) if found else None
+        runs = segments(path)
+        kill.killed_after_batch = max(runs[runs_before][2]) if runs[runs_before][2] else -1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _final_state(drill: Drill, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    from hvdtrain import checkpoint
+
+    loaded = checkpoint.restore_latest(os.path.join(drill.workdir, "checkpoints", name))
+    if loaded is None:
+        raise RuntimeError(f"no checkpoint of {name}")
+    _, arrays, meta = loaded
+    return arrays, meta
+
+
+def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str) -> float:
+    keys = [k for k in a if k.startswith(prefix)]
+    assert keys and sorted(keys) == sorted(k for k in b if k.startswith(prefix)), prefix
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) if a[k].size else 0.0
+               for k in keys)
+
+
+def compare(drill: Drill, report: Report, baseline: str, interrupted: str) -> None:
+    """Weights, optimizer state and the batch sequence of both runs."""
+    a, meta_a = _final_state(drill, baseline)
+    b, meta_b = _final_state(drill, interrupted)
+    assert meta_a["step"] == meta_b["step"] == drill.total_steps, (meta_a["step"], meta_b["step"])
+    report.final_weight_max_abs_diff = _max_diff(a, b, "model/")
+    report.optimizer_max_abs_diff = _max_diff(a, b, "optimizer/")
+    lost = repeated = 0
+    equal = True
+    for rank in range(NP):
+        want = stitched(trace_path(drill, baseline, rank))
+        got = stitched(trace_path(drill, interrupted, rank))
+        equal &= got == want
+        diff = collections.Counter(k for ks in want.values() for k in ks)
+        diff.subtract(k for ks in got.values() for k in ks)
+        lost += sum(v for v in diff.values() if v > 0)
+        repeated += -sum(v for v in diff.values() if v < 0)
+    report.records_lost, report.records_repeated, report.batches_equal = lost, repeated, equal
+    for name in (baseline, interrupted):
+        with open(os.path.join(drill.workdir, "runs", name, "result.json")) as fh:
+            report.test_accuracy[name] = json.load(fh)["test_accuracy"]
+
+
+def kill_targets(drill: Drill, kills: int, rng: random.Random) -> list[Kill]:
+    """Random (rank, step) pairs, each after the previous kill's checkpoint and before the end."""
+    out, low = [], drill.every_steps + 1
+    span = (drill.total_steps - 6 - low) // kills
+    for i in range(kills):
+        lo = low + i * span
+        out.append(Kill(rank=rng.randrange(NP), target_step=rng.randint(lo, lo + max(0, span - drill.every_steps))))
+    return out
+
+
+def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print) -> Report:
+    drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"))
+    make_dataset(drill)
+    report = Report(kills=kill_targets(drill, kills, random.Random(seed)))
+    baseline = write_config(drill, "uninterrupted")
+    interrupted = write_config(drill, "interrupted")
+    log(f"drill: {drill.total_steps} steps, checkpoint every {drill.every_steps}; kills at "
+        f"{[(k.rank, k.target_step) for k in report.kills]}")
+    run_to_end(baseline)
+    for i, kill in enumerate(report.kills):
+        kill_once(drill, "interrupted", interrupted, kill, runs_before=i)
+        log(f"drill: killed rank {kill.rank} after batch {kill.killed_after_batch}; job exited "
+            f"{kill.exit_code} {kill.seconds_to_exit:.1f}s later (lost rank named: {kill.lost_rank_named})")
+    run_to_end(interrupted)
+    for i, kill in enumerate(report.kills):
+        runs = segments(trace_path(drill, "interrupted", kill.rank))
+        if i + 1 < len(runs):
+            kill.resumed_from_step = runs[i + 1][1]  # batch number = step with accumulation 1
+            report.resumes_ok += 1
+    with open(os.path.join(drill.workdir, "runs", "interrupted", "result.json")) as fh:
+        final_run_id = json.load(fh)["run_id"]
+    report.same_mlflow_run = bool(final_run_id) and report.kills[0].run_id == final_run_id
+    compare(drill, report, "uninterrupted", "interrupted")
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 10_000)
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "kill_drill.json"))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-drill-") as workdir:
+        report = drill_run(workdir, args.kills, args.seed)
+    doc = {"seed": args.seed, **report.to_dict()}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=2)
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""What a training checkpoint holds, how training saves it, and how a run resumes from it.
+
+:mod:`hvdtrain.checkpoint` owns the format (atomic, checksummed, published in
+the background); this module decides what goes in and puts it back:
+
+* ``model/NNNN/<path>``: every model weight; ``optimizer/NNNN/<path>``:
+  every optimizer variable (step counter, so the learning-rate schedule
+  position, moments, loss scale);
+* ``rng/rankR/NNNN``: each rank's dropout seed-generator states (ranks differ:
+  each is gathered to rank 0);
+* ``best/NNNN``: the best epoch's weights, when early stopping restores them;
+* ``meta.json``: step, epoch, the interrupted epoch's rank-summed loss and
+  accuracy sums, the finished epochs' stats, early-stopping values, the
+  MLflow run id, and what the input position depends on (world size, batch
+  size, accumulation, steps per epoch, seed, dataset digest).
+
+The input position is not stored as bytes: every rank's stream is a pure
+function of the seed and the records it has read (:mod:`hvdtrain.data`), and
+after ``step`` optimizer steps each rank has read ``step * grad_accum_steps *
+batch_size`` records. A resumed run reads exactly the batches an
+uninterrupted run would have read next.
+
+Resuming is a collective: rank 0 reads the newest valid checkpoint (every rank
+may not see a local checkpoint folder), sets its model and optimizer, and
+broadcasts the small state (meta, RNG states); the caller then broadcasts the
+variables from rank 0 as at any start.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hvdtrain import checkpoint, distributed
+from hvdtrain.config import CheckpointConfig, JobConfig
+from hvdtrain.errors import DataError
+from hvdtrain.evaluation import scalar_metrics
+from hvdtrain.loop import EarlyStopper, EpochStats, LoopState, Start
+
+log = logging.getLogger("hvdtrain.train")
+FORMAT = 1
+
+
+# -- variables <-> arrays -------------------------------------------------------------
+
+def seed_variables(model: Any) -> list[Any]:
+    """The model's dropout seed-generator states: its variables that are not weights."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def to_numpy(variables: Sequence[Any]) -> list[np.ndarray]:
+    import keras
+
+    return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+
+def state_arrays(model: Any, optimizer: Any) -> dict[str, np.ndarray]:
+    """Model weights and optimizer variables, by position and path."""
+    out = {}
+    for prefix, variables in (("model", model.weights), ("optimizer", optimizer.variables)):
+        for i, (v, value) in enumerate(zip(variables, to_numpy(variables))):
+            out[f"{prefix}/{i:04d}/{v.path}"] = value
+    return out
+
+
+def group(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    """Arrays under ``prefix/`` in position order."""
+    head = prefix + "/"
+    keys = sorted((k for k in arrays if k.startswith(head)), key=lambda k: int(k[len(head):].split("/")[0]))
+    return [arrays[k] for k in keys]
+
+
+def assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str, where: str) -> None:
+    """Assign saved values, checking count and shapes first (nothing is assigned on a mismatch)."""
+    if len(values) != len(variables):
+        raise DataError(f"checkpoint {where} holds {len(values)} {what} variables but this model has "
+                        f"{len(variables)}: the model config changed since it was saved; start a new "
+                        "checkpoint.dir or set checkpoint.resume=never")
+    for v, value in zip(variables, values):
+        if tuple(v.shape) != tuple(value.shape):
+            raise DataError(f"checkpoint {where}: {what} variable {v.path} has shape {tuple(value.shape)} there "
+                            f"but {tuple(v.shape)} in this model: the model config changed since it was saved; "
+                            "start a new checkpoint.dir or set checkpoint.resume=never")
+    for v, value in zip(variables, values):
+        v.assign(value)
+
+
+# -- what the position depends on ---------------------------------------------------------------
+
+def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_digest: str) -> dict[str, Any]:
+    """Everything the data order and step numbering depend on (pure)."""
+    return {"world_size": world_size, "batch_size": cfg.train.batch_size,
+            "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
+            "seed": cfg.train.seed, "manifest_digest": manifest_digest}
+
+
+def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> list[str]:
+    """Raise when the dataset changed; return warnings for what makes the data order differ (pure)."""
+    if saved.get("manifest_digest") != now["manifest_digest"]:
+        raise DataError(f"checkpoint {where} was trained on dataset digest {saved.get('manifest_digest')} but "
+                        f"the manifest now has {now['manifest_digest']}: resuming would mix datasets; "
+                        "point checkpoint.dir at a new folder or set checkpoint.resume=never")
+    changed = [f"{k} {saved.get(k)} -> {now[k]}" for k in now if k != "manifest_digest" and saved.get(k) != now[k]]
+    if changed:
+        return [f"resuming {where} with {', '.join(changed)}: training continues from step "
+                f"{saved.get('step')}, but the data order is not the one an uninterrupted run would have seen"]
+    return []
+
+
+def records_read(step: int, cfg: JobConfig) -> int:
+    """Records each rank has read after ``step`` optimizer steps (pure)."""
+    return step * cfg.train.grad_accum_steps * cfg.train.batch_size
+
+
+# -- saving ----------------------------------------------------------------------------
+
+class Checkpointer:
+    """The loop's ``after_step`` hook: saves when :func:`checkpoint.save_due` says so (a collective)."""
+
+    def __init__(self, cfg: CheckpointConfig, rank: distributed.RankInfo, steps_per_epoch: int, model: Any,
+                 optimizer: Any, layout_: dict[str, Any], run_id: Optional[str] = None,
+                 stopper: Optional[EarlyStopper] = None, phase: Any = None):
+        self.cfg, self.rank, self.steps = cfg, rank, steps_per_epoch
+        self.model, self.optimizer, self.layout, self.run_id = model, optimizer, layout_, run_id
+        self.stopper = stopper
+        self._phase = phase or (lambda what: None)
+        self.writer = (checkpoint.CheckpointWriter(cfg.dir, cfg.keep_last, cfg.keep_best, cfg.best_metric,
+                                                   cfg.best_mode) if rank.is_chief else None)
+        self.saved: list[int] = []
+
+    def due(self, state: LoopState) -> bool:
+        if not self.cfg.enabled:
+            return False
+        return checkpoint.save_due(state.step, self.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
+
+    def after_step(self, state: LoopState) -> None:
+        if not self.due(state):
+            return
+        self._phase(f"saving the checkpoint of step {state.step}")
+        carried = distributed.allreduce_sum(state.partial(), name=f"hvdtrain.ckpt{state.step}.sums")
+        rng = distributed.allgather_object(to_numpy(seed_variables(self.model)), name=f"hvdtrain.ckpt{state.step}.rng")
+        if self.writer is not None:
+            arrays = state_arrays(self.model, self.optimizer)
+            for r, states in enumerate(rng):
+                arrays.update({f"rng/rank{r}/{i:04d}": s for i, s in enumerate(states)})
+            if self.stopper is not None and self.stopper.best_weights is not None:
+                arrays.update({f"best/{i:04d}": w for i, w in enumerate(self.stopper.best_weights)})
+            self.writer.save(state.step, arrays, self.meta(state, carried))
+        self.saved.append(state.step)
+
+    def meta(self, state: LoopState, carried: np.ndarray) -> dict[str, Any]:
+        """The checkpoint's meta.json (pure but for the clock)."""
+        last = state.history[-1] if state.history and state.epoch_end else None
+        metrics = {}
+        if last is not None:
+            metrics = {"train_loss": last.loss, "train_accuracy": last.accuracy}
+            if last.validation is not None:
+                metrics.update(scalar_metrics(last.validation, "validation"))
+        return {"format": FORMAT, "step": state.step, "epoch": state.epoch, "epoch_end": state.epoch_end,
+                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "metrics": metrics, "carried": [float(x) for x in carried],
+                "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
+                "stopped": state.stopped, "run_id": self.run_id,
+                "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
+                **self.layout}
+
+    def close(self) -> None:
+        """Wait for the last publish (rank 0); raises if it failed."""
+        if self.writer is not None:
+            self._phase("publishing the last checkpoint")
+            self.writer.wait()
+
+
+# -- resuming ---------------------------------------------------------------------------
+
+@dataclass
+class Resumed:
+    """A checkpoint to continue from, on every rank (arrays on rank 0 only)."""
+
+    uri: str
+    meta: dict[str, Any]
+    rng: list[list[np.ndarray]]
+    arrays: Optional[dict[str, np.ndarray]] = None
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def run_id(self) -> Optional[str]:
+        return self.meta.get("run_id")
+
+    def start(self, rank: distributed.RankInfo) -> Start:
+        """The loop's starting point; the interrupted epoch's sums ride on rank 0 only."""
+        known = {f.name for f in fields(EpochStats)}
+        history = [EpochStats(**{k: v for k, v in h.items() if k in known}) for h in self.meta.get("history", [])]
+        carried = np.array(self.meta.get("carried", [0.0, 0.0, 0.0]), np.float64) if rank.is_chief else None
+        return Start(self.step, history, carried, float(self.meta.get("carried_seconds", 0.0)),
+                     bool(self.meta.get("stopped", False)))
+
+
+def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any]) -> Optional[Resumed]:
+    """The checkpoint to resume from per ``checkpoint.resume`` (a collective: every rank calls it).
+
+    Raises on every rank (never only on rank 0, which would leave the others
+    waiting) when an explicit checkpoint is invalid or the dataset changed.
+    """
+    found: Optional[Resumed] = None
+    error: Optional[str] = None
+    if rank.is_chief and cfg.enabled and cfg.resume != "never":
+        try:
+            found = _load(cfg)
+            if found is not None:
+                for warning in check_layout(found.meta, now, found.uri):
+                    log.warning(warning)
+        except DataError as exc:
+            error = str(exc)
+    small = distributed.broadcast_object(
+        {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng} if found else {"error": error},
+        name="hvdtrain.resume")
+    if small["error"]:
+        raise DataError(small["error"])
+    if "uri" not in small:
+        return None
+    if not rank.is_chief:
+        found = Resumed(small["uri"], small["meta"], small["rng"])
+    return found
+
+
+def _load(cfg: CheckpointConfig) -> Optional[Resumed]:
+    if cfg.resume == "auto":
+        loaded = checkpoint.restore_latest(cfg.dir)
+        if loaded is None:
+            return None
+        info, arrays, meta = loaded
+    else:
+        uri = cfg.resume
+        info = checkpoint.inspect(uri, uri.rstrip("/").rsplit("/", 1)[-1], -1)
+        if not info.valid:
+            raise DataError(f"checkpoint.resume={uri}: {info.status} ({info.detail}); pick a valid one "
+                            "(`hvdtrain checkpoints verify DIR` lists them), or set checkpoint.resume=auto")
+        arrays, meta = checkpoint.load(info)
+    if meta.get("format") != FORMAT:
+        raise DataError(f"checkpoint {info.uri} has format {meta.get('format')!r}, this hvdtrain reads {FORMAT}; "
+                        "set checkpoint.resume=never or use a new checkpoint.dir")
+    ranks = sorted({k.split("/")[1] for k in arrays if k.startswith("rng/")}, key=lambda r: int(r[4:]))
+    rng = [group(arrays, f"rng/{r}") for r in ranks]
+    log.info("resuming from %s (step %d, epoch %d)", info.uri, meta["step"], meta.get("epoch", 0))
+    return Resumed(info.uri, meta, rng, arrays)
+
+
+def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankInfo,
+          stopper: Optional[EarlyStopper]) -> None:
+    """Put the checkpoint back: rank 0 sets model and optimizer (broadcast them after this); every
+    rank sets its own dropout RNG state and the early-stopping history."""
+    if resumed.arrays is not None:
+        assign(model.weights, group(resumed.arrays, "model"), "model", resumed.uri)
+        assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
+    seeds = seed_variables(model)
+    if rank.rank < len(resumed.rng) and len(resumed.rng[rank.rank]) == len(seeds):
+        for v, value in zip(seeds, resumed.rng[rank.rank]):
+            v.assign(value)
+    else:
+        log.warning("checkpoint %s has no dropout RNG state for rank %d; this rank's dropout masks will differ "
+                    "from an uninterrupted run", resumed.uri, rank.rank)
+    if stopper is not None and resumed.meta.get("early_stopping"):
+        best = group(resumed.arrays, "best") if resumed.arrays is not None else []
+        stopper.restore(resumed.meta["early_stopping"]["values"], best or None)

@@ -1,0 +1,105 @@
+"""What a training checkpoint holds and how it comes back (single process, real Keras model and optimizer)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from hvdtrain import checkpoint, config, distributed, resume
+from hvdtrain.data import InputShape
+from hvdtrain.errors import DataError
+from hvdtrain.loop import EpochStats, LoopState
+
+SHAPE = InputShape(max_length=8, vocab_size=50, num_classes=2, label_feature="label")
+TINY = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dropout": 0.2}
+
+
+def _cfg(tmp_path, **checkpoint_cfg) -> config.JobConfig:
+    return config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"}, "model": TINY,
+                             "checkpoint": {"every_steps": 2, **checkpoint_cfg}}, base_dir=str(tmp_path))
+
+
+def _trained(cfg: config.JobConfig, steps: int = 3):
+    from hvdtrain import train
+
+    model, optimizer = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    step = train.make_train_step(model, optimizer, "label", ["input_ids", "attention_mask"])
+    rng = np.random.default_rng(0)
+    for _ in range(steps):  # dropout draws advance the seed generators, Adam fills its moments
+        batch = {"input_ids": rng.integers(1, 50, (4, 8)), "attention_mask": np.ones((4, 8), np.int64),
+                 "label": rng.integers(0, 2, 4)}
+        step(batch)
+    return model, optimizer
+
+
+def _layout(cfg, digest="d1", world=1):
+    return resume.layout(cfg, world, 5, digest)
+
+
+def test_a_saved_state_comes_back_exactly_in_a_fresh_model(tmp_path) -> None:
+    from hvdtrain import train
+
+    rank = distributed.init(use_horovod=False)
+    cfg = _cfg(tmp_path)
+    model, optimizer = _trained(cfg)
+    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg), run_id="abc")
+    history = [EpochStats(1, 5, 20, 0.7, 0.5, 1.0)]
+    saver.after_step(LoopState(8, 2, False, lambda: np.array([1.5, 3.0, 8.0]), 2.5, history))
+    saver.after_step(LoopState(9, 2, False, lambda: np.zeros(3), 0.0, history))  # not due: no save
+    saver.close()
+    assert saver.saved == [8] and [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [8]
+
+    found = resume.find(cfg.checkpoint, rank, _layout(cfg))
+    assert found is not None and found.step == 8 and found.run_id == "abc"
+    fresh, fresh_opt = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    resume.apply(found, fresh, fresh_opt, rank, None)
+    for a, b in ((model.weights, fresh.weights), (optimizer.variables, fresh_opt.variables),
+                 (resume.seed_variables(model), resume.seed_variables(fresh))):
+        assert len(a) == len(b) > 0
+        for x, y in zip(resume.to_numpy(a), resume.to_numpy(b)):
+            np.testing.assert_array_equal(x, y)
+    start = found.start(rank)
+    assert start.step == 8 and list(start.carried) == [1.5, 3.0, 8.0] and start.carried_seconds == 2.5
+    assert [h.epoch for h in start.history] == [1] and not start.stopped
+
+
+def test_resume_never_and_an_empty_folder_start_fresh(tmp_path) -> None:
+    rank = distributed.init(use_horovod=False)
+    assert resume.find(_cfg(tmp_path).checkpoint, rank, _layout(_cfg(tmp_path))) is None
+    cfg = _cfg(tmp_path, resume="never")
+    os.makedirs(cfg.checkpoint.dir)
+    assert resume.find(cfg.checkpoint, rank, _layout(cfg)) is None
+
+
+def test_a_changed_dataset_is_refused_and_a_changed_layout_warned(tmp_path) -> None:
+    cfg = _cfg(tmp_path)
+    saved = {**_layout(cfg), "step": 12}
+    with pytest.raises(DataError, match="dataset digest d1 but the manifest now has d2"):
+        resume.check_layout(saved, _layout(cfg, digest="d2"), "ckpt-12")
+    assert resume.check_layout(saved, _layout(cfg), "ckpt-12") == []
+    warnings = resume.check_layout(saved, _layout(cfg, world=4), "ckpt-12")
+    assert len(warnings) == 1 and "world_size 1 -> 4" in warnings[0] and "data order" in warnings[0]
+
+
+def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) -> None:
+    from hvdtrain import train
+
+    rank = distributed.init(use_horovod=False)
+    cfg = _cfg(tmp_path, resume=str(tmp_path / "nope" / "ckpt-0000000003"))
+    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable)"):
+        resume.find(cfg.checkpoint, rank, _layout(cfg))
+
+    cfg = _cfg(tmp_path)
+    model, optimizer = _trained(cfg, steps=1)
+    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    saver.after_step(LoopState(2, 1, False, lambda: np.zeros(3), 0.0, []))
+    saver.close()
+    found = resume.find(cfg.checkpoint, rank, _layout(cfg))
+    bigger = config.from_dict({**cfg.to_dict(), "model": {**TINY, "embed_dim": 16}}, base_dir=str(tmp_path))
+    other, other_opt = train.build_state(bigger, SHAPE, 1, total_steps=10)
+    before = resume.to_numpy(other.weights)
+    with pytest.raises(DataError, match="shape .* the model config changed since it was saved"):
+        resume.apply(found, other, other_opt, rank, None)
+    for x, y in zip(before, resume.to_numpy(other.weights)):  # nothing was half-assigned
+        np.testing.assert_array_equal(x, y)
