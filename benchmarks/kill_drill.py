@@ -94,7 +94,7 @@ def make_dataset(drill: Drill) -> None:
     drill.steps_per_epoch = drill.train_records // (drill.batch_size * NP)
 
 
-def write_config(drill: Drill, name: str, tracking: bool = True) -> str:
+def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -> str:
     from hvdtrain import config
 
     cfg = config.from_dict({
@@ -103,7 +103,7 @@ def write_config(drill: Drill, name: str, tracking: bool = True) -> str:
         "train": {"epochs": drill.epochs, "batch_size": drill.batch_size, "learning_rate": 0.003,
                   "shuffle_buffer": 64, "progress": "log", "record_trace": os.path.join(drill.workdir, name, "trace")},
         "checkpoint": {"every_steps": drill.every_steps, "keep_last": 2},
-        "fault": {"peer_timeout": 30, "stall_timeout": 120},
+        "fault": {"peer_timeout": 30, "stall_timeout": 120, **fault},
         "tracking": {"enabled": tracking},
     }, base_dir=drill.workdir)
     path = os.path.join(drill.workdir, f"{name}.yaml")
@@ -177,8 +177,9 @@ def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
 
 
 def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before: int,
-              timeout: float = 300) -> None:
-    """Start the job, SIGKILL ``kill.rank`` once its trace reaches ``kill.target_step``, wait for the job's exit."""
+              timeout: float = 300, sig: int = signal.SIGKILL) -> str:
+    """Start the job, send ``sig`` (SIGKILL; SIGSTOP freezes the rank instead) to ``kill.rank`` once its
+    trace reaches ``kill.target_step``, wait for the job's exit; returns its output."""
     proc = subprocess.Popen(command(config_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     path = trace_path(drill, name, kill.rank)
@@ -190,7 +191,7 @@ def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before
                                    f"{proc.stdout.read()[-4000:]}")
             now = _current_pid(path, runs_before)
             if now is not None and now[1] >= kill.target_step:
-                os.kill(now[0], signal.SIGKILL)
+                os.kill(now[0], sig)
                 killed_at = time.monotonic()
                 break
             if time.monotonic() > deadline:
@@ -205,6 +206,7 @@ def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before
         kill.run_id = found.group(1) if found else None
         runs = segments(path)
         kill.killed_after_batch = max(runs[runs_before][2]) if runs[runs_before][2] else -1
+        return out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import pytest
 
 from hvdtrain import config, fs, manifest
 from hvdtrain.errors import DataError
+from tests.test_tfrecord import read_with_tfrecord_package
 
 pytestmark = pytest.mark.spark
 
@@ -78,6 +79,14 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
         assert (got["attention_mask"].sum(axis=1) > 0).all()
         counts = np.bincount(got["label"], minlength=3)
         assert {m.labels[i]: int(c) for i, c in enumerate(counts) if c} == sp.class_counts()
+        # record for record, the same values through an independent reader (the `tfrecord` package)
+        other = read_with_tfrecord_package([m.shard_uri(s) for s in sp.shards], m.compression,
+                                           {"key": "byte", "label": "int", "input_ids": "int",
+                                            "attention_mask": "int"})
+        assert other["key"] == [k.decode() for k in got["key"]]
+        np.testing.assert_array_equal(np.array(other["label"]).reshape(-1), got["label"])
+        np.testing.assert_array_equal(np.array(other["input_ids"]), got["input_ids"])
+        np.testing.assert_array_equal(np.array(other["attention_mask"]), got["attention_mask"])
         keys = {k.decode() for k in got["key"]}
         assert all(split.split_of(k, cfg.etl.splits) == name for k in keys)  # split is by key hash
         keys_seen |= keys
@@ -265,3 +274,13 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
     assert got["numeric"].shape == (m.split("train").records, 1)
     assert abs(float(np.mean(got["numeric"]))) < 1e-5  # standard-scaled on train (imputed rows add the mean)
     assert set(got["categorical"].ravel().tolist()) <= {0, 1, 2, 3} and 0 in got["categorical"].ravel()
+    for name in m.splits:  # float and int features, record for record, through the independent reader too
+        mine = read_back(m, name)
+        other = read_with_tfrecord_package([m.shard_uri(s) for s in m.split(name).shards], m.compression,
+                                           {"key": "byte", "numeric": "float", "categorical": "int", "label": "int"})
+        assert other["key"] == [k.decode() for k in mine["key"]]
+        np.testing.assert_array_equal(np.array(other["numeric"], np.float32).reshape(mine["numeric"].shape),
+                                      mine["numeric"])
+        np.testing.assert_array_equal(np.array(other["categorical"]).reshape(mine["categorical"].shape),
+                                      mine["categorical"])
+        np.testing.assert_array_equal(np.array(other["label"]).reshape(-1), mine["label"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,3 +73,22 @@ def test_a_stalled_input_pipeline_dumps_stacks_and_exits_naming_what_it_waited_f
     assert "in open_input_stream" in proc.stderr  # every thread's stack: the stuck shard read included
     assert time.monotonic() - start < 120
     assert not list((tmp_path / "checkpoints").rglob("COMMIT"))  # nothing half-done was published
+
+
+@pytest.mark.multiprocess
+def test_a_frozen_rank_makes_the_job_fail_within_the_stall_timeout(tmp_path: Path) -> None:
+    """SIGSTOP (a hung host, not a dead process: the launcher sees nothing): the surviving rank's watchdog
+    ends the job, saying which collective it was waiting in."""
+    import signal
+
+    if not HOROVODRUN.exists():
+        pytest.skip(f"horovodrun not found next to {sys.executable}")
+    drill = kill_drill.Drill(workdir=str(tmp_path), data_dir=str(tmp_path / "data"))
+    kill_drill.make_dataset(drill)
+    path = kill_drill.write_config(drill, "frozen", tracking=False, stall_timeout=15, stall_check_warning=5)
+    kill = kill_drill.Kill(rank=1, target_step=20)
+    out = kill_drill.kill_once(drill, "frozen", path, kill, runs_before=0, sig=signal.SIGSTOP)
+    assert kill.exit_code not in (0, None), out[-3000:]
+    assert kill.seconds_to_exit < 15 + 30, out[-3000:]
+    assert re.search(r"rank 0: no progress for \d+s while (computing and all-reducing step|saving the checkpoint "
+                     r"of step) \d+", out), out[-3000:]

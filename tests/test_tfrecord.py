@@ -1,5 +1,6 @@
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -56,20 +57,29 @@ def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, 
     np.testing.assert_array_equal(np.array(got["input_ids"]), cols["input_ids"][1])
 
 
-def read_with_tfrecord_package(path, compression):
-    """Decode with the independent `tfrecord` package, in its own process: its
-    example_pb2 clashes with TensorFlow's protos in one interpreter."""
+def read_with_tfrecord_package(paths, compression, description=None):
+    """Decode files, in order, with the independent `tfrecord` package, in its own process:
+    its example_pb2 clashes with TensorFlow's protos in one interpreter. Returns
+    {feature: [value per record]} (ints and floats as lists, bytes decoded)."""
+    description = description or {"input_ids": "int", "key": "byte"}
     code = (
         "import json, sys\n"
         "from tfrecord.reader import tfrecord_loader\n"
-        "rows = list(tfrecord_loader(sys.argv[1], None, {'input_ids': 'int', 'key': 'byte'},"
-        " compression_type=sys.argv[2] or None))\n"
-        "print(json.dumps({'input_ids': [r['input_ids'].tolist() for r in rows],"
-        " 'keys': [bytes(r['key']).decode() for r in rows]}))\n"
+        "desc = json.loads(sys.argv[2])\n"
+        "out = {k: [] for k in desc}\n"
+        "for path in sys.argv[3:]:\n"
+        "    for r in tfrecord_loader(path, None, desc, compression_type=sys.argv[1] or None):\n"
+        "        for k, kind in desc.items():\n"
+        "            out[k].append(bytes(r[k]).decode() if kind == 'byte' else r[k].tolist())\n"
+        "print(json.dumps(out))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path), "gzip" if compression == "gzip" else ""],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out = subprocess.run([sys.executable, "-c", code, "gzip" if compression == "gzip" else "",
+                          json.dumps(description), *map(str, paths)], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    if "key" in got:
+        got["keys"] = got["key"]
+    return got
 
 
 def test_iter_records_checks_crcs_and_names_the_file():
