@@ -64,8 +64,9 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         batch = 256
         steps = records // batch
 
-        def pipeline() -> None:
-            ds = data.train_dataset(m, rank=0, size=1, batch_size=batch, shuffle_buffer=10_000, seed=1)
+        def pipeline() -> None:  # what training reads: the model's inputs and the label
+            ds = data.train_dataset(m, rank=0, size=1, batch_size=batch, shuffle_buffer=10_000, seed=1,
+                                    features=[*data.MODEL_INPUTS["transformer"], m.label_feature])
             for _ in ds.take(steps):
                 pass
 

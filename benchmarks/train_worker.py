@@ -2,6 +2,9 @@
 
     [horovodrun -np N ... ] python -m benchmarks.train_worker DATASET MODE STEPS [--threads 1]
 
+--threads T limits TensorFlow's intra-op and inter-op pools and the input
+pipeline's private pool to T threads.
+
 MODE hvd:   hvdtrain's own step (GradientTape + Horovod grouped all-reduce),
             under horovodrun or as a plain process (single-process fallback).
 MODE keras: a plain Keras ``model.fit`` on the same model and data, no Horovod.
@@ -44,6 +47,11 @@ def main() -> None:
     model, optimizer = train.build_state(cfg, shape, rank.size)
     ds = data.train_dataset(m, rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024, seed=1,
                             features=[*data.MODEL_INPUTS["transformer"], "label"])
+    if args.threads:  # the input pipeline gets the same budget as the model: no idle core to borrow
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = args.threads
+        options.threading.max_intra_op_parallelism = 1
+        ds = ds.with_options(options)
     if args.mode == "hvd":
         distributed.broadcast_state(model, optimizer)
         step = train.make_train_step(model, optimizer, "label")

@@ -133,5 +133,5 @@ class RecordEncoder:
 
     def write(self, writer: tfrecord.TFRecordWriter, batch: list) -> None:
         cols = self.columns(batch)
-        writer.write_many(tfrecord.encode_examples(cols))
+        writer.write_columns(cols)
         writer.count_labels(cols["label"][1])

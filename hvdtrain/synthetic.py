@@ -21,7 +21,7 @@ import numpy as np
 
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.manifest import FeatureSpec, Manifest, Shard, Split
-from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter, encode_examples
+from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter
 
 SPECIAL = 5  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK], as etl/text.py lays them out
 SPLITS = ("train", "validation", "test")
@@ -52,11 +52,10 @@ _KINDS = {"input_ids": INT64, "attention_mask": INT64, "numeric": FLOAT, "catego
 
 
 def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], compression: str) -> Shard:
-    records = encode_examples({name: (_KINDS[name], values) for name, values in rows.items()})
     os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
     with open(os.path.join(root, rel), "wb") as fh:
         writer = TFRecordWriter(fh, compression=compression)
-        writer.write_many(records)
+        writer.write_columns({name: (_KINDS[name], values) for name, values in rows.items()})
         writer.count_labels(rows["label"])
         stats = writer.finish()
     counts = {labels[k]: v for k, v in stats.class_counts.items()}

@@ -52,67 +52,178 @@ def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     v = values.astype(np.int64, copy=False).view(np.uint64).reshape(values.shape[0], -1)
     flat = v.ravel()
-    nbytes = np.ones(flat.shape, dtype=np.int64)
-    for k in range(1, 10):
-        nbytes += flat >= np.uint64(1 << (7 * k))
-    width = int(nbytes.max()) if flat.size else 1
-    shifts = (np.arange(width, dtype=np.uint64) * np.uint64(7))[None, :]
-    groups = ((flat[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    pos = np.arange(width)[None, :]
-    groups |= np.where(pos < (nbytes[:, None] - 1), 0x80, 0).astype(np.uint8)
-    data = groups[pos < nbytes[:, None]]
-    return data, nbytes.reshape(v.shape).sum(axis=1)
+    if flat.size == 0:
+        return np.empty(0, np.uint8), np.zeros(v.shape[0], np.int64)
+    top = int(flat.max())
+    if top < 0x80:  # one byte each (masks, labels, small ids)
+        return flat.astype(np.uint8), np.full(v.shape[0], v.shape[1], np.int64)
+    width = (top.bit_length() + 6) // 7
+    f = flat.astype(np.uint32) if top < (1 << 32) else flat
+    nbytes = np.ones(flat.shape, np.uint8)
+    for k in range(1, width):
+        nbytes += f >= (1 << (7 * k))
+    groups = np.empty((flat.size, width), np.uint8)
+    for k in range(width):
+        groups[:, k] = (f >> (7 * k)) & 0x7F
+        if k < width - 1:
+            groups[:, k] |= (nbytes > k + 1).view(np.uint8) << 7
+    data = groups[np.arange(width, dtype=np.uint8)[None, :] < nbytes[:, None]]
+    return data, nbytes.reshape(v.shape).sum(axis=1, dtype=np.int64)
 
 
 def _len_delimited(field_number: int, payload: bytes) -> bytes:
     return _varint((field_number << 3) | 2) + _varint(len(payload)) + payload
 
 
-def _feature_payloads(kind: str, values: np.ndarray | Sequence) -> list[bytes]:
+# -- batches of byte strings, vectorized ---------------------------------------------
+#
+# A batch of n byte strings is held as one uint8 array and the length of each
+# string (a "ragged" batch). Protobuf messages of a batch are built with whole-
+# array operations: per-row Python work is limited to one CRC call per record.
+
+@dataclass
+class Ragged:
+    """n byte strings: their concatenated bytes and each one's length."""
+
+    data: np.ndarray  # uint8
+    lengths: np.ndarray  # int64, one per row
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def to_list(self) -> list[bytes]:
+        blob = self.data.tobytes()
+        ends = np.cumsum(self.lengths).tolist()
+        return [blob[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _const(value: bytes, n: int) -> Ragged:
+    return Ragged(np.tile(np.frombuffer(value, np.uint8), n), np.full(n, len(value), np.int64))
+
+
+def _concat(parts: Sequence[Ragged]) -> Ragged:
+    """Row by row: row i of the result is row i of every part, in order."""
+    lens = np.stack([p.lengths for p in parts], axis=1)
+    row_total = lens.sum(axis=1)
+    row_start = np.cumsum(row_total) - row_total
+    within = np.cumsum(lens, axis=1) - lens
+    out = np.empty(int(row_total.sum()), np.uint8)
+    for j, part in enumerate(parts):
+        if part.data.size == 0:
+            continue
+        src_start = np.cumsum(part.lengths) - part.lengths
+        shift = np.repeat(row_start + within[:, j] - src_start, part.lengths)
+        out[np.arange(part.data.size) + shift] = part.data
+    return Ragged(out, row_total)
+
+
+@dataclass
+class _Message:
+    """A batch of messages not yet assembled: pieces laid end to end per row, and each row's total length.
+
+    Wrapping a message in a field only prepends two small pieces (tag, varint
+    length), so nested messages are built without copying their payloads; the
+    bytes are copied once, by :func:`_concat`.
+    """
+
+    pieces: list[Ragged]
+    lengths: np.ndarray
+
+
+def _raw(ragged: Ragged) -> _Message:
+    return _Message([ragged], ragged.lengths)
+
+
+def _join(messages: Sequence[_Message]) -> _Message:
+    return _Message([p for m in messages for p in m.pieces], sum(m.lengths for m in messages))
+
+
+def _delimited(field_number: int, inner: _Message) -> _Message:
+    """Each row wrapped as a length-delimited protobuf field (tag, varint length, bytes)."""
+    sizes, size_lengths = _varints(inner.lengths.reshape(-1, 1))
+    return _Message([_const(bytes([(field_number << 3) | 2]), len(inner.lengths)), Ragged(sizes, size_lengths),
+                     *inner.pieces], inner.lengths + size_lengths + 1)
+
+
+def _feature(kind: str, values: np.ndarray | Sequence) -> _Message:
     """Serialized ``Feature`` messages, one per row."""
     if kind == INT64:
         arr = np.asarray(values)
-        arr = arr.reshape(arr.shape[0], -1)
-        data, lengths = _varints(arr)
-        data = data.tobytes()
-        out, start = [], 0
-        for n in lengths.tolist():
-            packed = data[start:start + n]
-            start += n
-            out.append(_len_delimited(3, _len_delimited(1, packed)))
-        return out
+        data, lengths = _varints(arr.reshape(arr.shape[0], -1))
+        return _delimited(3, _delimited(1, _raw(Ragged(data, lengths))))
     if kind == FLOAT:
-        arr = np.asarray(values, dtype="<f4")
-        arr = arr.reshape(arr.shape[0], -1)
-        return [_len_delimited(2, _len_delimited(1, row.tobytes())) for row in arr]
+        arr = np.ascontiguousarray(np.asarray(values, dtype="<f4").reshape(len(values), -1))
+        packed = Ragged(arr.view(np.uint8).reshape(-1), np.full(arr.shape[0], arr.shape[1] * 4, np.int64))
+        return _delimited(2, _delimited(1, _raw(packed)))
     if kind == BYTES:
-        out = []
-        for row in values:
-            items = [row] if isinstance(row, (bytes, str)) else list(row)
-            body = b"".join(_len_delimited(1, x.encode() if isinstance(x, str) else bytes(x)) for x in items)
-            out.append(_len_delimited(1, body))
-        return out
+        rows = [[row] if isinstance(row, (bytes, str)) else list(row) for row in values]
+        items = [x.encode() if isinstance(x, str) else bytes(x) for row in rows for x in row]
+        item_lengths = np.fromiter((len(x) for x in items), np.int64, len(items))
+        entries = _concat(_delimited(1, _raw(Ragged(np.frombuffer(b"".join(items), np.uint8), item_lengths))).pieces)
+        owner = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+        per_row = np.bincount(owner, weights=entries.lengths, minlength=len(rows)).astype(np.int64)
+        return _delimited(1, _raw(Ragged(entries.data, per_row)))
     raise ValueError(f"unknown feature kind {kind!r}; use int64, float32 or bytes")
 
 
-def encode_examples(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> list[bytes]:
-    """Serialize rows as ``tf.train.Example`` protos.
+def _examples(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> _Message:
+    entries = []
+    for name in sorted(columns):  # map entries in key order, as protobuf's deterministic serialization writes them
+        kind, values = columns[name]
+        feature = _feature(kind, values)
+        key = _raw(_const(_len_delimited(1, name.encode()), len(feature.lengths)))
+        entries.append(_delimited(1, _join([key, _delimited(2, feature)])))
+    return _delimited(1, _join(entries))
+
+
+def encode_batch(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> Ragged:
+    """Serialize rows as ``tf.train.Example`` protos, as one ragged batch.
 
     Args:
         columns: feature name -> (kind, values), where values has one entry per
             row (a scalar or a fixed-length vector).
     """
-    per_feature = []
-    for name, (kind, values) in columns.items():
-        key = _len_delimited(1, name.encode())
-        per_feature.append([_len_delimited(1, key + _len_delimited(2, f)) for f in _feature_payloads(kind, values)])
-    rows = zip(*per_feature)
-    return [_len_delimited(1, b"".join(entries)) for entries in rows]
+    return _concat(_examples(columns).pieces)
+
+
+def encode_examples(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> list[bytes]:
+    """Serialize rows as ``tf.train.Example`` protos, one ``bytes`` per row (see :func:`encode_batch`)."""
+    return encode_batch(columns).to_list()
+
+
+def encode_framed(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> tuple[bytes, int]:
+    """Rows as framed TFRecords ready to append to a file, and how many (one copy of the bytes)."""
+    message = _examples(columns)
+    return _frame(message), len(message.lengths)
 
 
 def frame(record: bytes) -> bytes:
     header = struct.pack("<Q", len(record))
     return header + struct.pack("<I", masked_crc(header)) + record + struct.pack("<I", masked_crc(record))
+
+
+def frame_batch(records: Ragged) -> bytes:
+    """Every record framed (length, its masked CRC, data, the data's masked CRC), concatenated."""
+    return _frame(_raw(records))
+
+
+def _frame(message: _Message) -> bytes:
+    """Assemble records with room for their frames, then fill in lengths and CRCs."""
+    n = len(message.lengths)
+    if n == 0:
+        return b""
+    framed = _concat([_const(bytes(12), n), *message.pieces, _const(bytes(4), n)])
+    buf, lengths = framed.data, message.lengths
+    starts = np.cumsum(framed.lengths) - framed.lengths
+    buf[starts[:, None] + np.arange(8)] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
+    length_crcs = {x: masked_crc(struct.pack("<Q", x)) for x in np.unique(lengths).tolist()}
+    crcs = np.array([length_crcs[x] for x in lengths.tolist()], "<u4")
+    buf[starts[:, None] + 8 + np.arange(4)] = crcs.view(np.uint8).reshape(n, 4)
+    blob = buf.tobytes()
+    crcs = np.array([masked_crc(blob[a:a + length]) for a, length in zip((starts + 12).tolist(), lengths.tolist())],
+                    "<u4")
+    buf[(starts + 12 + lengths)[:, None] + np.arange(4)] = crcs.view(np.uint8).reshape(n, 4)
+    return buf.tobytes()
 
 
 @dataclass
@@ -147,10 +258,18 @@ class TFRecordWriter:
             self._sha.update(data)
             self.stats.bytes += len(data)
 
-    def write_many(self, records: Sequence[bytes]) -> None:
-        blob = b"".join(frame(r) for r in records)
+    def write_many(self, records: Sequence[bytes] | Ragged) -> None:
+        """Append records: a list of serialized records, or a batch from :func:`encode_batch`."""
+        blob = frame_batch(records) if isinstance(records, Ragged) else b"".join(frame(r) for r in records)
+        self._write_framed(blob, len(records))
+
+    def write_columns(self, columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> None:
+        """Append rows given as columns (see :func:`encode_batch`), encoded and framed in one pass."""
+        self._write_framed(*encode_framed(columns))
+
+    def _write_framed(self, blob: bytes, count: int) -> None:
         self._put(self._zip.compress(blob) if self._zip else blob)
-        self.stats.records += len(records)
+        self.stats.records += count
 
     def count_labels(self, labels: np.ndarray) -> None:
         ids, counts = np.unique(np.asarray(labels), return_counts=True)

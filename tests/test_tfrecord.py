@@ -37,6 +37,26 @@ def test_encoding_matches_tensorflow_parse_example():
     assert [k.decode() for k in parsed["key"].numpy()] == [f"k{i}" for i in range(50)]
 
 
+def test_encoding_is_byte_identical_to_protobuf_and_framing_to_the_record_at_a_time_path():
+    example_pb2 = pytest.importorskip("tensorflow.core.example.example_pb2")
+    cols, recs = records()
+    for i in (0, 1, 7):  # negatives, 2**62 and ordinary rows: what protobuf itself writes, byte for byte
+        ex = example_pb2.Example()
+        ex.features.feature["input_ids"].int64_list.value.extend(cols["input_ids"][1][i].tolist())
+        ex.features.feature["label"].int64_list.value.append(int(cols["label"][1][i]))
+        ex.features.feature["weight"].float_list.value.extend(cols["weight"][1][i].tolist())
+        ex.features.feature["key"].bytes_list.value.append(cols["key"][1][i])
+        assert example_pb2.Example.FromString(recs[i]) == ex
+        assert recs[i] == ex.SerializeToString(deterministic=True)
+    framed, count = tfrecord.encode_framed(cols)  # the batch path the ETL uses
+    assert count == 50 and framed == b"".join(tfrecord.frame(r) for r in recs)
+    assert list(tfrecord.iter_records(io.BytesIO(framed))) == recs
+    values = np.array([[0, 1, 127, 128, 300, 16383, 16384, 2 ** 31 - 1, 2 ** 32, 2 ** 40, -1, -2 ** 63]], np.int64)
+    data, lengths = tfrecord._varints(values)
+    expected = b"".join(tfrecord._varint(int(x) & (2 ** 64 - 1)) for x in values[0])
+    assert data.tobytes() == expected and lengths.tolist() == [len(expected)]
+
+
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, compression):
     tf = pytest.importorskip("tensorflow")
@@ -45,7 +65,7 @@ def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, 
     with open(path, "wb") as fh:
         w = tfrecord.TFRecordWriter(fh, compression)
         w.write_many(recs[:20])
-        w.write_many(recs[20:])
+        w.write_columns({name: (kind, values[20:]) for name, (kind, values) in cols.items()})
         w.count_labels(cols["label"][1])
         stats = w.finish()
     assert stats.records == 50 and stats.bytes == path.stat().st_size
