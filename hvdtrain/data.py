@@ -27,7 +27,7 @@ Training reads an endless stream per rank. Rules:
   Within the ratio, a lighter rank's records come round more often (at most
   ``MAX_LOAD_RATIO`` times as often as the heaviest rank's).
 
-Pipeline: files interleaved (parallel, deterministic order) -> shuffle buffer
+Pipeline: files interleaved (sequential, deterministic order) -> shuffle buffer
 -> batch -> one vectorized ``tf.io.parse_example`` per batch, with a spec built
 from the manifest's features only -> prefetch.
 
@@ -398,8 +398,9 @@ def _records(manifest: Manifest, source: FileSource, cycle_length: int,
             lambda p: tf.py_function(lambda q: source.release(q.numpy().decode()) or q, [p], tf.string))
         return records.concatenate(done.filter(lambda _: False))
 
-    return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1,
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Sequential interleave: every file read here is on local disk (in place or staged), and a parallel
+    # interleave's per-record hand-off between threads costs more than the reads (2x slower on 2 cores).
+    return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1)
 
 
 def _batched(records: "tf.data.Dataset", spec: dict[str, Any], batch_size: int,
