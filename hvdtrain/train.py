@@ -24,6 +24,13 @@ hvdtrain.train CONFIG [key=value ...]`` and by the YARN launcher. Each rank:
    histograms, summed over ranks);
 5. checks that every rank ends with the same weights (digests gathered to rank 0).
 
+Checkpoints and resume (:mod:`hvdtrain.resume`): every ``checkpoint.every_steps``
+steps and at each epoch end the ranks save together (rank 0 writes, in the
+background); with ``checkpoint.resume: auto`` a restarted job continues from the
+newest valid checkpoint, mid-epoch included, on the same data order and in the
+same MLflow run. A watchdog (:mod:`hvdtrain.watchdog`) ends a rank that makes no
+progress for ``fault.stall_timeout`` seconds, naming what it waited for.
+
 Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 ``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
 ``model.keras``, ``saved_model/`` (``model.export``, for serving),
