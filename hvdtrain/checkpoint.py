@@ -119,29 +119,27 @@ def pack(arrays: dict[str, np.ndarray]) -> bytes:
     return b"".join(pack_parts(arrays))
 
 
-def unpack(blob: bytes) -> dict[str, np.ndarray]:
+def unpack(blob: Any) -> dict[str, np.ndarray]:
     """The arrays of :func:`pack`, as read-only views of ``blob`` (no copy)."""
-    if not blob.startswith(_MAGIC):
+    view = memoryview(blob)
+    if bytes(view[:len(_MAGIC)]) != _MAGIC:
         raise DataError("not an hvdtrain checkpoint state file (bad magic)")
-    n = int.from_bytes(blob[len(_MAGIC):len(_MAGIC) + 8], "little")
+    n = int.from_bytes(view[len(_MAGIC):len(_MAGIC) + 8], "little")
     start = len(_MAGIC) + 8 + n
     out = {}
-    for item in json.loads(blob[len(_MAGIC) + 8:start]):
+    for item in json.loads(bytes(view[len(_MAGIC) + 8:start])):
         dtype = np.dtype(item["dtype"])
         count = int(np.prod(item["shape"])) if item["shape"] else 1
         out[item["name"]] = np.frombuffer(blob, dtype, count, start + item["offset"]).reshape(tuple(item["shape"]))
     return out
 
 
-def checksum(blob: bytes | list[memoryview]) -> str:
-    parts = [blob] if isinstance(blob, (bytes, bytearray, memoryview)) else blob
-    crc, chunk = 0, 4 << 20
+def checksum(blob: Any) -> str:
+    """CRC32C of bytes, a buffer (``fs.read_buffer``), a memoryview, or a list of them in order; never copies."""
+    parts = blob if isinstance(blob, list) else [blob]
+    crc = 0
     for part in parts:
-        if isinstance(part, memoryview):  # the C extension takes bytes only: feed cache-sized copies
-            for i in range(0, len(part), chunk):
-                crc = google_crc32c.extend(crc, bytes(part[i:i + chunk]))
-        else:
-            crc = google_crc32c.extend(crc, bytes(part))
+        crc = google_crc32c.extend(crc, part if isinstance(part, bytes) else fs.readonly_buffer(part))
     return f"crc32c:{crc:08x}"
 
 
@@ -172,7 +170,7 @@ def inspect(uri: str, name: str, step: int, verify: bool = True) -> CheckpointIn
         info.bytes = sum(fs.size(fs.join(uri, f)) for f in DATA_FILES)
         if verify:
             for f in DATA_FILES:
-                if checksum(fs.read_bytes(fs.join(uri, f))) != sums.get(f):
+                if checksum(fs.read_buffer(fs.join(uri, f))) != sums.get(f):
                     info.status, info.detail = "corrupt", f"{f} does not match its checksum"
                     return info
     except (OSError, ValueError, KeyError, DataError) as exc:
@@ -196,10 +194,10 @@ def load(info: CheckpointInfo) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     sums = json.loads(fs.read_bytes(fs.join(info.uri, CHECKSUMS)))
     blobs = {}
     for name in DATA_FILES:
-        blobs[name] = fs.read_bytes(fs.join(info.uri, name))
+        blobs[name] = fs.read_buffer(fs.join(info.uri, name))
         if checksum(blobs[name]) != sums.get(name):
             raise DataError(f"checkpoint {info.uri}: {name} does not match its checksum")
-    return unpack(blobs[STATE]), json.loads(blobs[META])
+    return unpack(blobs[STATE]), json.loads(blobs[META].to_pybytes())
 
 
 def restore_latest(root: str) -> Optional[tuple[CheckpointInfo, dict[str, np.ndarray], dict[str, Any]]]:

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -48,6 +48,8 @@ class RetryPolicy:
 
 
 TRANSIENT = (ConnectionError, TimeoutError)
+# Java exceptions a NameNode sends when the same call may succeed later (failover, safe mode).
+REMOTE_TRANSIENT = ("RetriableException", "StandbyException", "SafeModeException")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -55,6 +57,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(exc, TRANSIENT):
+        return True
+    if getattr(exc, "exception", None) in REMOTE_TRANSIENT:  # a WebHDFS RemoteException (hdfs.HdfsError)
         return True
     text = str(exc).lower()
     return any(s in text for s in ("connection reset", "connection refused", "timed out", "temporarily",
@@ -192,10 +196,33 @@ def read_bytes(uri: str) -> bytes:
     fs, path = resolve(uri)
 
     def read() -> bytes:
-        with fs.open_input_stream(path) as fh:
+        with fs.open_input_file(path) as fh:  # size known up front: one read, no growing buffer
             return fh.read()
 
     return with_retries(read, f"read {uri}")
+
+
+def read_buffer(uri: str) -> pa.Buffer:
+    """The whole file as one pyarrow Buffer, read once and never copied into Python bytes.
+
+    NumPy views (``np.frombuffer``) and the checksum read it in place; it is
+    what loads a large checkpoint at the disk's speed.
+    """
+    fs, path = resolve(uri)
+
+    def read() -> pa.Buffer:
+        with fs.open_input_file(path) as fh:
+            return fh.read_buffer()
+
+    return with_retries(read, f"read {uri}")
+
+
+def readonly_buffer(data: Any) -> pa.Buffer:
+    """A read-only buffer over ``data``'s memory (a memoryview, a NumPy array), without copying it.
+
+    C extensions that insist on read-only bytes-like input (google_crc32c) take it.
+    """
+    return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
 
 
 def open_output(uri: str):

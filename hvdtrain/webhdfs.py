@@ -87,17 +87,50 @@ class WebHdfsHandler(pafs.FileSystemHandler):
             self.client.write(dest, reader, overwrite=True)
 
     def open_input_stream(self, path: str) -> pa.PythonFile:
-        with self.client.read(path) as reader:
-            return pa.PythonFile(io.BytesIO(reader.read()), mode="r")
+        """Streams the file (DataNode response read as it comes): staging a shard holds one chunk in memory."""
+        return pa.PythonFile(_Download(self.client, path), mode="r")
 
     def open_input_file(self, path: str) -> pa.PythonFile:
-        return self.open_input_stream(path)
+        """Random access needs the whole file: it is read into memory."""
+        with _Download(self.client, path) as reader:
+            return pa.PythonFile(io.BytesIO(reader.read()), mode="r")
 
     def open_output_stream(self, path: str, metadata: Optional[dict] = None) -> pa.PythonFile:
         return pa.PythonFile(_Upload(self.client, path), mode="w")
 
     def open_append_stream(self, path: str, metadata: Optional[dict] = None) -> pa.PythonFile:
         raise pa.ArrowNotImplementedError("append is not supported over WebHDFS")
+
+
+class _Download(io.RawIOBase):
+    """A readable stream over ``client.read``'s response; closing it closes the connection.
+
+    A missing file fails here, at open, as the built-in FileNotFoundError naming the path.
+    """
+
+    def __init__(self, client, path: str):
+        from hdfs.util import HdfsError
+
+        self._context = client.read(path)
+        try:
+            self._raw = self._context.__enter__()
+        except HdfsError as exc:
+            if getattr(exc, "exception", None) == "FileNotFoundException":
+                raise FileNotFoundError(f"{path}: {exc}") from exc
+            raise
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._raw.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._context.__exit__(None, None, None)
+        super().close()
 
 
 class _Upload(io.RawIOBase):

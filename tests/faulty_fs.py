@@ -76,6 +76,9 @@ class FaultyHandler(pafs.FileSystemHandler):
         return self.local.open_input_stream(path)
 
     def open_input_file(self, path):
+        self._call("read", path)
+        if any(h in path for h in self.hang):
+            threading.Event().wait()
         return self.local.open_input_file(path)
 
     def open_output_stream(self, path, metadata=None):
