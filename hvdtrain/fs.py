@@ -266,13 +266,15 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
 
 
 def _pump(src, dst, chunk: int) -> int:
+    """Copy ``src`` to ``dst`` through one reused buffer (no allocation, no page faults per chunk)."""
+    view = memoryview(bytearray(chunk))
     n = 0
     while True:
-        block = src.read(chunk)
-        if not block:
+        got = src.readinto(view)
+        if not got:
             return n
-        dst.write(block)
-        n += len(block)
+        dst.write(view[:got])
+        n += got
 
 
 def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
