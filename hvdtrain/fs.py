@@ -231,12 +231,12 @@ def open_output(uri: str):
     parent = posixpath.dirname(path)
     if parent:
         with_retries(lambda: fs.create_dir(parent, recursive=True), f"mkdir {parent}")
-    return with_retries(lambda: fs.open_output_stream(path), f"open {uri} for writing")
+    return with_retries(lambda: fs.open_output_stream(path, compression=None), f"open {uri} for writing")
 
 
 def open_input(uri: str):
     fs, path = resolve(uri)
-    return with_retries(lambda: fs.open_input_stream(path), f"open {uri}")
+    return with_retries(lambda: fs.open_input_stream(path, compression=None), f"open {uri}")
 
 
 def write_bytes_atomic(uri: str, data: bytes) -> None:
@@ -283,7 +283,7 @@ def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
 
     def copy() -> int:
         tmp = f"{local}.part"
-        with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
+        with fs.open_input_stream(path, compression=None) as src, open(tmp, "wb") as dst:
             n = _pump(src, dst, chunk)
         os.replace(tmp, local)
         return n
