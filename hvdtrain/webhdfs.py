@@ -6,6 +6,7 @@ set ``HVDTRAIN_WEBHDFS_KERBEROS=1``.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import posixpath
@@ -13,6 +14,25 @@ from typing import Optional
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+
+_ERRORS = {"FileNotFoundException": FileNotFoundError, "AccessControlException": PermissionError}
+
+
+def _builtin_errors(method):
+    """NameNode RemoteExceptions as the built-in errors pyarrow and hvdtrain.fs classify (never retried)."""
+    @functools.wraps(method)
+    def call(self, path, *args, **kwargs):
+        from hdfs.util import HdfsError
+
+        try:
+            return method(self, path, *args, **kwargs)
+        except HdfsError as exc:
+            kind = _ERRORS.get(getattr(exc, "exception", None))
+            if kind is None:
+                raise
+            raise kind(f"{getattr(path, 'base_dir', path)}: {exc}") from exc
+    return call
 
 
 class WebHdfsHandler(pafs.FileSystemHandler):
@@ -49,9 +69,11 @@ class WebHdfsHandler(pafs.FileSystemHandler):
             return pafs.FileInfo(path, pafs.FileType.Directory)
         return pafs.FileInfo(path, pafs.FileType.File, size=status["length"])
 
+    @_builtin_errors
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
         return [self._info(p) for p in paths]
 
+    @_builtin_errors
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         out = []
         for root, dirs, files in self.client.walk(selector.base_dir, depth=0 if selector.recursive else 1):
@@ -63,12 +85,15 @@ class WebHdfsHandler(pafs.FileSystemHandler):
                 break
         return out
 
+    @_builtin_errors
     def create_dir(self, path: str, recursive: bool) -> None:
         self.client.makedirs(path)
 
+    @_builtin_errors
     def delete_dir(self, path: str) -> None:
         self.client.delete(path, recursive=True)
 
+    @_builtin_errors
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         for name in self.client.list(path):
             self.client.delete(posixpath.join(path, name), recursive=True)
@@ -76,25 +101,31 @@ class WebHdfsHandler(pafs.FileSystemHandler):
     def delete_root_dir_contents(self) -> None:
         raise pa.ArrowNotImplementedError("refusing to delete the root of a WebHDFS filesystem")
 
+    @_builtin_errors
     def delete_file(self, path: str) -> None:
         self.client.delete(path)
 
+    @_builtin_errors
     def move(self, src: str, dest: str) -> None:
         self.client.rename(src, dest)
 
+    @_builtin_errors
     def copy_file(self, src: str, dest: str) -> None:
         with self.client.read(src) as reader:
             self.client.write(dest, reader, overwrite=True)
 
+    @_builtin_errors
     def open_input_stream(self, path: str) -> pa.PythonFile:
         """Streams the file (DataNode response read as it comes): staging a shard holds one chunk in memory."""
         return pa.PythonFile(_Download(self.client, path), mode="r")
 
+    @_builtin_errors
     def open_input_file(self, path: str) -> pa.PythonFile:
         """Random access needs the whole file: it is read into memory."""
         with _Download(self.client, path) as reader:
             return pa.PythonFile(io.BytesIO(reader.read()), mode="r")
 
+    @_builtin_errors
     def open_output_stream(self, path: str, metadata: Optional[dict] = None) -> pa.PythonFile:
         return pa.PythonFile(_Upload(self.client, path), mode="w")
 
@@ -105,19 +136,12 @@ class WebHdfsHandler(pafs.FileSystemHandler):
 class _Download(io.RawIOBase):
     """A readable stream over ``client.read``'s response; closing it closes the connection.
 
-    A missing file fails here, at open, as the built-in FileNotFoundError naming the path.
+    A missing file fails at open (the handler turns it into FileNotFoundError naming the path).
     """
 
     def __init__(self, client, path: str):
-        from hdfs.util import HdfsError
-
         self._context = client.read(path)
-        try:
-            self._raw = self._context.__enter__()
-        except HdfsError as exc:
-            if getattr(exc, "exception", None) == "FileNotFoundException":
-                raise FileNotFoundError(f"{path}: {exc}") from exc
-            raise
+        self._raw = self._context.__enter__()  # a missing or denied file fails here, at open
 
     def readable(self) -> bool:
         return True
@@ -150,7 +174,9 @@ class _Upload(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._spool.seek(0)
-            self._client.write(self._path, self._spool, overwrite=True)
-            self._spool.close()
-        super().close()
+            try:
+                self._spool.seek(0)
+                _builtin_errors(lambda _, path: self._client.write(path, self._spool, overwrite=True))(None, self._path)
+            finally:
+                self._spool.close()
+                super().close()

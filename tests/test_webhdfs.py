@@ -59,6 +59,21 @@ def test_missing_file_is_file_not_found_naming_the_path(server):
     assert server.ops().count("OPEN") == 1  # not retried: a missing file is not transient
 
 
+def test_a_denied_path_is_a_permission_error_naming_it_and_not_retried(server):
+    uri = server.uri("/secure/part-00000.tfrecord")
+    fs.write_bytes_atomic(uri, b"payload")
+    server.deny("/secure")
+    before = len(server.ops())
+    with pytest.raises(PermissionError, match=r"/secure/part-00000.tfrecord: .*Permission denied.*access=READ"):
+        fs.read_bytes(uri)
+    with pytest.raises(PermissionError, match=r"/secure.*Permission denied.*access=WRITE"):
+        with fs.open_output(server.uri("/secure/out.bin")) as fh:
+            fh.write(b"x")
+    with pytest.raises(PermissionError):
+        fs.listdir(server.uri("/secure"))
+    assert len(server.ops()) - before <= 4  # each failed once: a denied path is not transient
+
+
 def test_namenode_safe_mode_is_retried_then_reported_with_path_and_last_error(server, caplog):
     uri = server.uri("/data/x.bin")
     fs.write_bytes_atomic(uri, b"payload")
@@ -91,8 +106,10 @@ def test_checkpoints_publish_verify_and_restore(server):
     assert [i.status for i in ck.scan(root)] == ["corrupt"] and ck.restore_latest(root) is None
 
 
-def test_training_stream_staged_from_webhdfs_equals_the_local_one(server, tmp_path):
-    m = make_text_dataset(os.path.join(server.root, "data", "ds"), n_per_split=48, shards_per_split=4, max_length=6)
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_training_stream_staged_from_webhdfs_equals_the_local_one(server, tmp_path, compression):
+    m = make_text_dataset(os.path.join(server.root, "data", "ds"), n_per_split=48, shards_per_split=4, max_length=6,
+                          compression=compression)
     remote = dataclasses.replace(m, location=server.uri("/data/ds/manifest.json"))
     stage = tmp_path / "stage"
     stage.mkdir()
@@ -103,6 +120,10 @@ def test_training_stream_staged_from_webhdfs_equals_the_local_one(server, tmp_pa
     want = [b["key"].numpy().tolist() for b in local.take(12)]
     assert got == want
     assert server.ops().count("dn:OPEN") >= 4
+    staged_copy = tmp_path / "copy"
+    first = m.shard_uri(m.split("train").shards[0])
+    fs.copy_to_local(remote.shard_uri(m.split("train").shards[0]), str(staged_copy))
+    assert staged_copy.read_bytes() == open(first, "rb").read()  # .tfrecord.gz staged as stored, not decompressed
 
 
 @pytest.mark.spark

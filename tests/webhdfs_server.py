@@ -27,6 +27,7 @@ class WebHdfsServer:
         self.root = root
         self.requests: list[tuple[str, str, str]] = []  # (method, op, path)
         self._failures = 0
+        self.denied: list[str] = []  # path prefixes answered with AccessControlException (see deny())
         self._lock = threading.Lock()
         server = self
 
@@ -46,6 +47,10 @@ class WebHdfsServer:
     def fail_next(self, n: int) -> None:
         with self._lock:
             self._failures = n
+
+    def deny(self, prefix: str) -> None:
+        """Answer every request under ``prefix`` as HDFS does when permissions forbid it."""
+        self.denied.append(prefix)
 
     def take_failure(self) -> bool:
         with self._lock:
@@ -136,6 +141,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method in ("PUT", "POST") else b""
         if self.owner.take_failure():
             return self._error(503, "ipc.RetriableException", "Name node is in safe mode.")
+        if any(path.startswith(p) for p in self.owner.denied):
+            return self._error(403, "security.AccessControlException",
+                               f"Permission denied: user=dr.who, access={'READ' if method == 'GET' else 'WRITE'}, "
+                               f"inode=\"{path}\":hdfs:supergroup:drwx------")
         local = self._local(path)
         handler = getattr(self, f"op_{op.replace(':', '_').lower()}", None)
         if handler is None:
