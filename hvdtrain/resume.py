@@ -91,24 +91,67 @@ def assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str, wh
 
 # -- what the position depends on ---------------------------------------------------------------
 
+POSITION_KEYS = ("world_size", "batch_size", "grad_accum_steps", "steps_per_epoch")  # where a step leaves the input
+ORDER_KEYS = ("seed", "shuffle_buffer")  # which records come in which order
+
+
 def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_digest: str) -> dict[str, Any]:
-    """Everything the data order and step numbering depend on (pure)."""
+    """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
-            "seed": cfg.train.seed, "manifest_digest": manifest_digest}
+            "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer,
+            "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
 
-def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> list[str]:
-    """Raise when the dataset changed; return warnings for what makes the data order differ (pure)."""
+def _describe(values: dict[str, Any], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k} {values.get(k)}" for k in keys)
+
+
+def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tuple[list[str], int]:
+    """The step to continue from (in this run's numbering) and warnings; raises what cannot resume (pure).
+
+    ``saved`` is the checkpoint's meta (its layout, step and epoch). A changed
+    dataset is refused. A changed world size, batch size or accumulation moves
+    where a step leaves each rank's input, so only an epoch-end checkpoint can
+    carry over: the run continues at the next epoch, its step renumbered to
+    this layout (and the optimizer's step counter with it, so the learning-rate
+    schedule is at the same fraction of training). Mid-epoch, that is refused
+    with both layouts named. A changed seed, shuffle buffer or model config is
+    a warning: training continues, but not as an uninterrupted run would have.
+    """
     if saved.get("manifest_digest") != now["manifest_digest"]:
         raise DataError(f"checkpoint {where} was trained on dataset digest {saved.get('manifest_digest')} but "
                         f"the manifest now has {now['manifest_digest']}: resuming would mix datasets; "
                         "point checkpoint.dir at a new folder or set checkpoint.resume=never")
-    changed = [f"{k} {saved.get(k)} -> {now[k]}" for k in now if k != "manifest_digest" and saved.get(k) != now[k]]
-    if changed:
-        return [f"resuming {where} with {', '.join(changed)}: training continues from step "
-                f"{saved.get('step')}, but the data order is not the one an uninterrupted run would have seen"]
-    return []
+    step, warnings = int(saved["step"]), []
+    moved = [k for k in POSITION_KEYS if saved.get(k) != now[k]]
+    if moved:
+        old_steps = int(saved["steps_per_epoch"])
+        finished, into = divmod(step, old_steps)
+        if into:
+            raise DataError(
+                f"checkpoint {where} stopped {into} of {old_steps} steps into epoch {finished + 1} with "
+                f"{_describe(saved, POSITION_KEYS)}; this run has {_describe(now, POSITION_KEYS)}. A mid-epoch "
+                "input position cannot carry over to another layout: rerun with the checkpoint's world size, "
+                "train.batch_size and train.grad_accum_steps, or resume from an epoch-end checkpoint "
+                "(checkpoint.resume=<its folder>; `hvdtrain checkpoints list DIR` shows the steps), "
+                "or set checkpoint.resume=never")
+        renumbered = finished * int(now["steps_per_epoch"])
+        warnings.append(f"resuming {where} (end of epoch {finished}) with "
+                        f"{', '.join(f'{k} {saved.get(k)} -> {now[k]}' for k in moved)}: training continues at "
+                        f"epoch {finished + 1}, step {step} renumbered {renumbered}; the later epochs read the "
+                        "data in this layout's order")
+        step = renumbered
+    reordered = [f"{k} {saved[k]} -> {now[k]}" for k in ORDER_KEYS if k in saved and saved[k] != now[k]]
+    if reordered:
+        warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
+                        "but the data order is not the one an uninterrupted run would have seen (records of "
+                        "the interrupted epoch may be skipped or repeated)")
+    if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
+        warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
+                        f"{now['model_digest']}): the saved weights still fit this model and are restored, "
+                        "but the run is no longer the one that saved them")
+    return warnings, step
 
 
 def records_read(step: int, cfg: JobConfig) -> int:
@@ -141,6 +184,8 @@ class Checkpointer:
         if not self.due(state):
             return
         self._phase(f"saving the checkpoint of step {state.step}")
+        if self.writer is not None:  # the previous publish first, while every rank waits here, in this phase
+            self.writer.wait()
         carried = distributed.allreduce_sum(state.partial(), name=f"hvdtrain.ckpt{state.step}.sums")
         rng = distributed.allgather_object(to_numpy(seed_variables(self.model)), name=f"hvdtrain.ckpt{state.step}.rng")
         if self.writer is not None:
@@ -169,10 +214,11 @@ class Checkpointer:
                 **self.layout}
 
     def close(self) -> None:
-        """Wait for the last publish (rank 0); raises if it failed."""
+        """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
+        self._phase("publishing the last checkpoint")
         if self.writer is not None:
-            self._phase("publishing the last checkpoint")
             self.writer.wait()
+        distributed.barrier()
 
 
 # -- resuming ---------------------------------------------------------------------------
@@ -215,10 +261,17 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
         try:
             found = _load(cfg)
             if found is not None:
-                for warning in check_layout(found.meta, now, found.uri):
+                warnings, step = check_layout(found.meta, now, found.uri)
+                for warning in warnings:
                     log.warning(warning)
+                if step != found.step:
+                    found.meta = {**found.meta, "step": step, "saved_step": found.step}
         except DataError as exc:
             error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+            log.exception("reading checkpoint.dir %s failed", cfg.dir)
+            error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
+                     "check the path and its permissions, or set checkpoint.resume=never")
     small = distributed.broadcast_object(
         {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng} if found else {"error": error},
         name="hvdtrain.resume")
@@ -244,6 +297,12 @@ def _load(cfg: CheckpointConfig) -> Optional[Resumed]:
             raise DataError(f"checkpoint.resume={uri}: {info.status} ({info.detail}); pick a valid one "
                             "(`hvdtrain checkpoints verify DIR` lists them), or set checkpoint.resume=auto")
         arrays, meta = checkpoint.load(info)
+        newer = [i.name for i in checkpoint.scan(cfg.dir, verify=False) if i.step > int(meta["step"])]
+        if newer:
+            raise DataError(f"checkpoint.resume={uri} is at step {meta['step']}, but checkpoint.dir {cfg.dir} "
+                            f"holds later checkpoints ({', '.join(newer)}): the resumed run would save over them "
+                            "and `resume: auto` would later pick them up; move them out of checkpoint.dir "
+                            "first, or set checkpoint.dir to a new folder")
     if meta.get("format") != FORMAT:
         raise DataError(f"checkpoint {info.uri} has format {meta.get('format')!r}, this hvdtrain reads {FORMAT}; "
                         "set checkpoint.resume=never or use a new checkpoint.dir")
@@ -255,11 +314,23 @@ def _load(cfg: CheckpointConfig) -> Optional[Resumed]:
 
 def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankInfo,
           stopper: Optional[EarlyStopper]) -> None:
-    """Put the checkpoint back: rank 0 sets model and optimizer (broadcast them after this); every
-    rank sets its own dropout RNG state and the early-stopping history."""
+    """Put the checkpoint back (a collective): rank 0 sets model and optimizer (broadcast them after
+    this); every rank sets its own dropout RNG state and the early-stopping history.
+
+    A checkpoint that does not fit the model raises on every rank, not on rank 0 alone.
+    """
+    error = None
     if resumed.arrays is not None:
-        assign(model.weights, group(resumed.arrays, "model"), "model", resumed.uri)
-        assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
+        try:
+            assign(model.weights, group(resumed.arrays, "model"), "model", resumed.uri)
+            assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
+            if "saved_step" in resumed.meta:  # renumbered to this layout: the schedule follows the step
+                optimizer.iterations.assign(resumed.step)
+        except DataError as exc:
+            error = str(exc)
+    error = distributed.broadcast_object(error, name="hvdtrain.resume.apply")
+    if error:
+        raise DataError(error)
     seeds = seed_variables(model)
     if rank.rank < len(resumed.rng) and len(resumed.rng[rank.rank]) == len(seeds):
         for v, value in zip(seeds, resumed.rng[rank.rank]):
@@ -270,3 +341,4 @@ def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankIn
     if stopper is not None and resumed.meta.get("early_stopping"):
         best = group(resumed.arrays, "best") if resumed.arrays is not None else []
         stopper.restore(resumed.meta["early_stopping"]["values"], best or None)
+    resumed.arrays = None  # the model holds them now; free the host copy before training

@@ -72,14 +72,80 @@ def test_resume_never_and_an_empty_folder_start_fresh(tmp_path) -> None:
     assert resume.find(cfg.checkpoint, rank, _layout(cfg)) is None
 
 
-def test_a_changed_dataset_is_refused_and_a_changed_layout_warned(tmp_path) -> None:
+def test_a_changed_dataset_is_refused_and_a_changed_seed_or_model_warned(tmp_path) -> None:
     cfg = _cfg(tmp_path)
     saved = {**_layout(cfg), "step": 12}
     with pytest.raises(DataError, match="dataset digest d1 but the manifest now has d2"):
         resume.check_layout(saved, _layout(cfg, digest="d2"), "ckpt-12")
-    assert resume.check_layout(saved, _layout(cfg), "ckpt-12") == []
-    warnings = resume.check_layout(saved, _layout(cfg, world=4), "ckpt-12")
-    assert len(warnings) == 1 and "world_size 1 -> 4" in warnings[0] and "data order" in warnings[0]
+    assert resume.check_layout(saved, _layout(cfg), "ckpt-12") == ([], 12)
+    reseeded = config.from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "seed": 7,
+                                                            "shuffle_buffer": 64}}, base_dir=str(tmp_path))
+    warnings, step = resume.check_layout(saved, _layout(reseeded), "ckpt-12")
+    assert step == 12 and len(warnings) == 1
+    assert f"seed {cfg.train.seed} -> 7" in warnings[0] and "shuffle_buffer" in warnings[0] and "data order" in warnings[0]
+    wider = config.from_dict({**cfg.to_dict(), "model": {**TINY, "dropout": 0.3}}, base_dir=str(tmp_path))
+    warnings, step = resume.check_layout(saved, _layout(wider), "ckpt-12")
+    assert step == 12 and len(warnings) == 1 and "changed model config" in warnings[0]
+
+
+def test_a_changed_world_or_batch_size_resumes_only_from_an_epoch_end(tmp_path) -> None:
+    cfg = _cfg(tmp_path)
+    mid = {**_layout(cfg), "step": 12}  # 5 steps per epoch: 2 of 5 steps into epoch 3
+    b = cfg.train.batch_size
+    with pytest.raises(DataError, match=rf"ckpt-12 stopped 2 of 5 steps into epoch 3 with world_size 1, batch_size "
+                                        rf"{b}, grad_accum_steps 1, steps_per_epoch 5; this run has world_size 4, "
+                                        rf"batch_size {b}, grad_accum_steps 1, steps_per_epoch 2\..*epoch-end"):
+        resume.check_layout(mid, resume.layout(cfg, 4, 2, "d1"), "ckpt-12")
+    end = {**_layout(cfg), "step": 10, "epoch_end": True}  # the end of epoch 2
+    warnings, step = resume.check_layout(end, resume.layout(cfg, 4, 2, "d1"), "ckpt-10")
+    assert step == 4  # two finished epochs of this layout's 2 steps
+    assert len(warnings) == 1 and "world_size 1 -> 4" in warnings[0] and "epoch 3, step 10 renumbered 4" in warnings[0]
+
+
+def test_a_renumbered_resume_moves_the_schedule_with_the_step(tmp_path) -> None:
+    from hvdtrain import train
+
+    rank = distributed.init(use_horovod=False)
+    cfg = _cfg(tmp_path)
+    model, optimizer = _trained(cfg)
+    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    saver.after_step(LoopState(10, 2, True, lambda: np.zeros(3), 0.0, []))
+    saver.close()
+    found = resume.find(cfg.checkpoint, rank, resume.layout(cfg, 1, 3, "d1"))  # batch size changed: 3 steps/epoch
+    assert found.step == 6 and found.meta["saved_step"] == 10 and found.start(rank).step == 6
+    fresh, fresh_opt = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    resume.apply(found, fresh, fresh_opt, rank, None)
+    assert int(fresh_opt.iterations.numpy()) == 6 and found.arrays is None
+
+
+def test_an_older_explicit_checkpoint_is_refused_while_newer_ones_exist(tmp_path) -> None:
+    rank = distributed.init(use_horovod=False)
+    cfg = _cfg(tmp_path)
+    model, optimizer = _trained(cfg, steps=1)
+    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    for step in (2, 4):
+        saver.after_step(LoopState(step, 1, False, lambda: np.zeros(3), 0.0, []))
+        saver.close()
+    older = os.path.join(cfg.checkpoint.dir, "ckpt-0000000002")
+    explicit = _cfg(tmp_path, resume=older)
+    with pytest.raises(DataError, match=r"at step 2, but checkpoint.dir .* holds later checkpoints "
+                                        r"\(ckpt-0000000004\).*move them out"):
+        resume.find(explicit.checkpoint, rank, _layout(explicit))
+    newest = _cfg(tmp_path, resume=os.path.join(cfg.checkpoint.dir, "ckpt-0000000004"))
+    assert resume.find(newest.checkpoint, rank, _layout(newest)).step == 4
+
+
+def test_an_unreadable_checkpoint_folder_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    rank = distributed.init(use_horovod=False)
+    cfg = _cfg(tmp_path)
+
+    def denied(root):
+        raise PermissionError(13, "Permission denied", root)
+
+    monkeypatch.setattr(checkpoint, "restore_latest", denied)
+    with pytest.raises(DataError, match=r"reading checkpoint.dir .*checkpoints.* failed: PermissionError.*"
+                                        r"permissions, or set checkpoint.resume=never"):
+        resume.find(cfg.checkpoint, rank, _layout(cfg))
 
 
 def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) -> None:

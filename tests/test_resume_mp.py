@@ -92,3 +92,37 @@ def test_a_frozen_rank_makes_the_job_fail_within_the_stall_timeout(tmp_path: Pat
     assert kill.seconds_to_exit < 15 + 30, out[-3000:]
     assert re.search(r"rank 0: no progress for \d+s while (computing and all-reducing step|saving the checkpoint "
                      r"of step) \d+", out), out[-3000:]
+
+
+def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_path: Path) -> None:
+    """Run 1 epoch at batch 8, then ask for 2 epochs at batch 4: the job resumes at epoch 2 with the step and
+    the optimizer's step counter renumbered to the new layout; a mid-epoch switch is refused (unit tests)."""
+    from hvdtrain import checkpoint
+
+    make_text_dataset(str(tmp_path / "data"), n_per_split={"train": 64, "validation": 16, "test": 16},
+                      shards_per_split=2, max_length=8, seed=1)
+    cfg = config.from_dict({
+        "name": "relayout", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
+        "etl": {"output": str(tmp_path / "data")}, "model": kill_drill.TINY_MODEL,
+        "train": {"epochs": 1, "batch_size": 8, "progress": "off"}, "tracking": {"enabled": False},
+    }, base_dir=str(tmp_path))
+    path = tmp_path / "relayout.yaml"
+    path.write_text(cfg.to_yaml())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def train(*overrides: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path), *overrides], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    train()
+    assert [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [8]  # 64 records / batch 8
+    proc = train("train.epochs=2", "train.batch_size=4")
+    assert "batch_size 8 -> 4" in proc.stderr and "epoch 2, step 8 renumbered 16" in proc.stderr, proc.stderr[-3000:]
+    last = checkpoint.scan(cfg.checkpoint.dir)[-1]
+    assert last.step == 16 + 16 and last.epoch == 2  # epoch 1 as 16 steps of batch 4, then 16 more
+    arrays, meta = checkpoint.load(last)
+    iterations = [v for k, v in arrays.items() if k.startswith("optimizer/") and k.endswith("/iteration")]
+    assert [int(v) for v in iterations] == [32]  # the schedule's step counter followed the renumbering
+    assert [h["epoch"] for h in meta["history"]] == [1, 2] and meta["history"][0]["steps"] == 8
