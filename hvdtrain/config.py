@@ -334,9 +334,11 @@ class FaultConfig:
     peer_timeout: int = 60  # seconds a rank waits for a lost peer before exiting (HOROVOD_GLOO_TIMEOUT_SECONDS)
     start_timeout: int = 120  # horovodrun/horovod.spark start-up timeout
     stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
+    checkpoint_timeout: int = 1800  # seconds a checkpoint publish or restore may take (slow storage) before the
+    # watchdog calls it a stall; every rank waits for rank 0 under this limit
 
     def __post_init__(self) -> None:
-        for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning"):
+        for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning", "checkpoint_timeout"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
 
 

@@ -126,7 +126,7 @@ def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
 def run(cfg: JobConfig) -> dict[str, Any]:
     """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank."""
     for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
-                                            cfg.fault.stall_timeout).items():
+                                            cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
     rank = distributed.init()
     _configure_logging(rank)
@@ -139,7 +139,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                  "epochs, global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root,
                  manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
         layout = resume.layout(cfg, rank.size, steps, manifest.digest())
-        dog.phase("looking for a checkpoint to resume from")
+        dog.phase("looking for a checkpoint to resume from", cfg.fault.checkpoint_timeout)
         resumed = resume.find(cfg.checkpoint, rank, layout)
         with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
@@ -201,7 +201,8 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
                                             cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
     monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper, dog)
     monitor.checkpointer = resume.Checkpointer(cfg.checkpoint, rank, steps, model, optimizer, layout,
-                                               tracker.run_id, stopper, dog.phase)
+                                               tracker.run_id, stopper,
+                                               lambda what: dog.phase(what, cfg.fault.checkpoint_timeout))
     history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
                   batch_size=cfg.train.batch_size, hooks=monitor,
                   start=resumed.start(rank) if resumed else None, phase=dog.phase)

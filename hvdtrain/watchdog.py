@@ -25,19 +25,21 @@ log = logging.getLogger(__name__)
 EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
 
 
-def horovod_env(peer_timeout: int, stall_check_warning: int, stall_timeout: int) -> dict[str, str]:
+def horovod_env(peer_timeout: int, stall_check_warning: int, stall_timeout: int,
+                checkpoint_timeout: int = 0) -> dict[str, str]:
     """Horovod's timers, as environment variables read by ``hvd.init()``."""
     return {
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(peer_timeout),
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(stall_check_warning),
-        # Horovod's own stall shutdown, a little after ours so the watchdog's message comes first.
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall_timeout + 30),
+        # Horovod's own stall shutdown, a little after ours so the watchdog's message comes first; the
+        # other ranks legitimately wait in a collective while rank 0 publishes or reads a checkpoint.
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(max(stall_timeout, checkpoint_timeout) + 30),
     }
 
 
 def stall_message(rank: int, idle: float, phase: str) -> str:
     return (f"rank {rank}: no progress for {idle:.0f}s while {phase}; stacks of every thread are above. "
-            "Exiting so the job fails instead of hanging (fault.stall_timeout)")
+            "Exiting so the job fails instead of hanging (fault.stall_timeout, fault.checkpoint_timeout)")
 
 
 class Watchdog:
@@ -51,12 +53,17 @@ class Watchdog:
         self._poll = poll if poll is not None else max(0.05, min(5.0, timeout / 4))
         self._last = clock()
         self._phase = "starting"
+        self._limit = timeout  # of the current phase
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def phase(self, what: str) -> None:
-        """Now doing ``what`` (named if it stalls); entering a phase counts as progress."""
-        self._phase = what
+    def phase(self, what: str, timeout: Optional[float] = None) -> None:
+        """Now doing ``what`` (named if it stalls); entering a phase counts as progress.
+
+        ``timeout`` replaces the stall timeout until the next phase, for work that legitimately
+        takes long without a step (publishing or reading a checkpoint on slow storage).
+        """
+        self._phase, self._limit = what, timeout if timeout is not None else self.timeout
         self._last = self._clock()
 
     def beat(self) -> None:
@@ -65,7 +72,7 @@ class Watchdog:
     def check(self) -> Optional[str]:
         """The stall message when the loop is stalled now, else None (pure but for the clock)."""
         idle = self._clock() - self._last
-        return stall_message(self.rank, idle, self._phase) if idle > self.timeout else None
+        return stall_message(self.rank, idle, self._phase) if idle > self._limit else None
 
     def __enter__(self) -> "Watchdog":
         self.beat()

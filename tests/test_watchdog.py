@@ -27,6 +27,19 @@ def test_check_names_rank_and_phase_only_after_the_timeout():
     assert dog.check() is None
 
 
+def test_a_checkpoint_phase_has_its_own_limit_until_the_next_phase():
+    clock = FakeClock()
+    dog = watchdog.Watchdog(timeout=60, rank=0, clock=clock)
+    dog.phase("publishing the last checkpoint", timeout=1800)
+    clock.now = 1000
+    assert dog.check() is None  # a slow HDFS publish is not a stall
+    clock.now = 1801
+    assert "no progress for 1801s while publishing the last checkpoint" in dog.check()
+    dog.phase("waiting for input batches of step 9")  # back to the stall timeout
+    clock.now = 1801 + 61
+    assert "while waiting for input batches of step 9" in dog.check()
+
+
 def test_thread_fires_once_on_a_real_stall_and_not_while_beating():
     fired = []
     done = threading.Event()
@@ -62,3 +75,5 @@ def test_horovod_env_bounds_peer_waits():
     env = watchdog.horovod_env(peer_timeout=60, stall_check_warning=30, stall_timeout=300)
     assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "330"}
+    # ranks waiting while rank 0 publishes a checkpoint must outlast Horovod's own stall shutdown
+    assert watchdog.horovod_env(60, 30, 300, checkpoint_timeout=1800)["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "1830"
