@@ -200,8 +200,7 @@ def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before
         out, _ = proc.communicate(timeout=timeout)
         kill.seconds_to_exit = time.monotonic() - killed_at
         kill.exit_code = proc.returncode
-        kill.lost_rank_named = bool(re.search(rf"Process name: {kill.rank}\b", out)) or \
-            f"rank {kill.rank}" in out
+        kill.lost_rank_named = bool(re.search(rf"Process name: {kill.rank}\b", out))  # horovodrun's verdict
         found = re.search(r"MLflow run ([0-9a-f]{32})", out)
         kill.run_id = found.group(1) if found else None
         runs = segments(path)
