@@ -92,6 +92,7 @@ class Start:
     carried: Optional[np.ndarray] = None  # [loss sum, correct, examples] of the interrupted epoch, rank-summed
     carried_seconds: float = 0.0
     stopped: bool = False  # the run had already stopped (early stopping) when it was saved
+    step_offset: int = 0  # step numbers are ``step_offset`` + steps of this layout (see resume.check_layout)
 
 
 @dataclass
@@ -129,7 +130,8 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
     if start.stopped:
         return history
     examples = accum_steps * batch_size  # this rank's examples per optimizer step
-    first_epoch, done_in_epoch = divmod(start.step, steps)
+    offset = start.step_offset
+    first_epoch, done_in_epoch = divmod(start.step - offset, steps)
     for epoch in range(first_epoch + 1, epochs + 1):
         resumed = epoch == first_epoch + 1 and done_in_epoch > 0
         carried = start.carried if resumed and start.carried is not None else np.zeros(3)
@@ -143,7 +145,7 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
                                       np.float64)
 
         for step in range(done_in_epoch + 1 if resumed else 1, steps + 1):
-            global_step = (epoch - 1) * steps + step
+            global_step = offset + (epoch - 1) * steps + step
             phase(f"waiting for input batches of step {global_step}")
             micro, waited = take_batches(batches, accum_steps)
             phase(f"computing and all-reducing step {global_step}")
@@ -159,7 +161,7 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
         history.append(stats)
         phase(f"ending epoch {epoch} (validation, early stopping)")
         stop = hooks.end_epoch(stats)
-        hooks.after_step(LoopState(epoch * steps, epoch, True, lambda: np.zeros(3), 0.0, history, stopped=stop))
+        hooks.after_step(LoopState(offset + epoch * steps, epoch, True, lambda: np.zeros(3), 0.0, history, stopped=stop))
         if stop:
             break
     return history
@@ -212,6 +214,7 @@ class EpochMonitor:
         self.progress, self.step_metrics, self._log_metrics = progress, step_metrics, log_metrics
         self._learning_rate, self._validate, self.stopper = learning_rate, validate, stopper
         self.checkpointer: Any = None  # resume.Checkpointer, set once the MLflow run id is known
+        self.step_offset = 0  # a resumed run's (see Start)
 
     def start_epoch(self, epoch: int) -> None:
         self.progress.start_epoch(epoch)
@@ -219,7 +222,7 @@ class EpochMonitor:
 
     def on_step(self, epoch: int, step: int, data_seconds: float, loss_sum: Any, examples: int) -> None:
         self.progress.on_step(step, data_seconds, loss_sum, examples, self.world_size)
-        global_step = (epoch - 1) * self.steps + step
+        global_step = self.step_offset + (epoch - 1) * self.steps + step
         self.step_metrics.on_step(global_step, data_seconds, loss_sum, examples, self.world_size)
 
     def after_step(self, state: Any) -> None:

@@ -11,13 +11,14 @@ the background); this module decides what goes in and puts it back:
 * ``best/NNNN``: the best epoch's weights, when early stopping restores them;
 * ``meta.json``: step, epoch, the interrupted epoch's rank-summed loss and
   accuracy sums, the finished epochs' stats, early-stopping values, the
-  MLflow run id, and what the input position depends on (world size, batch
-  size, accumulation, steps per epoch, seed, dataset digest).
+  MLflow run id, the step offset (see :func:`check_layout`), what the input
+  position depends on (world size, batch size, accumulation, steps per epoch,
+  seed, shuffle buffer, dataset digest) and the model config's digest.
 
 The input position is not stored as bytes: every rank's stream is a pure
 function of the seed and the records it has read (:mod:`hvdtrain.data`), and
-after ``step`` optimizer steps each rank has read ``step * grad_accum_steps *
-batch_size`` records. A resumed run reads exactly the batches an
+after ``n`` optimizer steps of one layout each rank has read ``n *
+grad_accum_steps * batch_size`` records. A resumed run reads exactly the batches an
 uninterrupted run would have read next.
 
 Resuming is a collective: rank 0 reads the newest valid checkpoint (every rank
@@ -67,6 +68,12 @@ def state_arrays(model: Any, optimizer: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def keras_int(variable: Any) -> int:
+    import keras
+
+    return int(keras.ops.convert_to_numpy(variable))
+
+
 def group(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
     """Arrays under ``prefix/`` in position order."""
     head = prefix + "/"
@@ -108,13 +115,16 @@ def _describe(values: dict[str, Any], keys: Sequence[str]) -> str:
 
 
 def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tuple[list[str], int]:
-    """The step to continue from (in this run's numbering) and warnings; raises what cannot resume (pure).
+    """Warnings, and the step offset this run continues with; raises what cannot resume (pure).
 
-    ``saved`` is the checkpoint's meta (its layout, step and epoch). A changed
-    dataset is refused. A changed world size, batch size or accumulation moves
-    where a step leaves each rank's input, so only an epoch-end checkpoint can
-    carry over: the run continues at the next epoch, its step renumbered to
-    this layout (and the optimizer's step counter with it, so the learning-rate
+    ``saved`` is the checkpoint's meta (its layout, step, step offset). Step
+    numbers (checkpoint names, MLflow steps) only ever grow; the loop counts
+    epochs in *layout steps*, ``step - step_offset``, whole epochs of this
+    run's ``steps_per_epoch``. A changed dataset is refused. A changed world
+    size, batch size or accumulation moves where a step leaves each rank's
+    input, so only an epoch-end checkpoint can carry over: the run continues
+    at the next epoch in the new layout, under a new offset (and the
+    optimizer's step counter moves to the new layout step, so the learning-rate
     schedule is at the same fraction of training). Mid-epoch, that is refused
     with both layouts named. A changed seed, shuffle buffer or model config is
     a warning: training continues, but not as an uninterrupted run would have.
@@ -123,25 +133,25 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         raise DataError(f"checkpoint {where} was trained on dataset digest {saved.get('manifest_digest')} but "
                         f"the manifest now has {now['manifest_digest']}: resuming would mix datasets; "
                         "point checkpoint.dir at a new folder or set checkpoint.resume=never")
-    step, warnings = int(saved["step"]), []
+    step, offset, warnings = int(saved["step"]), int(saved.get("step_offset", 0)), []
     moved = [k for k in POSITION_KEYS if saved.get(k) != now[k]]
     if moved:
         old_steps = int(saved["steps_per_epoch"])
-        finished, into = divmod(step, old_steps)
+        finished, into = divmod(step - offset, old_steps)
         if into:
             raise DataError(
                 f"checkpoint {where} stopped {into} of {old_steps} steps into epoch {finished + 1} with "
                 f"{_describe(saved, POSITION_KEYS)}; this run has {_describe(now, POSITION_KEYS)}. A mid-epoch "
                 "input position cannot carry over to another layout: rerun with the checkpoint's world size, "
-                "train.batch_size and train.grad_accum_steps, or resume from an epoch-end checkpoint "
-                "(checkpoint.resume=<its folder>; `hvdtrain checkpoints list DIR` shows the steps), "
+                "train.batch_size and train.grad_accum_steps; or resume from an epoch-end checkpoint "
+                "(`hvdtrain checkpoints list DIR` shows the steps: copy that one into a new checkpoint.dir, "
+                "or move the later ones out of this one, and set checkpoint.resume=<its folder>); "
                 "or set checkpoint.resume=never")
-        renumbered = finished * int(now["steps_per_epoch"])
+        offset = step - finished * int(now["steps_per_epoch"])
         warnings.append(f"resuming {where} (end of epoch {finished}) with "
                         f"{', '.join(f'{k} {saved.get(k)} -> {now[k]}' for k in moved)}: training continues at "
-                        f"epoch {finished + 1}, step {step} renumbered {renumbered}; the later epochs read the "
-                        "data in this layout's order")
-        step = renumbered
+                        f"epoch {finished + 1} with {now['steps_per_epoch']} steps per epoch, step numbers going on "
+                        f"from {step}; the later epochs read the data in this layout's order")
     reordered = [f"{k} {saved[k]} -> {now[k]}" for k in ORDER_KEYS if k in saved and saved[k] != now[k]]
     if reordered:
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
@@ -151,7 +161,7 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "
                         "but the run is no longer the one that saved them")
-    return warnings, step
+    return warnings, offset
 
 
 def records_read(step: int, cfg: JobConfig) -> int:
@@ -166,11 +176,12 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, rank: distributed.RankInfo, steps_per_epoch: int, model: Any,
                  optimizer: Any, layout_: dict[str, Any], run_id: Optional[str] = None,
-                 stopper: Optional[EarlyStopper] = None, phase: Any = None):
+                 stopper: Optional[EarlyStopper] = None, phase: Any = None, wait_timeout: Optional[float] = None,
+                 step_offset: int = 0):
         self.cfg, self.rank, self.steps = cfg, rank, steps_per_epoch
         self.model, self.optimizer, self.layout, self.run_id = model, optimizer, layout_, run_id
-        self.stopper = stopper
-        self._phase = phase or (lambda what: None)
+        self.stopper, self.step_offset, self.wait_timeout = stopper, step_offset, wait_timeout
+        self._phase = phase or (lambda what, timeout=None: None)
         self.writer = (checkpoint.CheckpointWriter(cfg.dir, cfg.keep_last, cfg.keep_best, cfg.best_metric,
                                                    cfg.best_mode) if rank.is_chief else None)
         self.saved: list[int] = []
@@ -178,14 +189,17 @@ class Checkpointer:
     def due(self, state: LoopState) -> bool:
         if not self.cfg.enabled:
             return False
-        return checkpoint.save_due(state.step, self.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
+        return checkpoint.save_due(state.step - self.step_offset, self.steps, self.cfg.every_steps,
+                                   self.cfg.at_epoch_end)
 
     def after_step(self, state: LoopState) -> None:
         if not self.due(state):
             return
-        self._phase(f"saving the checkpoint of step {state.step}")
-        if self.writer is not None:  # the previous publish first, while every rank waits here, in this phase
+        what = f"saving the checkpoint of step {state.step}"
+        self._phase(what, self.wait_timeout)  # the others wait for rank 0's previous publish, on slow storage
+        if self.writer is not None:
             self.writer.wait()
+            self._phase(what)  # back to the stall timeout: rank 0 catches a peer frozen in the collectives
         carried = distributed.allreduce_sum(state.partial(), name=f"hvdtrain.ckpt{state.step}.sums")
         rng = distributed.allgather_object(to_numpy(seed_variables(self.model)), name=f"hvdtrain.ckpt{state.step}.rng")
         if self.writer is not None:
@@ -211,13 +225,14 @@ class Checkpointer:
                 "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
                 "stopped": state.stopped, "run_id": self.run_id,
                 "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                **self.layout}
+                "step_offset": self.step_offset, **self.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
-        self._phase("publishing the last checkpoint")
+        self._phase("publishing the last checkpoint", self.wait_timeout)
         if self.writer is not None:
             self.writer.wait()
+            self._phase("publishing the last checkpoint")
         distributed.barrier()
 
 
@@ -237,6 +252,15 @@ class Resumed:
         return int(self.meta["step"])
 
     @property
+    def step_offset(self) -> int:
+        return int(self.meta.get("step_offset", 0))
+
+    @property
+    def layout_step(self) -> int:
+        """Optimizer steps done in this run's layout (whole epochs of its steps_per_epoch, then the rest)."""
+        return self.step - self.step_offset
+
+    @property
     def run_id(self) -> Optional[str]:
         return self.meta.get("run_id")
 
@@ -246,7 +270,7 @@ class Resumed:
         history = [EpochStats(**{k: v for k, v in h.items() if k in known}) for h in self.meta.get("history", [])]
         carried = np.array(self.meta.get("carried", [0.0, 0.0, 0.0]), np.float64) if rank.is_chief else None
         return Start(self.step, history, carried, float(self.meta.get("carried_seconds", 0.0)),
-                     bool(self.meta.get("stopped", False)))
+                     bool(self.meta.get("stopped", False)), self.step_offset)
 
 
 def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any]) -> Optional[Resumed]:
@@ -261,11 +285,11 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
         try:
             found = _load(cfg)
             if found is not None:
-                warnings, step = check_layout(found.meta, now, found.uri)
+                warnings, offset = check_layout(found.meta, now, found.uri)
                 for warning in warnings:
                     log.warning(warning)
-                if step != found.step:
-                    found.meta = {**found.meta, "step": step, "saved_step": found.step}
+                if offset != found.step_offset:  # another layout: the optimizer's counter moves in apply()
+                    found.meta = {**found.meta, "step_offset": offset, "saved_layout_step": found.layout_step}
         except DataError as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
@@ -324,10 +348,13 @@ def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankIn
         try:
             assign(model.weights, group(resumed.arrays, "model"), "model", resumed.uri)
             assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
-            if "saved_step" in resumed.meta:  # renumbered to this layout: the schedule follows the step
-                optimizer.iterations.assign(resumed.step)
-        except DataError as exc:
-            error = str(exc)
+            if "saved_layout_step" in resumed.meta:  # another layout: the schedule moves to its step, keeping
+                # the steps the optimizer skipped (float16 overflow) skipped
+                skipped = int(resumed.meta["saved_layout_step"]) - int(keras_int(optimizer.iterations))
+                optimizer.iterations.assign(max(0, resumed.layout_step - skipped))
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+            error = str(exc) if isinstance(exc, DataError) else (
+                f"restoring checkpoint {resumed.uri} failed: {type(exc).__name__}: {exc}")
     error = distributed.broadcast_object(error, name="hvdtrain.resume.apply")
     if error:
         raise DataError(error)

@@ -188,7 +188,7 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
     if resumed is not None:
         resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
-    start_record = resume.records_read(resumed.step, cfg) if resumed else 0
+    start_record = resume.records_read(resumed.layout_step, cfg) if resumed else 0
     trace = cfg.train.record_trace
     batches = iter(data.train_dataset(
         manifest, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
@@ -200,9 +200,11 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
     step_fn = steps_lib.make_optimizer_step(model, optimizer, shape.label_feature, shape.inputs,
                                             cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
     monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper, dog)
+    offset = resumed.step_offset if resumed else 0
+    monitor.step_offset = offset
     monitor.checkpointer = resume.Checkpointer(cfg.checkpoint, rank, steps, model, optimizer, layout,
-                                               tracker.run_id, stopper,
-                                               lambda what: dog.phase(what, cfg.fault.checkpoint_timeout))
+                                               tracker.run_id, stopper, dog.phase, cfg.fault.checkpoint_timeout,
+                                               offset)
     history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
                   batch_size=cfg.train.batch_size, hooks=monitor,
                   start=resumed.start(rank) if resumed else None, phase=dog.phase)
@@ -291,7 +293,7 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
     examples = sum(h.examples for h in history)
     return {
         "world_size": rank.size, "backend": rank.backend, "epochs": len(history), "steps_per_epoch": steps,
-        "steps": steps * len(history), "grad_accum_steps": train.grad_accum_steps,
+        "steps": sum(h.steps for h in history), "grad_accum_steps": train.grad_accum_steps,
         "batch_size_per_rank": train.batch_size, "global_batch_size": global_batch_size(train, rank.size),
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,

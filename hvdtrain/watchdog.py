@@ -51,9 +51,7 @@ class Watchdog:
         self._on_stall = on_stall or _dump_and_exit
         self._clock = clock
         self._poll = poll if poll is not None else max(0.05, min(5.0, timeout / 4))
-        self._last = clock()
-        self._phase = "starting"
-        self._limit = timeout  # of the current phase
+        self._state = (clock(), timeout, "starting")  # (last progress, limit, phase): swapped whole, read once
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -63,16 +61,17 @@ class Watchdog:
         ``timeout`` replaces the stall timeout until the next phase, for work that legitimately
         takes long without a step (publishing or reading a checkpoint on slow storage).
         """
-        self._phase, self._limit = what, timeout if timeout is not None else self.timeout
-        self._last = self._clock()
+        self._state = (self._clock(), timeout if timeout is not None else self.timeout, what)
 
     def beat(self) -> None:
-        self._last = self._clock()
+        _, limit, what = self._state
+        self._state = (self._clock(), limit, what)
 
     def check(self) -> Optional[str]:
         """The stall message when the loop is stalled now, else None (pure but for the clock)."""
-        idle = self._clock() - self._last
-        return stall_message(self.rank, idle, self._phase) if idle > self._limit else None
+        last, limit, what = self._state
+        idle = self._clock() - last
+        return stall_message(self.rank, idle, what) if idle > limit else None
 
     def __enter__(self) -> "Watchdog":
         self.beat()

@@ -73,7 +73,7 @@ class FaultyHandler(pafs.FileSystemHandler):
         self._call("read", path)
         if any(h in path for h in self.hang):
             threading.Event().wait()  # a read that never returns (a datanode that stopped answering)
-        return self.local.open_input_stream(path)
+        return self.local.open_input_stream(path, compression=None)
 
     def open_input_file(self, path):
         self._call("read", path)
@@ -84,8 +84,8 @@ class FaultyHandler(pafs.FileSystemHandler):
     def open_output_stream(self, path, metadata=None):
         self._call("write", path)
         if any(path.endswith(t) for t in self.truncate):
-            return pa.PythonFile(_Truncating(self.local.open_output_stream(path)), mode="w")
-        return self.local.open_output_stream(path)
+            return pa.PythonFile(_Truncating(self.local.open_output_stream(path, compression=None)), mode="w")
+        return self.local.open_output_stream(path, compression=None)
 
     def open_append_stream(self, path, metadata=None):
         raise pa.ArrowNotImplementedError("no")

@@ -77,15 +77,15 @@ def test_a_changed_dataset_is_refused_and_a_changed_seed_or_model_warned(tmp_pat
     saved = {**_layout(cfg), "step": 12}
     with pytest.raises(DataError, match="dataset digest d1 but the manifest now has d2"):
         resume.check_layout(saved, _layout(cfg, digest="d2"), "ckpt-12")
-    assert resume.check_layout(saved, _layout(cfg), "ckpt-12") == ([], 12)
+    assert resume.check_layout(saved, _layout(cfg), "ckpt-12") == ([], 0)
     reseeded = config.from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "seed": 7,
                                                             "shuffle_buffer": 64}}, base_dir=str(tmp_path))
     warnings, step = resume.check_layout(saved, _layout(reseeded), "ckpt-12")
-    assert step == 12 and len(warnings) == 1
+    assert step == 0 and len(warnings) == 1
     assert f"seed {cfg.train.seed} -> 7" in warnings[0] and "shuffle_buffer" in warnings[0] and "data order" in warnings[0]
     wider = config.from_dict({**cfg.to_dict(), "model": {**TINY, "dropout": 0.3}}, base_dir=str(tmp_path))
     warnings, step = resume.check_layout(saved, _layout(wider), "ckpt-12")
-    assert step == 12 and len(warnings) == 1 and "changed model config" in warnings[0]
+    assert step == 0 and len(warnings) == 1 and "changed model config" in warnings[0]
 
 
 def test_a_changed_world_or_batch_size_resumes_only_from_an_epoch_end(tmp_path) -> None:
@@ -97,25 +97,35 @@ def test_a_changed_world_or_batch_size_resumes_only_from_an_epoch_end(tmp_path) 
                                         rf"batch_size {b}, grad_accum_steps 1, steps_per_epoch 2\..*epoch-end"):
         resume.check_layout(mid, resume.layout(cfg, 4, 2, "d1"), "ckpt-12")
     end = {**_layout(cfg), "step": 10, "epoch_end": True}  # the end of epoch 2
-    warnings, step = resume.check_layout(end, resume.layout(cfg, 4, 2, "d1"), "ckpt-10")
-    assert step == 4  # two finished epochs of this layout's 2 steps
-    assert len(warnings) == 1 and "world_size 1 -> 4" in warnings[0] and "epoch 3, step 10 renumbered 4" in warnings[0]
+    warnings, offset = resume.check_layout(end, resume.layout(cfg, 4, 2, "d1"), "ckpt-10")
+    assert offset == 10 - 2 * 2  # step numbers go on from 10; the loop counts two finished epochs of 2 steps
+    assert len(warnings) == 1 and "world_size 1 -> 4" in warnings[0]
+    assert "epoch 3 with 2 steps per epoch, step numbers going on from 10" in warnings[0]
+    # a second change counts epochs from the offset the first one left
+    again = {**resume.layout(cfg, 4, 2, "d1"), "step": 12, "step_offset": 6}  # epoch 3 done: 6 + 3 x 2
+    assert resume.check_layout(again, resume.layout(cfg, 2, 4, "d1"), "ckpt-12")[1] == 12 - 3 * 4
+    with pytest.raises(DataError, match="stopped 1 of 2 steps into epoch 4"):
+        resume.check_layout({**again, "step": 13}, resume.layout(cfg, 2, 4, "d1"), "ckpt-13")
 
 
-def test_a_renumbered_resume_moves_the_schedule_with_the_step(tmp_path) -> None:
+def test_a_resume_in_another_layout_moves_the_schedule_to_its_step(tmp_path) -> None:
     from hvdtrain import train
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
-    model, optimizer = _trained(cfg)
+    model, optimizer = _trained(cfg, steps=10)
+    optimizer.iterations.assign(8)  # as if float16 loss scaling had skipped 2 of the 10 steps
     saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
     saver.after_step(LoopState(10, 2, True, lambda: np.zeros(3), 0.0, []))
     saver.close()
     found = resume.find(cfg.checkpoint, rank, resume.layout(cfg, 1, 3, "d1"))  # batch size changed: 3 steps/epoch
-    assert found.step == 6 and found.meta["saved_step"] == 10 and found.start(rank).step == 6
+    assert found.step == 10 and found.layout_step == 6 and found.step_offset == 4
+    start = found.start(rank)
+    assert start.step == 10 and start.step_offset == 4
     fresh, fresh_opt = train.build_state(cfg, SHAPE, 1, total_steps=10)
     resume.apply(found, fresh, fresh_opt, rank, None)
-    assert int(fresh_opt.iterations.numpy()) == 6 and found.arrays is None
+    assert int(fresh_opt.iterations.numpy()) == 6 - 2  # two epochs of 3 steps, the 2 skipped steps still skipped
+    assert found.arrays is None
 
 
 def test_an_older_explicit_checkpoint_is_refused_while_newer_ones_exist(tmp_path) -> None:

@@ -95,8 +95,9 @@ def test_a_frozen_rank_makes_the_job_fail_within_the_stall_timeout(tmp_path: Pat
 
 
 def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_path: Path) -> None:
-    """Run 1 epoch at batch 8, then ask for 2 epochs at batch 4: the job resumes at epoch 2 with the step and
-    the optimizer's step counter renumbered to the new layout; a mid-epoch switch is refused (unit tests)."""
+    """Run 1 epoch at batch 8, then ask for 2 epochs at batch 4: the job resumes at epoch 2 in the new layout,
+    step numbers going on from 8, the optimizer's step counter (the schedule) at the new layout's step; a
+    mid-epoch switch is refused (unit tests)."""
     from hvdtrain import checkpoint
 
     make_text_dataset(str(tmp_path / "data"), n_per_split={"train": 64, "validation": 16, "test": 16},
@@ -119,10 +120,11 @@ def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_p
     train()
     assert [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [8]  # 64 records / batch 8
     proc = train("train.epochs=2", "train.batch_size=4")
-    assert "batch_size 8 -> 4" in proc.stderr and "epoch 2, step 8 renumbered 16" in proc.stderr, proc.stderr[-3000:]
-    last = checkpoint.scan(cfg.checkpoint.dir)[-1]
-    assert last.step == 16 + 16 and last.epoch == 2  # epoch 1 as 16 steps of batch 4, then 16 more
-    arrays, meta = checkpoint.load(last)
+    assert "batch_size 8 -> 4" in proc.stderr and "epoch 2 with 16 steps per epoch, step numbers going on from 8" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [8, 8 + 16]  # the numbering only grows
+    arrays, meta = checkpoint.load(checkpoint.scan(cfg.checkpoint.dir)[-1])
     iterations = [v for k, v in arrays.items() if k.startswith("optimizer/") and k.endswith("/iteration")]
-    assert [int(v) for v in iterations] == [32]  # the schedule's step counter followed the renumbering
-    assert [h["epoch"] for h in meta["history"]] == [1, 2] and meta["history"][0]["steps"] == 8
+    assert [int(v) for v in iterations] == [32]  # the schedule: epoch 1 counted as 16 steps of batch 4, then 16
+    assert meta["step_offset"] == 8 - 16 and meta["epoch"] == 2
+    assert [(h["epoch"], h["steps"]) for h in meta["history"]] == [(1, 8), (2, 16)]

@@ -66,12 +66,14 @@ def test_a_denied_path_is_a_permission_error_naming_it_and_not_retried(server):
     before = len(server.ops())
     with pytest.raises(PermissionError, match=r"/secure/part-00000.tfrecord: .*Permission denied.*access=READ"):
         fs.read_bytes(uri)
-    with pytest.raises(PermissionError, match=r"/secure.*Permission denied.*access=WRITE"):
-        with fs.open_output(server.uri("/secure/out.bin")) as fh:
+    server.deny("/open/out")  # the folder exists and is writable, the file is not: fails at the upload
+    fs.makedirs(server.uri("/open"))
+    with pytest.raises(PermissionError, match=r"/open/out.bin: .*Permission denied.*access=WRITE"):
+        with fs.open_output(server.uri("/open/out.bin")) as fh:
             fh.write(b"x")
     with pytest.raises(PermissionError):
         fs.listdir(server.uri("/secure"))
-    assert len(server.ops()) - before <= 4  # each failed once: a denied path is not transient
+    assert len(server.ops()) - before <= 6  # each failed once: a denied path is not transient
 
 
 def test_namenode_safe_mode_is_retried_then_reported_with_path_and_last_error(server, caplog):
