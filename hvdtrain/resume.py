@@ -68,12 +68,6 @@ def state_arrays(model: Any, optimizer: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def keras_int(variable: Any) -> int:
-    import keras
-
-    return int(keras.ops.convert_to_numpy(variable))
-
-
 def group(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
     """Arrays under ``prefix/`` in position order."""
     head = prefix + "/"
@@ -350,7 +344,7 @@ def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankIn
             assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
             if "saved_layout_step" in resumed.meta:  # another layout: the schedule moves to its step, keeping
                 # the steps the optimizer skipped (float16 overflow) skipped
-                skipped = int(resumed.meta["saved_layout_step"]) - int(keras_int(optimizer.iterations))
+                skipped = int(resumed.meta["saved_layout_step"]) - int(to_numpy([optimizer.iterations])[0])
                 optimizer.iterations.assign(max(0, resumed.layout_step - skipped))
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             error = str(exc) if isinstance(exc, DataError) else (

@@ -6,6 +6,7 @@ set ``HVDTRAIN_WEBHDFS_KERBEROS=1``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -19,19 +20,26 @@ import pyarrow.fs as pafs
 _ERRORS = {"FileNotFoundException": FileNotFoundError, "AccessControlException": PermissionError}
 
 
-def _builtin_errors(method):
+@contextlib.contextmanager
+def _remote_errors(path: str):
     """NameNode RemoteExceptions as the built-in errors pyarrow and hvdtrain.fs classify (never retried)."""
+    from hdfs.util import HdfsError
+
+    try:
+        yield
+    except HdfsError as exc:
+        kind = _ERRORS.get(getattr(exc, "exception", None))
+        if kind is None:
+            raise
+        raise kind(f"{path}: {exc}") from exc
+
+
+def _builtin_errors(method):
+    """A handler method whose first argument is a path (or a FileSelector), under :func:`_remote_errors`."""
     @functools.wraps(method)
     def call(self, path, *args, **kwargs):
-        from hdfs.util import HdfsError
-
-        try:
+        with _remote_errors(getattr(path, "base_dir", path)):
             return method(self, path, *args, **kwargs)
-        except HdfsError as exc:
-            kind = _ERRORS.get(getattr(exc, "exception", None))
-            if kind is None:
-                raise
-            raise kind(f"{getattr(path, 'base_dir', path)}: {exc}") from exc
     return call
 
 
@@ -176,7 +184,8 @@ class _Upload(io.RawIOBase):
         if not self.closed:
             try:
                 self._spool.seek(0)
-                _builtin_errors(lambda _, path: self._client.write(path, self._spool, overwrite=True))(None, self._path)
+                with _remote_errors(self._path):
+                    self._client.write(self._path, self._spool, overwrite=True)
             finally:
                 self._spool.close()
                 super().close()
