@@ -70,7 +70,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import sources, split as split_mod, validate, writer
+    from etl import sources, split as split_mod, text, validate, writer
 
     timer = StageTimer()
     check_output(cfg)
@@ -93,13 +93,16 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         with timer.stage("fit vocabulary and statistics on train"):
             tok = _tokenizer(rows, cfg) if cfg.source.text_column else None
             stats = _tabular_stats(rows, cfg)
+        text_specs = (manifest.text_features(cfg.etl.max_length, len(text.vocab_lines(tok)), cfg.etl.packed_tokens)
+                      if tok is not None else {})
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split)
-            results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg)
+            results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
+                                    {name: spec.encoding for name, spec in text_specs.items() if spec.encoding})
         rows.unpersist()
         with timer.stage("publish"):
-            report = _publish(cfg, staging, plan, results, labels, tok, stats, checked, counts, timer)
+            report = _publish(cfg, staging, plan, results, labels, tok, text_specs, stats, checked, counts, timer)
     except BaseException:
         _clean(staging)
         raise
@@ -144,7 +147,7 @@ def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
 
 
 def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                  plan: Any, staging: str, cfg: JobConfig) -> list[dict]:
+                  plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str]) -> list[dict]:
     from functools import partial
 
     from etl import writer
@@ -160,7 +163,7 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
         (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
-                   tabular_stats=tabular_stats, compression=cfg.etl.compression)
+                   tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 
@@ -171,6 +174,7 @@ def _stable_shard(key: str, count: int) -> int:
 
 
 def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], labels: list[str], tok: Any,
+             text_specs: dict[str, manifest.FeatureSpec],
              stats: Optional[dict], checked: Any, counts: dict[str, int], timer: StageTimer) -> dict[str, Any]:
     from etl import tabular, text, writer
 
@@ -201,8 +205,7 @@ def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], label
         vocab = text.vocab_lines(tok)
         fs.write_bytes_atomic(fs.join(out, "vocab.txt"), ("\n".join(vocab) + "\n").encode())
         fs.write_bytes_atomic(fs.join(out, "tokenizer.json"), tok.to_str().encode())
-        features["input_ids"] = manifest.FeatureSpec("int64", [cfg.etl.max_length])
-        features["attention_mask"] = manifest.FeatureSpec("int64", [cfg.etl.max_length])
+        features.update(text_specs)
         vocab_info = {"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab), "pad_id": 0,
                       "learned": cfg.etl.vocab_file is None}
         preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}

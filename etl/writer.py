@@ -62,12 +62,13 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
 
 
 def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str,
-                    tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str) -> Iterator[dict]:
+                    tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str,
+                    encodings: Optional[dict[str, str]] = None) -> Iterator[dict]:
     """Runs in a Spark task: encode sorted rows and write one shard.
 
     ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
     values)) pairs. Yields one stats dict for the shard (nothing for an empty
-    partition).
+    partition). ``encodings`` maps features to their packed encoding (``FeatureSpec.encoding``).
     """
     from pyspark import TaskContext
 
@@ -75,7 +76,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
     path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
-    encode = RecordEncoder(tokenizer_json, tabular_stats)
+    encode = RecordEncoder(tokenizer_json, tabular_stats, encodings)
     stream = None
     writer = None
     batch: list = []
@@ -105,11 +106,13 @@ class RecordEncoder:
     """Turns a batch of rows into tf.train.Example records: token ids for the
     text, fitted transforms for tabular columns, the label index and the key."""
 
-    def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict]):
+    def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict],
+                 encodings: Optional[dict[str, str]] = None):
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.stats = tabular_stats
+        self.encodings = encodings or {}
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
         from etl import tabular, text
@@ -119,8 +122,8 @@ class RecordEncoder:
         cols: dict[str, tuple[str, Any]] = {}
         if self.tok is not None:
             ids, mask = text.encode(self.tok, [v[0] for _, v in batch])
-            cols["input_ids"] = (tfrecord.INT64, ids)
-            cols["attention_mask"] = (tfrecord.INT64, mask)
+            cols["input_ids"] = tfrecord.int_column(ids, self.encodings.get("input_ids", ""))
+            cols["attention_mask"] = tfrecord.int_column(mask, self.encodings.get("attention_mask", ""))
         if self.stats is not None:
             numeric, categorical = tabular.transform(self.stats, [v[2] for _, v in batch], [v[3] for _, v in batch])
             if self.stats["numeric_columns"]:

@@ -17,19 +17,40 @@ from typing import Any, Optional
 from hvdtrain import fs
 from hvdtrain.errors import DataError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: features may be stored packed (FeatureSpec.encoding)
+READS = (1, 2)  # format versions this hvdtrain reads (1 is 2 without packed features)
 MANIFEST_NAME = "manifest.json"
+
+# Packed encodings: a fixed-shape integer feature stored as ONE bytes value per
+# record, the values laid end to end in this little-endian numpy dtype. Readers
+# decode with one whole-batch op, where parsing an int64_list costs a varint
+# decode per value (the biggest cost of the input pipeline).
+ENCODINGS = {"u8": "<u1", "u16le": "<u2", "i32le": "<i4"}
+
+
+def packed_encoding(max_value: int) -> str:
+    """The narrowest packed encoding that holds ``0..max_value``."""
+    for name, limit in (("u8", 0xFF), ("u16le", 0xFFFF), ("i32le", 0x7FFFFFFF)):
+        if max_value <= limit:
+            return name
+    raise ValueError(f"{max_value} does not fit a packed encoding (at most {0x7FFFFFFF})")
 
 
 @dataclass
 class FeatureSpec:
-    """One feature of every record: dtype (int64, float32, bytes) and fixed shape."""
+    """One feature of every record: dtype (int64, float32, bytes) and fixed shape, as a reader gets it.
+
+    ``encoding`` is how it is stored: "" for the protobuf list of its dtype
+    (int64_list, float_list, bytes_list), or a packed encoding (``ENCODINGS``)
+    of an int64 feature, stored as one bytes value.
+    """
 
     dtype: str
     shape: list[int]
+    encoding: str = ""
 
     def describe(self) -> str:
-        return f"{self.dtype}{self.shape}"
+        return f"{self.dtype}{self.shape}" + (f" packed {self.encoding}" if self.encoding else "")
 
 
 @dataclass
@@ -84,6 +105,9 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("location")
+        for feature in data["features"].values():
+            if not feature["encoding"]:
+                del feature["encoding"]  # stored as the protobuf list of its dtype (the format 1 layout)
         for name, split in self.splits.items():
             data["splits"][name]["records"] = split.records
             data["splits"][name]["bytes"] = split.bytes
@@ -96,15 +120,16 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any], location: Optional[str] = None) -> "Manifest":
         where = location or "manifest"
         try:
-            if data.get("format_version") != FORMAT_VERSION:
+            if data.get("format_version") not in READS:
                 raise DataError(f"{where}: format_version {data.get('format_version')!r} is not supported "
-                                f"(this hvdtrain reads {FORMAT_VERSION}); rerun the ETL with this version")
+                                f"(this hvdtrain reads {', '.join(map(str, READS))}); rerun the ETL with this "
+                                "version, or use the hvdtrain version that wrote it")
             splits = {
                 name: Split([Shard(**{k: v for k, v in s.items()}) for s in body["shards"]])
                 for name, body in data["splits"].items()
             }
             return cls(
-                features={k: FeatureSpec(**v) for k, v in data["features"].items()},
+                features={k: _feature(k, v, where) for k, v in data["features"].items()},
                 label_feature=data["label_feature"],
                 labels=list(data["labels"]),
                 splits=splits,
@@ -115,6 +140,7 @@ class Manifest:
                 etl_config_hash=data.get("etl_config_hash", ""),
                 versions=data.get("versions", {}),
                 created_at=data.get("created_at", ""),
+                format_version=data["format_version"],
                 location=location,
             )
         except (KeyError, TypeError) as exc:
@@ -143,6 +169,23 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+
+def text_features(max_length: int, vocab_size: int, packed: bool = True) -> dict[str, FeatureSpec]:
+    """``input_ids`` and ``attention_mask`` as the ETL writes them: packed (ids in the narrowest encoding
+    that holds the vocabulary, the mask as bytes), or int64 lists when ``packed`` is false."""
+    if not packed:
+        return {"input_ids": FeatureSpec("int64", [max_length]), "attention_mask": FeatureSpec("int64", [max_length])}
+    return {"input_ids": FeatureSpec("int64", [max_length], packed_encoding(max(vocab_size - 1, 0))),
+            "attention_mask": FeatureSpec("int64", [max_length], "u8")}
+
+
+def _feature(name: str, body: dict[str, Any], where: str) -> FeatureSpec:
+    spec = FeatureSpec(**body)
+    if spec.encoding and (spec.encoding not in ENCODINGS or spec.dtype != "int64"):
+        raise DataError(f"{where}: feature {name!r} is {spec.dtype} stored as {spec.encoding!r}; this hvdtrain "
+                        f"reads packed int64 features as {', '.join(ENCODINGS)}: rerun the ETL with this version")
+    return spec
 
 
 def manifest_uri(dataset: str) -> str:

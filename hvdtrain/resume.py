@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import checkpoint, distributed
+from hvdtrain import checkpoint, data, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
 from hvdtrain.errors import DataError
 from hvdtrain.evaluation import scalar_metrics
@@ -93,14 +93,14 @@ def assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str, wh
 # -- what the position depends on ---------------------------------------------------------------
 
 POSITION_KEYS = ("world_size", "batch_size", "grad_accum_steps", "steps_per_epoch")  # where a step leaves the input
-ORDER_KEYS = ("seed", "shuffle_buffer")  # which records come in which order
+ORDER_KEYS = ("seed", "shuffle_buffer", "input_order")  # which records come in which order
 
 
 def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_digest: str) -> dict[str, Any]:
     """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
-            "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer,
+            "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": data.INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
 
@@ -120,7 +120,8 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
     at the next epoch in the new layout, under a new offset (and the
     optimizer's step counter moves to the new layout step, so the learning-rate
     schedule is at the same fraction of training). Mid-epoch, that is refused
-    with both layouts named. A changed seed, shuffle buffer or model config is
+    with both layouts named. A changed seed, shuffle buffer, input order
+    version (``data.INPUT_ORDER``) or model config is
     a warning: training continues, but not as an uninterrupted run would have.
     """
     if saved.get("manifest_digest") != now["manifest_digest"]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.manifest import FeatureSpec, Manifest, Shard, Split
-from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter
+from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter, int_column
 
 SPECIAL = 5  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK], as etl/text.py lays them out
 SPLITS = ("train", "validation", "test")
@@ -51,11 +51,13 @@ _KINDS = {"input_ids": INT64, "attention_mask": INT64, "numeric": FLOAT, "catego
           "key": BYTES}
 
 
-def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], compression: str) -> Shard:
+def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], compression: str,
+                 encodings: dict[str, str]) -> Shard:
     os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
     with open(os.path.join(root, rel), "wb") as fh:
         writer = TFRecordWriter(fh, compression=compression)
-        writer.write_columns({name: (_KINDS[name], values) for name, values in rows.items()})
+        writer.write_columns({name: int_column(values, encodings[name]) if name in encodings
+                              else (_KINDS[name], values) for name, values in rows.items()})
         writer.count_labels(rows["label"])
         stats = writer.finish()
     counts = {labels[k]: v for k, v in stats.class_counts.items()}
@@ -64,8 +66,10 @@ def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], c
 
 def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], labels: list[str],
                   n_per_split: Union[int, dict[str, int]], shards_per_split: int,
-                  shard_sizes: Optional[dict[str, list[int]]], compression: str) -> dict[str, Split]:
-    """Generate each split's rows and write them as shards; keys are ``<split>-<index>``."""
+                  shard_sizes: Optional[dict[str, list[int]]], compression: str,
+                  features: dict[str, FeatureSpec]) -> dict[str, Split]:
+    """Generate each split's rows and write them as shards, stored as ``features`` say; keys are ``<split>-<index>``."""
+    encodings = {name: spec.encoding for name, spec in features.items() if spec.encoding}
     splits = {}
     for split in SPLITS:
         if shard_sizes and split in shard_sizes:
@@ -79,7 +83,7 @@ def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], 
         for i, n in enumerate(sizes):
             part = {name: values[start:start + n] for name, values in table.items()}
             part["key"] = keys[start:start + n]
-            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, compression))
+            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, compression, encodings))
             start += n
         splits[split] = Split(shards)
     return splits
@@ -88,7 +92,7 @@ def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], 
 def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, num_classes: int = 3,
                       max_length: int = 16, vocab_size: int = 64, shards_per_split: int = 2, seed: int = 0,
                       shard_sizes: Optional[dict[str, list[int]]] = None, class_rate: float = 0.5,
-                      compression: str = "none") -> Manifest:
+                      compression: str = "none", packed: bool = True) -> Manifest:
     """Write a separable dataset under ``root`` and return its manifest (as read back).
 
     Args:
@@ -96,6 +100,7 @@ def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, 
         shards_per_split: shards per split, of near-equal size.
         shard_sizes: explicit records per shard for some splits (overrides the two above).
         class_rate: fraction of tokens drawn from the document's class.
+        packed: store the token features packed, as the ETL does by default (false: int64 lists).
     """
     rng = np.random.default_rng(seed)
     labels = [f"class{i}" for i in range(num_classes)]
@@ -104,12 +109,11 @@ def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, 
         ids, mask, y = _documents(rng, n, num_classes, max_length, vocab_size, class_rate)
         return {"input_ids": ids, "attention_mask": mask, "label": y}
 
-    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression)
+    features = {**manifest_lib.text_features(max_length, vocab_size, packed),
+                "label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])}
+    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression, features)
     manifest = Manifest(
-        features={"input_ids": FeatureSpec("int64", [max_length]),
-                  "attention_mask": FeatureSpec("int64", [max_length]),
-                  "label": FeatureSpec("int64", []),
-                  "key": FeatureSpec("bytes", [])},
+        features=features,
         label_feature="label",
         labels=labels,
         splits=splits,
@@ -182,14 +186,15 @@ def make_tabular_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 20
         return {name: table[name] for name in ("numeric", "categorical", "label")
                 if (name != "numeric" or num_numeric > 0) and (name != "categorical" or cards)}
 
-    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression)
-    features = {}
+    features: dict[str, FeatureSpec] = {}
     if num_numeric > 0:
         features["numeric"] = FeatureSpec("float32", [num_numeric])
     if cards:
         features["categorical"] = FeatureSpec("int64", [len(cards)])
+    features.update({"label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])})
+    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression, features)
     manifest = Manifest(
-        features={**features, "label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])},
+        features=features,
         label_feature="label", labels=labels, splits=splits, compression=compression,
         preprocessing={"tabular": tabular_preprocessing(num_numeric, cards)},
         source={"synthetic": True, "seed": seed, "kind": "tabular"}, etl_config_hash="synthetic",

@@ -155,6 +155,11 @@ def _feature(kind: str, values: np.ndarray | Sequence) -> _Message:
         arr = np.ascontiguousarray(np.asarray(values, dtype="<f4").reshape(len(values), -1))
         packed = Ragged(arr.view(np.uint8).reshape(-1), np.full(arr.shape[0], arr.shape[1] * 4, np.int64))
         return _delimited(2, _delimited(1, _raw(packed)))
+    if kind == BYTES and isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype == np.uint8:
+        # One bytes value per row: the row's bytes (a packed feature, see :func:`pack`), without a Python loop.
+        arr = np.ascontiguousarray(values)
+        packed = Ragged(arr.reshape(-1), np.full(arr.shape[0], arr.shape[1], np.int64))
+        return _delimited(1, _delimited(1, _raw(packed)))
     if kind == BYTES:
         rows = [[row] if isinstance(row, (bytes, str)) else list(row) for row in values]
         items = [x.encode() if isinstance(x, str) else bytes(x) for row in rows for x in row]
@@ -164,6 +169,30 @@ def _feature(kind: str, values: np.ndarray | Sequence) -> _Message:
         per_row = np.bincount(owner, weights=entries.lengths, minlength=len(rows)).astype(np.int64)
         return _delimited(1, _raw(Ragged(entries.data, per_row)))
     raise ValueError(f"unknown feature kind {kind!r}; use int64, float32 or bytes")
+
+
+def pack(values: np.ndarray, encoding: str) -> np.ndarray:
+    """Rows of integers as the rows of bytes of a packed feature (``manifest.ENCODINGS``), a 2-D uint8 array.
+
+    Raises:
+        ValueError: when a value does not fit the encoding.
+    """
+    from hvdtrain.manifest import ENCODINGS
+
+    dtype = np.dtype(ENCODINGS[encoding])
+    arr = np.asarray(values)
+    arr = arr.reshape(arr.shape[0], -1)
+    if arr.size:
+        info = np.iinfo(dtype)
+        low, high = int(arr.min()), int(arr.max())
+        if low < info.min or high > info.max:
+            raise ValueError(f"values {low}..{high} do not fit packed encoding {encoding} ({info.min}..{info.max})")
+    return np.ascontiguousarray(arr.astype(dtype)).view(np.uint8)
+
+
+def int_column(values: np.ndarray, encoding: str = "") -> tuple[str, np.ndarray]:
+    """An int64 feature as a ``write_columns`` column: an int64_list, or packed bytes (``FeatureSpec.encoding``)."""
+    return (BYTES, pack(values, encoding)) if encoding else (INT64, values)
 
 
 def _examples(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> _Message:

@@ -7,6 +7,7 @@ import itertools
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from hvdtrain import data
@@ -94,6 +95,61 @@ def test_train_stream_repeats_reshuffles_and_covers_every_record(dataset: manife
     again = _keys(itertools.islice(iter(data.train_dataset(dataset, rank=0, size=1, batch_size=10,
                                                             shuffle_buffer=32, seed=1, features=ALL)), 27))
     assert again == keys  # deterministic for a seed
+
+
+def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) -> None:
+    # One shard of 90 records in key order, windows of 30: each pass is a permutation of the shard in
+    # which a record moves less than two windows, and the boundaries move, so records 0 and 31 share
+    # the first batches in some passes and not in others.
+    m = make_text_dataset(str(tmp_path), n_per_split={"train": 90, "validation": 4, "test": 4}, shards_per_split=1)
+    ds = data.train_dataset(m, rank=0, size=1, batch_size=10, shuffle_buffer=30, seed=3, features=["key"])
+    keys = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 9 * 12))]
+    passes = [keys[i:i + 90] for i in range(0, len(keys), 90)]
+    assert all(sorted(p) == list(range(90)) for p in passes)
+    assert all(abs(pos - k) < 60 for p in passes for pos, k in enumerate(p))
+    first_window = [set(p[:30]) for p in passes]
+    assert any(k >= 30 for w in first_window for k in w)  # a boundary other than 30
+    assert len({frozenset(w) for w in first_window}) > 1
+    assert len({tuple(p) for p in passes}) == len(passes)
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])  # whole shards, and record-level reading (3 shards, 4 ranks)
+def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> None:
+    kw = dict(n_per_split=40, num_classes=3, max_length=12, vocab_size=300, shards_per_split=3, seed=4)
+    packed = make_text_dataset(str(tmp_path / "packed"), packed=True, **kw)
+    plain = make_text_dataset(str(tmp_path / "plain"), packed=False, **kw)
+    assert packed.features["input_ids"].encoding == "u16le" and packed.features["attention_mask"].encoding == "u8"
+    assert plain.features["input_ids"].encoding == ""
+    for rank in range(size):
+        a, b = (list(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=7, features=ALL))
+                for m in (packed, plain))
+        b_train, a_train = (next(iter(data.train_dataset(m, rank=rank, size=size, batch_size=5, shuffle_buffer=8,
+                                                          seed=2, features=ALL))) for m in (plain, packed))
+        for x, y in [*zip(a, b), (a_train, b_train)]:
+            for name in ALL:
+                assert x[name].dtype == y[name].dtype
+                assert x[name].numpy().tolist() == y[name].numpy().tolist()
+    import tensorflow as tf
+
+    parser = data.Parser(packed)
+    records = next(iter(tf.data.TFRecordDataset(packed.shard_uri(packed.split("test").shards[0])).batch(3)))
+    one, three = parser.single(records[1]), parser.batch(records)
+    assert all(np.asarray(one[name]).tolist() == np.asarray(three[name][1]).tolist() for name in ALL)
+
+
+def test_manifest_formats_and_encodings(dataset: manifest_lib.Manifest) -> None:
+    body = dataset.to_dict()
+    assert body["format_version"] == 2 and "encoding" not in body["features"]["label"]
+    old = {**body, "format_version": 1,
+           "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in body["features"].items()}}
+    assert manifest_lib.Manifest.from_dict(old).features["input_ids"] == FeatureSpec("int64", [12])
+    with pytest.raises(DataError, match="format_version 3"):
+        manifest_lib.Manifest.from_dict({**body, "format_version": 3})
+    bad = {**body, "features": {**body["features"], "input_ids": {"dtype": "int64", "shape": [12], "encoding": "u128"}}}
+    with pytest.raises(DataError, match="'input_ids' is int64 stored as 'u128'"):
+        manifest_lib.Manifest.from_dict(bad)
+    assert manifest_lib.packed_encoding(255) == "u8" and manifest_lib.packed_encoding(65535) == "u16le"
+    assert manifest_lib.packed_encoding(65536) == "i32le"
 
 
 def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.Manifest) -> None:

@@ -39,16 +39,17 @@ def job(hive_cfg, tmp_path, **etl):
 
 
 def read_back(m, split):
-    """Every record of a split through tf.data + parse_example, using only the manifest's spec."""
+    """Every record of a split through tf.data + parse_example, using only the manifest's features."""
     import tensorflow as tf
 
-    dtypes = {"int64": tf.int64, "float32": tf.float32, "bytes": tf.string}
-    spec = {k: tf.io.FixedLenFeature(f.shape, dtypes[f.dtype]) for k, f in m.features.items()}
+    from hvdtrain import data
+
+    parser = data.Parser(m)
     files = [m.shard_uri(s) for s in m.split(split).shards]
     ds = tf.data.TFRecordDataset(files, compression_type="GZIP" if m.compression == "gzip" else "")
-    out = {k: [] for k in spec}
-    for batch in ds.batch(256).map(lambda x: tf.io.parse_example(x, spec)):
-        for k in spec:
+    out = {k: [] for k in m.features}
+    for batch in ds.batch(256).map(parser.batch):
+        for k in m.features:
             out[k].append(batch[k].numpy())
     return {k: np.concatenate(v) if v else np.array([]) for k, v in out.items()}
 
@@ -80,13 +81,17 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
         counts = np.bincount(got["label"], minlength=3)
         assert {m.labels[i]: int(c) for i, c in enumerate(counts) if c} == sp.class_counts()
         # record for record, the same values through an independent reader (the `tfrecord` package)
+        # (token features are packed: raw bytes, decoded here with numpy from the manifest's encoding)
+        assert (m.features["input_ids"].encoding, m.features["attention_mask"].encoding) == ("u16le", "u8")
         other = read_with_tfrecord_package([m.shard_uri(s) for s in sp.shards], m.compression,
-                                           {"key": "byte", "label": "int", "input_ids": "int",
-                                            "attention_mask": "int"})
+                                           {"key": "byte", "label": "int", "input_ids": "raw",
+                                            "attention_mask": "raw"})
         assert other["key"] == [k.decode() for k in got["key"]]
         np.testing.assert_array_equal(np.array(other["label"]).reshape(-1), got["label"])
-        np.testing.assert_array_equal(np.array(other["input_ids"]), got["input_ids"])
-        np.testing.assert_array_equal(np.array(other["attention_mask"]), got["attention_mask"])
+        for feature in ("input_ids", "attention_mask"):
+            dtype = manifest.ENCODINGS[m.features[feature].encoding]
+            np.testing.assert_array_equal(np.stack([np.frombuffer(bytes.fromhex(h), dtype) for h in other[feature]]),
+                                          got[feature])
         keys = {k.decode() for k in got["key"]}
         assert all(split.split_of(k, cfg.etl.splits) == name for k in keys)  # split is by key hash
         keys_seen |= keys
@@ -178,14 +183,26 @@ def test_file_sources_read_back_record_for_record(spark, hive_cfg, tmp_path, fmt
     src = str(tmp_path / f"src.{fmt}")
     spark.createDataFrame(GOOD, "id string, text string, label string, score int").coalesce(2) \
         .write.mode("overwrite").format(fmt).options(**({"header": "true"} if fmt == "csv" else {})).save(src)
-    cfg = file_job(hive_cfg, tmp_path, {"path": src, "format": fmt}, compression="gzip")
+    packed = fmt != "csv"  # one format written with int64 token lists (etl.packed_tokens=false)
+    cfg = file_job(hive_cfg, tmp_path, {"path": src, "format": fmt}, compression="gzip", packed_tokens=packed)
     report = etl_job.run(spark, cfg)
     m = manifest.read(cfg.etl.output)
     assert report["rows_written"] == 80 and m.compression == "gzip"
+    assert m.features["input_ids"].encoding == (manifest.packed_encoding(m.vocab["size"] - 1) if packed else "")
     got = set()
     for name in m.splits:
-        got |= {k.decode() for k in read_back(m, name)["key"]}
+        back = read_back(m, name)
+        got |= {k.decode() for k in back["key"]}
+        assert back["input_ids"].dtype == np.int64 and (back["attention_mask"].sum(axis=1) > 0).all()
     assert got == {r[0] for r in GOOD}
+    if not packed:  # plain int64 lists: any reader decodes them with a FixedLenFeature, no manifest needed
+        import tensorflow as tf
+
+        files = [m.shard_uri(s) for s in m.split("train").shards]
+        spec = {"input_ids": tf.io.FixedLenFeature([m.features["input_ids"].shape[0]], tf.int64)}
+        ds = tf.data.TFRecordDataset(files, compression_type="GZIP").batch(1000).map(
+            lambda x: tf.io.parse_example(x, spec))
+        np.testing.assert_array_equal(next(iter(ds))["input_ids"].numpy(), read_back(m, "train")["input_ids"])
 
 
 def test_malformed_lines_wrong_types_and_rule_breaks_are_quarantined(spark, hive_cfg, tmp_path):

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, config, distributed, resume
+from hvdtrain import checkpoint, config, data, distributed, resume
 from hvdtrain.data import InputShape
 from hvdtrain.errors import DataError
 from hvdtrain.loop import EpochStats, LoopState
@@ -83,6 +83,8 @@ def test_a_changed_dataset_is_refused_and_a_changed_seed_or_model_warned(tmp_pat
     warnings, step = resume.check_layout(saved, _layout(reseeded), "ckpt-12")
     assert step == 0 and len(warnings) == 1
     assert f"seed {cfg.train.seed} -> 7" in warnings[0] and "shuffle_buffer" in warnings[0] and "data order" in warnings[0]
+    warnings, step = resume.check_layout({**saved, "input_order": 1}, _layout(cfg), "ckpt-12")  # older reader
+    assert step == 0 and len(warnings) == 1 and f"input_order 1 -> {data.INPUT_ORDER}" in warnings[0]
     wider = config.from_dict({**cfg.to_dict(), "model": {**TINY, "dropout": 0.3}}, base_dir=str(tmp_path))
     warnings, step = resume.check_layout(saved, _layout(wider), "ckpt-12")
     assert step == 0 and len(warnings) == 1 and "changed model config" in warnings[0]

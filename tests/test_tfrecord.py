@@ -57,6 +57,24 @@ def test_encoding_is_byte_identical_to_protobuf_and_framing_to_the_record_at_a_t
     assert data.tobytes() == expected and lengths.tolist() == [len(expected)]
 
 
+def test_packed_columns_decode_to_the_values_and_refuse_what_does_not_fit():
+    tf = pytest.importorskip("tensorflow")
+    ids = np.array([[0, 1, 65535, 300], [7, 0, 0, 0]], np.int64)
+    recs = tfrecord.encode_examples({"input_ids": tfrecord.int_column(ids, "u16le"),
+                                     "wide": tfrecord.int_column(ids * 30000, "i32le"),
+                                     "plain": tfrecord.int_column(ids)})
+    parsed = tf.io.parse_example(tf.constant(recs), {"input_ids": tf.io.FixedLenFeature([], tf.string),
+                                                      "wide": tf.io.FixedLenFeature([], tf.string),
+                                                      "plain": tf.io.FixedLenFeature([4], tf.int64)})
+    assert parsed["input_ids"].numpy().tolist() == [r.astype("<u2").tobytes() for r in ids]
+    np.testing.assert_array_equal(tf.io.decode_raw(parsed["wide"], tf.int32).numpy(), ids * 30000)
+    np.testing.assert_array_equal(parsed["plain"].numpy(), ids)
+    with pytest.raises(ValueError, match="do not fit packed encoding u8"):
+        tfrecord.pack(np.array([[1, 256]]), "u8")
+    with pytest.raises(ValueError, match="-1..3"):
+        tfrecord.pack(np.array([[-1, 3]]), "u16le")
+
+
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, compression):
     tf = pytest.importorskip("tensorflow")
@@ -80,17 +98,20 @@ def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, 
 def read_with_tfrecord_package(paths, compression, description=None):
     """Decode files, in order, with the independent `tfrecord` package, in its own process:
     its example_pb2 clashes with TensorFlow's protos in one interpreter. Returns
-    {feature: [value per record]} (ints and floats as lists, bytes decoded)."""
+    {feature: [value per record]} (ints and floats as lists, bytes decoded; kind "raw": bytes as hex)."""
     description = description or {"input_ids": "int", "key": "byte"}
     code = (
         "import json, sys\n"
         "from tfrecord.reader import tfrecord_loader\n"
         "desc = json.loads(sys.argv[2])\n"
         "out = {k: [] for k in desc}\n"
+        "load = {k: 'byte' if kind == 'raw' else kind for k, kind in desc.items()}\n"
         "for path in sys.argv[3:]:\n"
-        "    for r in tfrecord_loader(path, None, desc, compression_type=sys.argv[1] or None):\n"
+        "    for r in tfrecord_loader(path, None, load, compression_type=sys.argv[1] or None):\n"
         "        for k, kind in desc.items():\n"
-        "            out[k].append(bytes(r[k]).decode() if kind == 'byte' else r[k].tolist())\n"
+        "            v = r[k]\n"
+        "            out[k].append(bytes(v).hex() if kind == 'raw' else bytes(v).decode() if kind == 'byte' "
+        "else v.tolist())\n"
         "print(json.dumps(out))\n"
     )
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
