@@ -87,7 +87,14 @@ def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
 
 def from_vocab(vocab_lines: Sequence[str], opts: TextOptions) -> Tokenizer:
     """A tokenizer from a vocab.txt (one token per line, id = line number); [PAD] must be id 0."""
-    vocab = {token: i for i, token in enumerate(t.rstrip("\n") for t in vocab_lines) if token}
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(t.rstrip("\n") for t in vocab_lines):  # id = line number, so no gaps or repeats
+        if not token:
+            raise ValueError(f"line {i + 1} is blank; ids are line numbers, so every line must hold a token")
+        if token in vocab:
+            raise ValueError(f"token {token!r} on line {i + 1} repeats line {vocab[token] + 1}; "
+                             "ids are line numbers, so every token must appear once")
+        vocab[token] = i
     missing = [t for t in (PAD, UNK) if t not in vocab]
     if missing:
         raise ValueError(f"the vocabulary lacks {', '.join(missing)}; a BERT-style vocab.txt has both")

@@ -179,8 +179,8 @@ class EtlConfig:
     target_shard_mb: float = 64.0
     min_shards_per_split: int = 2
     compression: Literal["none", "gzip"] = "none"
-    # input_ids / attention_mask stored packed, one bytes value per record (ids as uint16, or int32 for
-    # vocabularies over 65,536; the mask as uint8): far cheaper to parse than int64 lists. false writes
+    # input_ids / attention_mask stored packed, one bytes value per record (ids as uint8/uint16/int32, the
+    # narrowest that holds the vocabulary; the mask as uint8): far cheaper to parse than int64 lists. false writes
     # int64 lists, which any TFRecord reader decodes without the manifest.
     packed_tokens: bool = True
     overwrite: bool = False

@@ -288,7 +288,7 @@ def resume_point(consumed: int, per_pass: int) -> tuple[int, int]:
 
 
 def shuffle_seed(seed: int, rank: int) -> int:
-    """Base of a rank's per-pass shuffle seeds (pass ``p`` uses ``shuffle_seed + p``)."""
+    """Base of a rank's per-pass shuffle seeds (pass ``p`` folds ``p`` into ``(shuffle_seed, 0)``)."""
     return seed + 104729 * (rank + 1)
 
 
@@ -414,7 +414,7 @@ class Parser:
         (shape ``[n, *shape]``): what shuffling and batching move around, 2-8x fewer bytes than int64."""
         import tensorflow as tf
 
-        return self._unpack(tf.io.parse_example(serialized, self.spec), [-1])
+        return self._unpack(tf.io.parse_example(serialized, self.spec), [tf.shape(serialized)[0]])
 
     def widen(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Packed features of a :meth:`narrow` batch as int64, the dtype the manifest declares."""
@@ -437,9 +437,9 @@ CHUNK = 256  # records a reader hands on at once: tf.data's per-element cost is 
 
 
 def _chunks(manifest: Manifest, source: FileSource, cycle_length: int,
-            files: Optional["tf.data.Dataset"] = None) -> "tf.data.Dataset":
+            files: Optional["tf.data.Dataset"] = None, chunk: int = CHUNK) -> "tf.data.Dataset":
     """Records of the source's files (or of ``files``, paths from it) as chunks: 1-D string tensors of
-    up to ``CHUNK`` consecutive records of one file, interleaved chunk by chunk in a deterministic order."""
+    up to ``chunk`` consecutive records of one file, interleaved chunk by chunk in a deterministic order."""
     import tensorflow as tf
 
     compression = "GZIP" if manifest.compression == "gzip" else ""
@@ -447,7 +447,7 @@ def _chunks(manifest: Manifest, source: FileSource, cycle_length: int,
         files = tf.data.Dataset.from_generator(source.paths, output_signature=tf.TensorSpec((), tf.string))
 
     def read(path: tf.Tensor) -> tf.data.Dataset:
-        chunks = tf.data.TFRecordDataset(path, compression_type=compression).batch(CHUNK)
+        chunks = tf.data.TFRecordDataset(path, compression_type=compression).batch(chunk)
         if source.release is None:
             return chunks
         # After the file's last record: release (delete) the staged copy; the marker itself is dropped.
@@ -516,25 +516,26 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     """One pass of parsed chunks (:func:`_parsed`) as shuffled windows (dicts of tensors).
 
     The pass is cut into windows of ``window`` records, except the first,
-    whose size is drawn from ``seed`` in ``[1, window]`` so that window
-    boundaries move from pass to pass (no two records are kept apart for good).
-    Each window is permuted uniformly (stateless, seeded by ``seed`` and the
-    window's index). The first ``skip`` records of the shuffled pass are dropped
-    (resuming mid-pass). ``seed`` is a pair of int64 scalars; everything is a
-    whole-tensor op on parsed, packed rows, so the cost per record is a few
-    memcpy-like copies rather than a trip through a record-by-record shuffle
+    whose size is drawn in ``[1, window]`` so that window boundaries move from
+    pass to pass (no two records are kept apart for good). Each window is
+    permuted uniformly. ``seed`` is this pass's shape-[2] int64 seed; the first
+    window's size and each window's permutation fold a distinct index into it.
+    The first ``skip`` records of the shuffled pass are dropped (resuming
+    mid-pass). Everything is a whole-tensor op on parsed, packed rows, so the
+    cost per record is a few memcpy-like copies rather than a trip through a
+    record-by-record shuffle
     buffer of serialized strings (2-4x faster on 2 cores).
     """
     import tensorflow as tf
 
-    seed = tf.cast(tf.stack(seed), tf.int64)
-    first = 1 + tf.random.stateless_uniform([], seed=seed, maxval=window, dtype=tf.int64)
+    fold = tf.random.experimental.stateless_fold_in
+    first = 1 + tf.random.stateless_uniform([], seed=fold(seed, 0), maxval=window, dtype=tf.int64)
     windows = chunks.rebatch(window_sizes(per_pass, window, first))
     skip = tf.cast(skip, tf.int64)
 
     def shuffle(k: tf.Tensor, w: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         n = _length(w)
-        order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed + tf.stack([0, k + 1]))
+        order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=fold(seed, k + 1))
         start = tf.where(tf.equal(k, 0), tf.constant(0, tf.int64), first + (k - 1) * window)
         order = order[tf.clip_by_value(skip - start, 0, n):]
         return {name: tf.gather(t, order) for name, t in w.items()}
@@ -568,12 +569,16 @@ def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, 
     paths = _PassFiles(source, n, first_pass)
     base_seed = shuffle_seed(seed, rank)
     parser = Parser(manifest, features)
+    # A window spans chunks of every file in the cycle, however small the window.
+    cycles = min(n, cycle_length)
+    chunk = min(CHUNK, max(1, -(-shuffle_buffer // cycles)))
 
     def one_pass(p: tf.Tensor) -> tf.data.Dataset:
         files = tf.data.Dataset.from_generator(paths, args=(p,), output_signature=tf.TensorSpec((), tf.string))
-        chunks = _strided(_chunks(manifest, source, min(n, cycle_length), files), plan.stride, plan.offset)
+        chunks = _strided(_chunks(manifest, source, cycles, files, chunk), plan.stride, plan.offset)
         return shuffled_windows(_parsed(chunks, parser), per_pass=per_pass, window=shuffle_buffer,
-                                seed=(tf.constant(base_seed, tf.int64), p),
+                                seed=tf.random.experimental.stateless_fold_in(
+                                    tf.constant([base_seed, 0], tf.int64), p),
                                 skip=tf.where(tf.equal(p, first_pass), skip, 0))
 
     windows = tf.data.Dataset.counter(first_pass).flat_map(one_pass)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from hvdtrain import fs
 from hvdtrain.errors import DataError
 
-FORMAT_VERSION = 2  # 2: features may be stored packed (FeatureSpec.encoding)
+FORMAT_VERSION = 2  # 2: some features are stored packed (FeatureSpec.encoding); written as 1 when none is
 READS = (1, 2)  # format versions this hvdtrain reads (1 is 2 without packed features)
 MANIFEST_NAME = "manifest.json"
 
@@ -108,6 +108,8 @@ class Manifest:
         for feature in data["features"].values():
             if not feature["encoding"]:
                 del feature["encoding"]  # stored as the protobuf list of its dtype (the format 1 layout)
+        if not any(f.encoding for f in self.features.values()):
+            data["format_version"] = 1  # nothing packed: readable by hvdtrain versions that read only format 1
         for name, split in self.splits.items():
             data["splits"][name]["records"] = split.records
             data["splits"][name]["bytes"] = split.bytes

@@ -13,7 +13,7 @@ the background); this module decides what goes in and puts it back:
   accuracy sums, the finished epochs' stats, early-stopping values, the
   MLflow run id, the step offset (see :func:`check_layout`), what the input
   position depends on (world size, batch size, accumulation, steps per epoch,
-  seed, shuffle buffer, dataset digest) and the model config's digest.
+  seed, shuffle buffer, input order version, dataset digest) and the model config's digest.
 
 The input position is not stored as bytes: every rank's stream is a pure
 function of the seed and the records it has read (:mod:`hvdtrain.data`), and
@@ -147,7 +147,8 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
                         f"{', '.join(f'{k} {saved.get(k)} -> {now[k]}' for k in moved)}: training continues at "
                         f"epoch {finished + 1} with {now['steps_per_epoch']} steps per epoch, step numbers going on "
                         f"from {step}; the later epochs read the data in this layout's order")
-    reordered = [f"{k} {saved[k]} -> {now[k]}" for k in ORDER_KEYS if k in saved and saved[k] != now[k]]
+    before = {"input_order": 1, **saved}  # checkpoints older than INPUT_ORDER read records in order 1
+    reordered = [f"{k} {before[k]} -> {now[k]}" for k in ORDER_KEYS if k in before and before[k] != now[k]]
     if reordered:
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
                         "but the data order is not the one an uninterrupted run would have seen (records of "

@@ -111,6 +111,12 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     assert any(k >= 30 for w in first_window for k in w)  # a boundary other than 30
     assert len({frozenset(w) for w in first_window}) > 1
     assert len({tuple(p) for p in passes}) == len(passes)
+    # A window smaller than a read chunk still spans every file of the cycle (2 shards, windows of 8).
+    two = make_text_dataset(str(tmp_path / "two"), n_per_split={"train": 90, "validation": 4, "test": 4},
+                            shards_per_split=2)
+    ds = data.train_dataset(two, rank=0, size=1, batch_size=8, shuffle_buffer=8, seed=3, features=["key"])
+    first = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 1))]
+    assert min(first) < 45 <= max(first)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])  # whole shards, and record-level reading (3 shards, 4 ranks)
@@ -148,6 +154,9 @@ def test_manifest_formats_and_encodings(dataset: manifest_lib.Manifest) -> None:
     bad = {**body, "features": {**body["features"], "input_ids": {"dtype": "int64", "shape": [12], "encoding": "u128"}}}
     with pytest.raises(DataError, match="'input_ids' is int64 stored as 'u128'"):
         manifest_lib.Manifest.from_dict(bad)
+    unpacked = dataclasses.replace(dataset, features={k: dataclasses.replace(v, encoding="")
+                                                      for k, v in dataset.features.items()})
+    assert unpacked.to_dict()["format_version"] == 1  # nothing packed: older readers can still read it
     assert manifest_lib.packed_encoding(255) == "u8" and manifest_lib.packed_encoding(65535) == "u16le"
     assert manifest_lib.packed_encoding(65536) == "i32le"
 

@@ -68,6 +68,10 @@ def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
     assert unseen[0] in ("z", "[UNK]") and all(t.startswith("##") or t in vocab for t in unseen)
     with pytest.raises(ValueError, match="lacks \\[PAD\\]"):
         text.from_vocab(["a", "b"], opts)
+    with pytest.raises(ValueError, match="line 3 is blank"):  # ids are line numbers: no gaps
+        text.from_vocab(["[PAD]", "[UNK]", "", "a"], opts)
+    with pytest.raises(ValueError, match="'a' on line 4 repeats line 3"):
+        text.from_vocab(["[PAD]", "[UNK]", "a", "a"], opts)
 
 
 def test_normalization_options():
