@@ -70,7 +70,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import sources, split as split_mod, text, validate, writer
+    from etl import sources, split as split_mod, validate, writer
 
     timer = StageTimer()
     check_output(cfg)
@@ -93,13 +93,13 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         with timer.stage("fit vocabulary and statistics on train"):
             tok = _tokenizer(rows, cfg) if cfg.source.text_column else None
             stats = _tabular_stats(rows, cfg)
-        text_specs = (manifest.text_features(cfg.etl.max_length, len(text.vocab_lines(tok)), cfg.etl.packed_tokens)
-                      if tok is not None else {})
+        text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
+                                             cfg.etl.packed_tokens) if tok is not None else {})
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split)
             results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
-                                    {name: spec.encoding for name, spec in text_specs.items() if spec.encoding})
+                                    manifest.encodings(text_specs))
         rows.unpersist()
         with timer.stage("publish"):
             report = _publish(cfg, staging, plan, results, labels, tok, text_specs, stats, checked, counts, timer)

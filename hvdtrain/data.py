@@ -523,8 +523,8 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     The first ``skip`` records of the shuffled pass are dropped (resuming
     mid-pass). Everything is a whole-tensor op on parsed, packed rows, so the
     cost per record is a few memcpy-like copies rather than a trip through a
-    record-by-record shuffle
-    buffer of serialized strings (2-4x faster on 2 cores).
+    record-by-record shuffle buffer of serialized strings (2-4x faster on 2
+    cores).
     """
     import tensorflow as tf
 

@@ -182,6 +182,11 @@ def text_features(max_length: int, vocab_size: int, packed: bool = True) -> dict
             "attention_mask": FeatureSpec("int64", [max_length], "u8")}
 
 
+def encodings(features: dict[str, FeatureSpec]) -> dict[str, str]:
+    """The packed features and their encodings (what a writer needs to lay records out)."""
+    return {name: spec.encoding for name, spec in features.items() if spec.encoding}
+
+
 def _feature(name: str, body: dict[str, Any], where: str) -> FeatureSpec:
     spec = FeatureSpec(**body)
     if spec.encoding and (spec.encoding not in ENCODINGS or spec.dtype != "int64"):

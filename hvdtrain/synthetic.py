@@ -69,7 +69,7 @@ def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], 
                   shard_sizes: Optional[dict[str, list[int]]], compression: str,
                   features: dict[str, FeatureSpec]) -> dict[str, Split]:
     """Generate each split's rows and write them as shards, stored as ``features`` say; keys are ``<split>-<index>``."""
-    encodings = {name: spec.encoding for name, spec in features.items() if spec.encoding}
+    encodings = manifest_lib.encodings(features)
     splits = {}
     for split in SPLITS:
         if shard_sizes and split in shard_sizes:
@@ -191,7 +191,7 @@ def make_tabular_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 20
         features["numeric"] = FeatureSpec("float32", [num_numeric])
     if cards:
         features["categorical"] = FeatureSpec("int64", [len(cards)])
-    features.update({"label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])})
+    features["label"], features["key"] = FeatureSpec("int64", []), FeatureSpec("bytes", [])
     splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression, features)
     manifest = Manifest(
         features=features,
