@@ -18,6 +18,7 @@ import numpy as np
 
 from hvdtrain import fs, tfrecord
 from hvdtrain.config import SPLITS
+from hvdtrain.features import FeatureEncoder
 
 BATCH = 1024
 # Bytes per int64 token id in a record: varints of ids < 16384 take 1-2 bytes.
@@ -103,33 +104,27 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
 
 
 class RecordEncoder:
-    """Turns a batch of rows into tf.train.Example records: token ids for the
-    text, fitted transforms for tabular columns, the label index and the key."""
+    """Turns a batch of rows into tf.train.Example records: the model features from
+    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the label index and the key."""
 
     def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict],
                  encodings: Optional[dict[str, str]] = None):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
-        self.stats = tabular_stats
+        self.features = FeatureEncoder(tokenizer_json, tabular_stats)
         self.encodings = encodings or {}
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
-        from etl import tabular, text
-
         keys = [k for (_, k), _ in batch]
         labels = np.array([v[1] for _, v in batch], dtype=np.int64)
+        feats = self.features.encode([v[0] for _, v in batch] if self.features.tok is not None else None,
+                                     [v[2] for _, v in batch], [v[3] for _, v in batch])
         cols: dict[str, tuple[str, Any]] = {}
-        if self.tok is not None:
-            ids, mask = text.encode(self.tok, [v[0] for _, v in batch])
-            cols["input_ids"] = tfrecord.int_column(ids, self.encodings.get("input_ids", ""))
-            cols["attention_mask"] = tfrecord.int_column(mask, self.encodings.get("attention_mask", ""))
-        if self.stats is not None:
-            numeric, categorical = tabular.transform(self.stats, [v[2] for _, v in batch], [v[3] for _, v in batch])
-            if self.stats["numeric_columns"]:
-                cols["numeric"] = (tfrecord.FLOAT, numeric)
-            if self.stats["categorical_columns"]:
-                cols["categorical"] = (tfrecord.INT64, categorical)
+        for name in ("input_ids", "attention_mask"):
+            if name in feats:
+                cols[name] = tfrecord.int_column(feats[name], self.encodings.get(name, ""))
+        if "numeric" in feats:
+            cols["numeric"] = (tfrecord.FLOAT, feats["numeric"])
+        if "categorical" in feats:
+            cols["categorical"] = (tfrecord.INT64, feats["categorical"])
         cols["label"] = (tfrecord.INT64, labels)
         cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
         return cols

@@ -1,0 +1,223 @@
+"""Row-to-features code shared by the ETL (etl/) and batch scoring: pure, no Spark.
+
+Training and serving cannot preprocess differently because there is one copy
+of this code: the ETL's Spark tasks call it to write TFRecords, and scoring's
+Spark tasks call it on raw rows with the tokenizer and statistics the ETL saved
+(``tokenizer.json``, the manifest's ``preprocessing`` block).
+
+Text: normalization (NFKC, control characters, lowercasing), a WordPiece
+tokenizer (the ``tokenizers`` library), truncation and padding to fixed-length
+token ids. The vocabulary is either a supplied ``vocab.txt`` (e.g. a BERT
+vocabulary) or learned from the training split only (word counts computed in
+Spark). The whole tokenizer is saved as JSON in the dataset, so executors,
+training and serving apply exactly the same thing.
+
+Tabular: imputation, categorical indexing, standard scaling with statistics
+fitted on the training split (``etl/tabular.py`` fits them in Spark). Features:
+``numeric`` float32 [len(numeric_columns)] and ``categorical`` int64
+[len(categorical_columns)], where index 0 is the unknown bucket (missing,
+unseen, or rarer than the top ``max_categories``).
+
+Labels: names to class indexes in the manifest's order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+# -- text --------------------------------------------------------------------------------------
+
+PAD, UNK = "[PAD]", "[UNK]"
+SPECIAL_TOKENS = [PAD, UNK, "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    lowercase: bool = True
+    nfkc: bool = True
+    strip_control_chars: bool = True
+    max_length: int = 64
+    truncation: str = "right"
+
+    @classmethod
+    def from_etl(cls, etl) -> "TextOptions":
+        return cls(etl.lowercase, etl.unicode_nfkc, etl.strip_control_chars, etl.max_length, etl.truncation)
+
+    def describe(self) -> dict:
+        steps = (["NFKC"] if self.nfkc else []) + (["strip-control-chars"] if self.strip_control_chars else []) \
+            + (["lowercase"] if self.lowercase else [])
+        return {"normalization": steps, "tokenizer": "wordpiece", "max_length": self.max_length,
+                "truncation": self.truncation, "padding": "right", "pad_id": 0}
+
+
+def _normalizer(opts: TextOptions) -> normalizers.Normalizer:
+    steps = [normalizers.NFKC()] if opts.nfkc else []
+    # BertNormalizer(clean_text) drops control characters and maps whitespace to spaces.
+    steps.append(normalizers.BertNormalizer(clean_text=opts.strip_control_chars, handle_chinese_chars=True,
+                                            strip_accents=False, lowercase=opts.lowercase))
+    return normalizers.Sequence(steps)
+
+
+def _configure(tok: Tokenizer, opts: TextOptions, pad: bool) -> Tokenizer:
+    tok.normalizer = _normalizer(opts)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    if pad:
+        tok.enable_truncation(max_length=opts.max_length, direction=opts.truncation)
+        tok.enable_padding(length=opts.max_length, pad_id=tok.token_to_id(PAD), pad_token=PAD)
+    return tok
+
+
+def words(tok: Tokenizer, text: str) -> list[str]:
+    """The words of a text after this tokenizer's normalizer and pre-tokenizer."""
+    return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
+
+
+def base(opts: TextOptions) -> Tokenizer:
+    """Normalizer and pre-tokenizer only: what word counting needs."""
+    return _configure(Tokenizer(models.WordPiece(vocab={PAD: 0, UNK: 1}, unk_token=UNK)), opts, pad=False)
+
+
+def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
+    """A WordPiece vocabulary from word counts, deterministically.
+
+    Special tokens, then every character seen (alone and as a ``##``
+    continuation, so any word can be spelled), then whole words by count,
+    ties broken by the word. tokenizers' own WordPieceTrainer is not used: its
+    result depends on hash-map iteration order (huggingface/tokenizers#1794),
+    so reruns of the ETL would write different token ids.
+    """
+    chars = sorted({c for w in word_counts for c in w})
+    vocab = list(SPECIAL_TOKENS) + chars + ["##" + c for c in chars]
+    seen = set(vocab)
+    for word, _ in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(vocab) >= vocab_size:
+            break
+        if word not in seen:
+            vocab.append(word)
+            seen.add(word)
+    return vocab
+
+
+def from_vocab(vocab_lines: Sequence[str], opts: TextOptions) -> Tokenizer:
+    """A tokenizer from a vocab.txt (one token per line, id = line number); [PAD] must be id 0."""
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(t.rstrip("\n") for t in vocab_lines):  # id = line number, so no gaps or repeats
+        if not token:
+            raise ValueError(f"line {i + 1} is blank; ids are line numbers, so every line must hold a token")
+        if token in vocab:
+            raise ValueError(f"token {token!r} on line {i + 1} repeats line {vocab[token] + 1}; "
+                             "ids are line numbers, so every token must appear once")
+        vocab[token] = i
+    missing = [t for t in (PAD, UNK) if t not in vocab]
+    if missing:
+        raise ValueError(f"the vocabulary lacks {', '.join(missing)}; a BERT-style vocab.txt has both")
+    if vocab[PAD] != 0:
+        raise ValueError(f"[PAD] must be the first line (id 0), it is line {vocab[PAD] + 1}")
+    return _configure(Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK)), opts, pad=True)
+
+
+def vocab_lines(tok: Tokenizer) -> list[str]:
+    """The vocabulary in id order (the vocab.txt format)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+
+
+def encode(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) as int64 arrays of shape [len(texts), max_length]."""
+    encodings = tok.encode_batch(list(texts))
+    ids = np.array([e.ids for e in encodings], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    return ids, mask
+
+
+# -- tabular -----------------------------------------------------------------------------------
+
+def fill_values(stats: dict[str, Any]) -> list[float]:
+    """The value that replaces a missing entry, per numeric column."""
+    out = []
+    for c in stats["numeric_columns"]:
+        s = stats["numeric"][c]
+        if stats["impute"] == "constant" or s["count"] == 0:
+            out.append(stats["impute_value"])
+        else:
+            out.append(s["mean"] if stats["impute"] == "mean" else s["median"])
+    return out
+
+
+def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]],
+              categorical: Sequence[Sequence[Optional[str]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Apply fitted statistics to rows: (numeric float32 [n, k], categorical int64 [n, m])."""
+    n = len(numeric) if stats["numeric_columns"] else len(categorical)
+    cols = stats["numeric_columns"]
+    x = np.array([[np.nan if v is None else float(v) for v in row] for row in numeric],
+                 dtype=np.float64).reshape(n, len(cols))
+    fills = np.array(fill_values(stats), dtype=np.float64)
+    x = np.where(np.isnan(x), fills[None, :], x)
+    if stats["scale"] and cols:
+        mean = np.array([stats["numeric"][c]["mean"] or 0.0 for c in cols])
+        std = np.array([stats["numeric"][c]["std"] or 0.0 for c in cols])
+        x = (x - mean) / np.where(std > 0, std, 1.0)
+    lookups = [{v: i + 1 for i, v in enumerate(stats["categories"][c])} for c in stats["categorical_columns"]]
+    cat = np.array([[lookups[j].get(None if v is None else str(v), 0) for j, v in enumerate(row)]
+                    for row in categorical], dtype=np.int64).reshape(n, len(lookups))
+    return x.astype(np.float32), cat
+
+
+def feature_specs(stats: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
+    """Manifest feature entries (dtype, shape) for the tabular features."""
+    out = {}
+    if stats["numeric_columns"]:
+        out["numeric"] = ("float32", [len(stats["numeric_columns"])])
+    if stats["categorical_columns"]:
+        out["categorical"] = ("int64", [len(stats["categorical_columns"])])
+    return out
+
+
+def cardinalities(stats: dict[str, Any]) -> list[int]:
+    """Embedding sizes the model needs: known categories + the unknown bucket."""
+    return [len(stats["categories"][c]) + 1 for c in stats["categorical_columns"]]
+
+
+# -- labels ------------------------------------------------------------------------------------
+
+def label_index(labels: Sequence[str]) -> dict[str, int]:
+    """Label name -> class index, in the manifest's label order."""
+    return {name: i for i, name in enumerate(labels)}
+
+
+# -- rows to model features --------------------------------------------------------------------
+
+class FeatureEncoder:
+    """Raw column values of a batch of rows -> the model's input arrays.
+
+    The one place a row becomes features: the ETL's shard writer and scoring
+    both call :meth:`encode`, with the tokenizer JSON and tabular statistics
+    the ETL fitted.
+    """
+
+    def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict]):
+        self.tok = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.stats = tabular_stats
+
+    def encode(self, texts: Optional[Sequence[str]], numeric: Sequence[Sequence[Optional[float]]] = (),
+               categorical: Sequence[Sequence[Optional[str]]] = ()) -> dict[str, np.ndarray]:
+        """Features by name: input_ids/attention_mask int64 [n, max_length], numeric float32, categorical int64."""
+        out: dict[str, np.ndarray] = {}
+        if self.tok is not None:
+            out["input_ids"], out["attention_mask"] = encode(self.tok, texts or [])
+        if self.stats is not None:
+            num, cat = transform(self.stats, numeric, categorical)
+            if self.stats["numeric_columns"]:
+                out["numeric"] = num
+            if self.stats["categorical_columns"]:
+                out["categorical"] = cat
+        return out
+
+    def unknown_tokens(self, ids: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+        """(unknown-token count, real-token count) of encoded text (the drift check's text statistic)."""
+        unk = self.tok.token_to_id(UNK) if self.tok is not None else None
+        real = mask.astype(bool)
+        return int(((ids == unk) & real).sum()) if unk is not None else 0, int(real.sum())
