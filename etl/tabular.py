@@ -21,6 +21,8 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     """Statistics of the training rows (a Spark DataFrame with the source column names)."""
     from pyspark.sql import functions as F
 
+    from etl import drift
+
     src, etl = cfg.source, cfg.etl
     numeric: dict[str, dict[str, float]] = {}
     if src.numeric_columns:
@@ -42,4 +44,6 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
         categorical[c] = [r["v"] for r in counts]
     return {"numeric_columns": list(src.numeric_columns), "categorical_columns": list(src.categorical_columns),
             "impute": etl.impute, "impute_value": etl.impute_value, "scale": etl.scale,
-            "numeric": numeric, "categories": categorical}
+            "numeric": numeric, "categories": categorical,
+            # the training distributions scoring's drift check compares its input with
+            "reference": drift.reference(train, list(src.numeric_columns), categorical)}

@@ -392,6 +392,68 @@ class YarnConfig:
 
 
 @dataclass
+class ScoreConfig:
+    """Batch scoring (``hvdtrain score``): the model applied to ``source`` rows, predictions to a Hive table.
+
+    ``source`` (with ``source.filter``) is the input; ``filter`` narrows it further
+    (a Spark SQL predicate) and ``columns`` names extra source columns copied to
+    the output beside the key. Command-line flags win over ``model``,
+    ``output_table``, ``partition`` and ``overwrite``.
+    """
+
+    model: Optional[str] = None  # training output folder, runs:/..., models:/name/version|@alias, or a registered name
+    output_table: Optional[str] = None  # db.name, created when missing
+    partition: Optional[str] = None  # k=v[,k=v], e.g. ds=2026-11-23; default ds=<UTC date of the run>
+    rejects_table: Optional[str] = None  # default <output_table>_rejects (same partitions)
+    filter: Optional[str] = None
+    columns: list[str] = field(default_factory=list)
+    overwrite: bool = False  # replace a non-empty partition (atomically); refused otherwise
+    predict_batch: int = 256  # rows per model call in a Spark task
+    arrow_batch: int = 2048  # rows per Arrow batch handed to a task's iterator (bounds worker memory)
+    threads_per_task: int = 1  # TensorFlow threads in each Python worker (Spark runs one worker per core)
+    report_dir: str = "{workdir}/score"  # score_report.json and drift_report.json
+    drift_sample_rows: int = 20000  # input rows sampled for the drift statistics (0: all)
+    psi_threshold: float = 0.2  # population stability index above this is drift (0.1-0.25 is "moderate")
+    unknown_token_threshold: float = 0.05  # unknown-token rate above training's by more than this is drift
+    fail_on_drift: bool = False  # stop before scoring instead of warning
+
+    def __post_init__(self) -> None:
+        for name in ("output_table", "rejects_table"):
+            value = getattr(self, name)
+            if value is not None:
+                _require(all(p.isidentifier() for p in value.split(".")) and value.count(".") <= 1, name, value,
+                         "must be a Hive table name like db.predictions")
+        if self.partition is not None:
+            try:
+                parse_partition(self.partition)
+            except ValueError as exc:
+                raise ConfigError("partition", self.partition, str(exc)) from None
+        for name in ("predict_batch", "arrow_batch", "threads_per_task"):
+            _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _require(self.drift_sample_rows >= 0, "drift_sample_rows", self.drift_sample_rows, "must be >= 0 (0: all)")
+        _require(self.psi_threshold > 0, "psi_threshold", self.psi_threshold, "must be > 0")
+        _require(0 < self.unknown_token_threshold <= 1, "unknown_token_threshold", self.unknown_token_threshold,
+                 "must be in (0, 1]")
+        _require(len(set(self.columns)) == len(self.columns), "columns", self.columns, "must not repeat a column")
+
+
+def parse_partition(spec: str) -> dict[str, str]:
+    """``ds=2026-11-23,region=eu`` -> {"ds": "2026-11-23", "region": "eu"} (pure; ValueError says what is wrong)."""
+    out: dict[str, str] = {}
+    for part in spec.split(","):
+        key, sep, value = part.strip().partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier() or not value:
+            raise ValueError(f"must be column=value pairs separated by commas, e.g. ds=2026-11-23 (bad part {part!r})")
+        if "'" in value or "\\" in value:
+            raise ValueError(f"partition value {value!r} must not contain quotes or backslashes")
+        if key in out:
+            raise ValueError(f"names column {key!r} twice")
+        out[key.lower()] = value
+    return out
+
+
+@dataclass
 class JobConfig:
     name: str = "job"
     workdir: str = "work/{name}"
@@ -406,6 +468,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     yarn: YarnConfig = field(default_factory=YarnConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
@@ -433,7 +496,7 @@ class JobConfig:
 PATH_FIELDS = {
     "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
     "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
-    "checkpoint.dir", "train.record_trace",
+    "checkpoint.dir", "train.record_trace", "score.report_dir",
 }
 
 

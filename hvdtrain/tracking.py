@@ -274,3 +274,81 @@ def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str], resume_run_id
     tracker = Tracker(cfg, enabled=is_chief)
     tracker.start(tags, resume_run_id)
     return tracker
+
+
+# -- reading models back (batch scoring) -------------------------------------------------------
+
+def parse_model_ref(ref: str) -> tuple[str, str, str]:
+    """MODEL -> (kind, name or run id, version/alias/artifact path) (pure).
+
+    ``runs:/RUN/model`` -> ("run", RUN, "model"); ``models:/NAME/3`` -> ("version", NAME, "3");
+    ``models:/NAME@champion`` -> ("alias", NAME, "champion"); ``NAME`` -> ("latest", NAME, "").
+    """
+    if ref.startswith("runs:/"):
+        run_id, _, path = ref[len("runs:/"):].strip("/").partition("/")
+        if not run_id:
+            raise ValueError("runs:/ needs a run id: runs:/RUN_ID/model")
+        return "run", run_id, path or "model"
+    if ref.startswith("models:/"):
+        body = ref[len("models:/"):].strip("/")
+        if "@" in body:
+            name, _, alias = body.partition("@")
+            return "alias", name, alias
+        name, _, version = body.partition("/")
+        if not name or not version:
+            raise ValueError("models:/ needs a version or an alias: models:/NAME/VERSION or models:/NAME@ALIAS")
+        return ("latest", name, "") if version == "latest" else ("version", name, version)
+    return "latest", ref, ""
+
+
+def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = ".") -> tuple[str, str]:
+    """Download a logged model's ``model.keras``, ``labels.json`` and ``tokenizer.json`` into ``local``.
+
+    Returns (model URI, registered version or ""). Raises DataError naming the
+    reference and the tracking store when MLflow does not have it.
+    """
+    import glob
+    import shutil
+
+    import mlflow
+
+    from hvdtrain.errors import DataError
+
+    store = resolve_store(getattr(tracking_cfg, "uri", None), os.environ, workdir)
+    mlflow.set_tracking_uri(store.tracking_uri)
+    client = mlflow.MlflowClient()
+    try:
+        kind, name, detail = parse_model_ref(ref)
+        run_id, version, model_uri = _locate(client, kind, name, detail)
+        model_dir = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=os.path.join(local, "m"))
+        for artifact in ("labels.json", "tokenizer.json"):
+            try:
+                mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=local)
+            except Exception:  # noqa: BLE001 - tokenizer.json is absent for tabular models (checked by the caller)
+                continue
+    except (ValueError, mlflow.exceptions.MlflowException) as exc:
+        raise DataError(f"--model {ref}: {str(exc).splitlines()[0]} (tracking store {store.tracking_uri}); pass "
+                        "runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS, a registered model name or "
+                        "a training output folder") from None
+    found = glob.glob(os.path.join(model_dir, "**", "*.keras"), recursive=True)
+    if not found:
+        raise DataError(f"--model {ref}: the MLflow model at {model_uri} holds no .keras file; log it with "
+                        "hvdtrain training (mlflow.keras flavor)")
+    shutil.move(found[0], os.path.join(local, "model.keras"))
+    return (f"models:/{name}/{version}" if version else model_uri), version
+
+
+def _locate(client: Any, kind: str, name: str, detail: str) -> tuple[str, str, str]:
+    """(run id, registered version, model URI) of a model reference."""
+    if kind == "run":
+        return name, "", f"runs:/{name}/{detail}"
+    if kind == "alias":
+        mv = client.get_model_version_by_alias(name, detail)
+    elif kind == "version":
+        mv = client.get_model_version(name, detail)
+    else:
+        versions = client.search_model_versions(f"name='{name}'")
+        if not versions:
+            raise ValueError(f"no registered model named {name!r}")
+        mv = max(versions, key=lambda v: int(v.version))
+    return mv.run_id, str(mv.version), f"models:/{name}/{mv.version}"

@@ -34,7 +34,7 @@ progress for ``fault.stall_timeout`` seconds, naming what it waited for.
 Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 ``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
 ``model.keras``, ``saved_model/`` (``model.export``, for serving),
-``labels.json`` and ``result.json``, and logs the run to MLflow
+``labels.json``, ``tokenizer.json`` (text models, for scoring) and ``result.json``, and logs the run to MLflow
 (:mod:`hvdtrain.tracking`).
 """
 from __future__ import annotations
@@ -334,6 +334,7 @@ def publish(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, model: k
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
         _dump_json(os.path.join(local, "labels.json"), labels_document(manifest, shape))
+        _copy_tokenizer(manifest, local)
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
@@ -367,6 +368,14 @@ def labels_document(manifest: Manifest, shape: data.InputShape) -> dict[str, Any
             "vocab": manifest.vocab, "manifest_digest": manifest.digest(), "dataset": manifest.root}
 
 
+def _copy_tokenizer(manifest: Manifest, local: str) -> None:
+    """The dataset's tokenizer beside the model, so scoring needs only the model (the dataset may be rewritten)."""
+    name = manifest.vocab.get("tokenizer")
+    if name:
+        with open(os.path.join(local, "tokenizer.json"), "wb") as fh:
+            fh.write(fs.read_bytes(fs.join(manifest.root, name)))
+
+
 def final_metrics(report: dict[str, Any]) -> dict[str, float]:
     """End-of-run MLflow metrics from the report (pure)."""
     out = {"train_samples_per_sec": report["training"]["samples_per_sec"]}
@@ -387,6 +396,8 @@ def _log_run_end(tracker: tracking.Tracker, cfg: JobConfig, manifest: Manifest, 
     tracker.log_text(manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
+    if os.path.exists(os.path.join(local, "tokenizer.json")):
+        tracker.log_artifact(os.path.join(local, "tokenizer.json"))
     if png is not None:
         tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")

@@ -1,0 +1,378 @@
+"""Batch scoring: a trained model applied to raw rows in Spark tasks, with the ETL's own preprocessing.
+
+``score(spark, df, model) -> DataFrame`` is the Python API; ``etl/score_job.py``
+is the job around it (read the source, check before any work, drift report,
+atomic Hive partition publish) that ``hvdtrain score`` and spark-submit run.
+
+Layering: pyspark belongs to ``etl/`` (and the Spark-side modules beside it).
+This module never imports it: :func:`score` only calls methods of the
+SparkSession and DataFrame it is given (``df.mapInPandas``,
+``spark.sparkContext.broadcast``/``accumulator``, ``spark.conf.set``), so
+``hvdtrain`` keeps its one-way imports and the pure parts below (model
+bundles, reject rules, the per-batch scoring function, output schemas) test
+without Spark. TensorFlow is imported only where a model is loaded.
+
+One preprocessing: rows become features through
+:class:`hvdtrain.features.FeatureEncoder`, the code the ETL wrote the TFRecords
+with, using the tokenizer and statistics the ETL fitted (shipped with the model:
+``labels.json`` and ``tokenizer.json`` in the training output / MLflow run).
+
+On executors: an iterator-style pandas UDF (``mapInPandas``). The model file
+travels as a broadcast and is loaded once per Python worker (Spark reuses
+workers across tasks, ``spark.python.worker.reuse``), then kept in a
+per-process cache; every load is counted in an accumulator. Each Arrow batch
+(``score.arrow_batch`` rows) is predicted in chunks of ``score.predict_batch``
+rows, so a worker holds one batch at a time whatever the number of rows.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from hvdtrain import fs
+from hvdtrain.errors import DataError
+
+try:
+    from pandas import NA as _NA
+except ImportError:  # pragma: no cover - pandas is a pyspark/mlflow dependency
+    _NA = None
+LABELS_FILE = "labels.json"
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_FILE = "model.keras"
+# Output columns after the key (and before any extra columns); the reject columns end the combined frame.
+PREDICTION_COLUMNS = (("predicted_label", "string"), ("predicted_score", "float"), ("probabilities", "array<float>"))
+PROVENANCE_COLUMNS = (("model_uri", "string"), ("model_version", "string"), ("manifest_digest", "string"),
+                      ("scored_at", "timestamp"))
+REJECT_COLUMNS = (("reject_reason", "string"), ("reject_input", "string"))
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    """Everything scoring needs from a trained model: the Keras file and how its inputs were made."""
+
+    model_bytes: bytes
+    labels_doc: dict[str, Any]
+    tokenizer_json: Optional[str]
+    uri: str
+    version: str = ""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_bytes).hexdigest()[:16]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.labels_doc["labels"])
+
+    @property
+    def manifest_digest(self) -> str:
+        return str(self.labels_doc.get("manifest_digest", ""))
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return self.labels_doc.get("preprocessing", {})
+
+    @property
+    def text_column(self) -> Optional[str]:
+        return self.preprocessing.get("text", {}).get("column")
+
+    @property
+    def tabular(self) -> Optional[dict[str, Any]]:
+        return self.preprocessing.get("tabular")
+
+    def feature_columns(self) -> list[str]:
+        """The source columns the model's features are made from (text, numeric, categorical)."""
+        tab = self.tabular or {}
+        return ([self.text_column] if self.text_column else []) + list(tab.get("numeric_columns", [])) \
+            + list(tab.get("categorical_columns", []))
+
+
+def bundle_from_folder(folder: str, uri: Optional[str] = None, version: str = "") -> ModelBundle:
+    """A training output folder (``model.keras``, ``labels.json``, ``tokenizer.json``) as a bundle."""
+    for name in (MODEL_FILE, LABELS_FILE):
+        if not fs.exists(fs.join(folder, name)):
+            raise DataError(f"model {folder} has no {name}: pass a training output folder (train.output, holding "
+                            "model.keras and labels.json), an MLflow runs:/ or models:/ URI, or a registered name")
+    labels_doc = json.loads(fs.read_bytes(fs.join(folder, LABELS_FILE)))
+    return ModelBundle(fs.read_bytes(fs.join(folder, MODEL_FILE)), labels_doc,
+                       _tokenizer_json(folder, labels_doc), uri or folder, version)
+
+
+def _tokenizer_json(folder: str, labels_doc: dict[str, Any]) -> Optional[str]:
+    """The model's tokenizer: saved beside it by training, else (older outputs) the dataset's, if unchanged."""
+    if not labels_doc.get("preprocessing", {}).get("text"):
+        return None
+    own = fs.join(folder, TOKENIZER_FILE)
+    if fs.exists(own):
+        return fs.read_bytes(own).decode()
+    from hvdtrain import manifest as manifest_lib
+
+    dataset = labels_doc.get("dataset", "")
+    m = manifest_lib.read(dataset) if dataset and fs.exists(manifest_lib.manifest_uri(dataset)) else None
+    if m is None or m.digest() != labels_doc.get("manifest_digest"):
+        raise DataError(f"model {folder} has no {TOKENIZER_FILE}, and its dataset {dataset or '?'} is gone or was "
+                        f"rewritten (manifest digest {m.digest() if m else 'none'}, the model's "
+                        f"{labels_doc.get('manifest_digest')}): retrain with this hvdtrain version, which saves the "
+                        "tokenizer with the model")
+    return fs.read_bytes(fs.join(m.root, m.vocab.get("tokenizer", TOKENIZER_FILE))).decode()
+
+
+def load_bundle(ref: str, tracking_cfg: Any = None, workdir: str = ".") -> ModelBundle:
+    """MODEL as the command takes it: a training output folder, ``runs:/``, ``models:/`` or a registered name."""
+    if not ref.startswith(("runs:/", "models:/")) and fs.exists(fs.join(ref, LABELS_FILE)):
+        return bundle_from_folder(ref)
+    if not ref.startswith(("runs:/", "models:/")) and ("/" in ref or fs.exists(ref)):
+        raise DataError(f"--model {ref}: no labels.json there; pass a training output folder (train.output), "
+                        "runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or a registered model name")
+    from hvdtrain import tracking
+
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-model-") as local:
+        uri, version = tracking.fetch_model(ref, local, tracking_cfg, workdir)
+        return bundle_from_folder(local, uri, version)
+
+
+# -- pure per-batch work (runs in Spark tasks) -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """What a scoring task needs, as plain data (pickled into the task)."""
+
+    key_column: str
+    text_column: Optional[str]
+    numeric_columns: tuple[str, ...]
+    categorical_columns: tuple[str, ...]
+    extra_columns: tuple[str, ...]
+    labels: tuple[str, ...]
+    tokenizer_json: Optional[str]
+    tabular: Optional[dict[str, Any]]
+    model_uri: str
+    model_version: str
+    manifest_digest: str
+    model_digest: str
+    scored_at: dt.datetime
+    predict_batch: int = 256
+    threads: int = 1
+    input_names: tuple[str, ...] = field(default_factory=tuple)
+
+
+def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], dict[str, np.ndarray]]:
+    """Why each row cannot be scored (None: it can), and the numeric columns as float arrays (pure pandas)."""
+    import pandas as pd
+
+    n = len(frame)
+    reasons: list[Optional[str]] = [None] * n
+
+    def flag(mask: np.ndarray, reason: str) -> None:
+        for i in np.flatnonzero(mask):
+            if reasons[i] is None:
+                reasons[i] = reason
+
+    flag(frame[spec.key_column].isna().to_numpy(), f"null key ({spec.key_column})")
+    if spec.text_column:
+        texts = frame[spec.text_column]
+        flag(texts.isna().to_numpy(), f"null text ({spec.text_column})")
+        flag((texts.astype("string").str.strip().fillna("") == "").to_numpy(), f"blank text ({spec.text_column})")
+    numeric: dict[str, np.ndarray] = {}
+    for c in spec.numeric_columns:
+        raw = frame[c]
+        values = pd.to_numeric(raw, errors="coerce").astype("float64").to_numpy()
+        bad = (raw.notna().to_numpy() & ~np.isfinite(values))
+        flag(bad, f"bad numeric value in {c}")
+        numeric[c] = values
+    return reasons, numeric
+
+
+def _input_json(frame: Any, i: int, spec: ScoreSpec) -> str:
+    cols = [c for c in (spec.text_column, *spec.numeric_columns, *spec.categorical_columns) if c]
+    row = {c: frame[c].iloc[i] for c in cols}
+    return json.dumps({k: (None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
+                       for k, v in row.items()})
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dict[str, np.ndarray]] = None
+                ) -> dict[str, np.ndarray]:
+    """Model inputs for rows that passed :func:`reject_reasons` (the ETL's FeatureEncoder)."""
+    texts = frame[spec.text_column].astype(str).tolist() if spec.text_column else None
+    if numeric is None:
+        numeric = {c: frame[c].astype("float64").to_numpy() for c in spec.numeric_columns}
+    num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in spec.numeric_columns]
+                for i in range(len(frame))]
+    cat_rows = [[None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in row]
+                for row in frame[list(spec.categorical_columns)].itertuples(index=False)] \
+        if spec.categorical_columns else [[] for _ in range(len(frame))]
+    feats = encoder.encode(texts, num_rows if spec.numeric_columns else [[] for _ in range(len(frame))], cat_rows)
+    return {name: feats[name] for name in spec.input_names} if spec.input_names else feats
+
+
+def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counters: Any = None) -> Any:
+    """One Arrow batch of raw rows -> output rows (predictions, and rejects with their reason)."""
+    import pandas as pd
+
+    reasons, numeric = reject_reasons(frame, spec)
+    ok = np.array([r is None for r in reasons], dtype=bool)
+    good = frame[ok].reset_index(drop=True)
+    probs = np.zeros((len(good), len(spec.labels)), dtype=np.float32)
+    for start in range(0, len(good), spec.predict_batch):
+        chunk = good.iloc[start:start + spec.predict_batch]
+        nums = {c: v[ok][start:start + spec.predict_batch] for c, v in numeric.items()}
+        probs[start:start + len(chunk)] = softmax(np.asarray(predict(encode_rows(chunk, spec, encoder, nums))))
+    labels = np.array(spec.labels, dtype=object)
+    top = probs.argmax(axis=1) if len(good) else np.zeros(0, dtype=np.int64)
+    bad_idx = np.flatnonzero(~ok)
+    n_bad = len(bad_idx)
+
+    def ordered(col: str) -> np.ndarray:  # scored rows first, then rejects; object arrays (see _column)
+        return np.concatenate([_values(good[col]), _values(frame[col].iloc[bad_idx])])
+
+    out = pd.DataFrame({spec.key_column: _column([None if v is None else str(v) for v in ordered(spec.key_column)])})
+    out["predicted_label"] = _column(list(labels[top]) + [None] * n_bad)
+    out["predicted_score"] = pd.array(list(probs.max(axis=1) if len(good) else []) + [None] * n_bad,
+                                      dtype="Float32")
+    out["probabilities"] = _column([p for p in probs] + [None] * n_bad)
+    for c in spec.extra_columns:
+        out[c] = _column(list(ordered(c)))
+    out["model_uri"] = _column([spec.model_uri] * len(out))
+    out["model_version"] = _column([spec.model_version] * len(out))
+    out["manifest_digest"] = _column([spec.manifest_digest] * len(out))
+    out["scored_at"] = pd.Timestamp(spec.scored_at)
+    out["reject_reason"] = _column([None] * len(good) + [reasons[i] for i in bad_idx])
+    out["reject_input"] = _column([None] * len(good) + [_input_json(frame, i, spec) for i in bad_idx])
+    if counters is not None:
+        counters.count(rows_in=len(frame), scored=len(good), rejected=n_bad)
+    return out
+
+
+def _values(series: Any) -> np.ndarray:
+    return np.array([None if v is None or v is _NA or (isinstance(v, float) and np.isnan(v)) else v
+                     for v in series.tolist()], dtype=object)
+
+
+def _column(values: list) -> Any:
+    """An object column: pandas 3's arrow-backed strings reach Arrow as chunked arrays, which Spark refuses."""
+    import pandas as pd
+
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return pd.Series(arr, dtype=object)
+
+
+# -- the worker side ------------------------------------------------------------------------------------
+
+_MODELS: dict[str, tuple[Any, Any]] = {}  # model digest -> (predict function, encoder); one per Python worker
+
+
+def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tuple[Any, Any]:
+    """This worker's (predict, encoder), loaded on first use and kept for later tasks."""
+    if spec.model_digest in _MODELS:
+        return _MODELS[spec.model_digest]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("RAYON_NUM_THREADS", str(spec.threads))  # the tokenizer's thread pool
+    import tensorflow as tf
+
+    try:  # one Spark core per task: TensorFlow must not spread over the others' cores
+        tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(spec.threads)
+    except RuntimeError:
+        pass  # already initialized in this process (driver-side use): keep its settings
+    from hvdtrain.features import FeatureEncoder
+
+    model = load_keras(model_bytes.value if hasattr(model_bytes, "value") else model_bytes)
+    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    _MODELS[spec.model_digest] = (lambda x: predict(x).numpy(), FeatureEncoder(spec.tokenizer_json, spec.tabular))
+    if counters is not None:
+        counters.count(model_loads=1)
+    return _MODELS[spec.model_digest]
+
+
+def load_keras(model_bytes: bytes) -> Any:
+    """A Keras model from the bytes of a ``.keras`` file (Keras loads from a path)."""
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-score-") as tmp:
+        path = os.path.join(tmp, MODEL_FILE)
+        with open(path, "wb") as fh:
+            fh.write(model_bytes)
+        return keras.saving.load_model(path, compile=False)
+
+
+class Counters:
+    """Spark accumulators for the row accounting, each added where the rows are counted."""
+
+    NAMES = ("rows_in", "scored", "rejected", "model_loads", "batches")
+
+    def __init__(self, spark: Any):
+        self._acc = {name: spark.sparkContext.accumulator(0) for name in self.NAMES}
+
+    def count(self, **amounts: int) -> None:
+        for name, n in amounts.items():
+            self._acc[name].add(n)
+
+    def values(self) -> dict[str, int]:
+        return {name: int(acc.value) for name, acc in self._acc.items()}
+
+
+# -- schema and the Spark plan ------------------------------------------------------------------------
+
+def output_ddl(key_column: str, extra: Sequence[tuple[str, str]], rejects: bool = True) -> str:
+    """The scored frame's schema as Spark DDL (key, predictions, extra columns, provenance[, reject columns])."""
+    cols = [(key_column, "string"), *PREDICTION_COLUMNS, *extra, *PROVENANCE_COLUMNS,
+            *(REJECT_COLUMNS if rejects else ())]
+    return ", ".join(f"`{name}` {kind}" for name, kind in cols)
+
+
+def score(spark: Any, df: Any, model: Any, *, key_column: str = "id", extra_columns: Sequence[str] = (),
+          predict_batch: int = 256, arrow_batch: int = 2048, threads: int = 1,
+          scored_at: Optional[dt.datetime] = None, counters: Optional[Counters] = None) -> Any:
+    """Score a DataFrame of raw rows; returns predictions and rejects (``reject_reason`` not null) as one frame.
+
+    Args:
+        df: rows with ``key_column`` and the model's source columns (its labels.json names them).
+        model: a :class:`ModelBundle` or a MODEL reference (folder, runs:/, models:/, registered name).
+        counters: accumulators for rows in / scored / rejected and model loads (read after an action).
+    """
+    bundle = model if isinstance(model, ModelBundle) else load_bundle(model)
+    missing = [c for c in [key_column, *bundle.feature_columns(), *extra_columns] if c not in df.columns]
+    if missing:
+        raise DataError(f"the rows to score lack column(s) {', '.join(missing)} that model {bundle.uri} (manifest "
+                        f"{bundle.manifest_digest}) reads; they have {', '.join(df.columns)}")
+    spec = make_spec(bundle, key_column, extra_columns, predict_batch, threads, scored_at)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    schema = output_ddl(key_column, [(c, types[c]) for c in extra_columns])
+    cols = list(dict.fromkeys([key_column, *bundle.feature_columns(), *extra_columns]))
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        predict, encoder = worker_model(spec, model_bc, counters)
+        for frame in batches:
+            if counters is not None:
+                counters.count(batches=1)
+            yield score_frame(frame, spec, encoder, predict, counters)
+
+    return df.select(*[f"`{c}`" for c in cols]).mapInPandas(run, schema)
+
+
+def make_spec(bundle: ModelBundle, key_column: str, extra_columns: Sequence[str], predict_batch: int = 256,
+              threads: int = 1, scored_at: Optional[dt.datetime] = None) -> ScoreSpec:
+    tab = bundle.tabular or {}
+    return ScoreSpec(
+        key_column=key_column, text_column=bundle.text_column,
+        numeric_columns=tuple(tab.get("numeric_columns", [])),
+        categorical_columns=tuple(tab.get("categorical_columns", [])), extra_columns=tuple(extra_columns),
+        labels=tuple(bundle.labels), tokenizer_json=bundle.tokenizer_json, tabular=bundle.tabular,
+        model_uri=bundle.uri, model_version=bundle.version, manifest_digest=bundle.manifest_digest,
+        model_digest=bundle.digest, scored_at=scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+        predict_batch=predict_batch, threads=threads, input_names=tuple(bundle.labels_doc.get("inputs", ())))
