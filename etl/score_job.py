@@ -286,7 +286,7 @@ def verify_counts(spark: Any, run_dir: str, counted: dict[str, int]) -> dict[str
                .groupBy("reject_reason").count().collect()}
     out = {"rows_in": counted["rows_in"], "scored": counted["scored"], "rejected": counted["rejected"],
            "rejects_by_reason": dict(sorted(reasons.items())), "model_loads": counted["model_loads"],
-           "arrow_batches": counted["batches"]}
+           "tasks": counted["tasks"], "arrow_batches": counted["batches"]}
     if counted["rows_in"] != counted["scored"] + counted["rejected"] or \
             written.get("scored", 0) != counted["scored"] or written.get("rejected", 0) != counted["rejected"]:
         raise DataError(f"row accounting failed: tasks counted rows_in {counted['rows_in']}, scored "
@@ -334,7 +334,7 @@ def summary_table(report: dict[str, Any]) -> str:
              f"{'rejected':<22}{report['rejected']:>12,}  -> {report['rejects_table']} ({part})"]
     for reason, n in report["rejects_by_reason"].items():
         lines.append(f"{'  ' + reason:<22}{n:>12,}")
-    lines.append(f"{'model loads':<22}{report['model_loads']:>12,}  ({report['arrow_batches']:,} Arrow batches)")
+    lines.append(f"{'model loads':<22}{report['model_loads']:>12,}  (in {report['tasks']:,} tasks, {report['arrow_batches']:,} Arrow batches)")
     lines.append(f"model: {report['model']['uri']} (manifest {report['model']['manifest_digest']})")
     lines.append("drift: " + ("; ".join(report["drift"]["alerts"]) if report["drift"]["drifted"] else "none"))
     if report.get("evaluation"):

@@ -1,7 +1,7 @@
-"""``hvdtrain`` command line: demo, etl, train, yarn, checkpoints, env, config.
+"""``hvdtrain`` command line: demo, etl, train, score, yarn, checkpoints, env, config.
 
-The ETL runs in its own process (``python -m etl.job``, the same entry point
-spark-submit runs), and local training under ``horovodrun``; this module only
+The ETL and scoring run in their own processes (``python -m etl.job`` and
+``python -m etl.score_job``, the entry points spark-submit runs), and local training under ``horovodrun``; this module only
 builds those commands (pure functions) and runs them. It never imports ``etl``
 or ``yarn``, which import ``hvdtrain``.
 """
@@ -58,6 +58,19 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
             "--start-timeout", str(start_timeout), *train]
 
 
+def score_command(config_path: str, overrides: Sequence[str], model: Optional[str], output_table: Optional[str],
+                  partition: Optional[str] = None, master: Optional[str] = None, overwrite: bool = False,
+                  split: Optional[str] = None, evaluate: bool = False) -> list[str]:
+    """``python -m etl.score_job ...``: the scoring job, the same entry point spark-submit runs (pure)."""
+    cmd = [sys.executable, "-m", "etl.score_job", "--config", config_path]
+    for flag, value in (("--model", model), ("--output-table", output_table), ("--partition", partition),
+                        ("--master", master), ("--split", split)):
+        if value:
+            cmd += [flag, value]
+    cmd += (["--overwrite"] if overwrite else []) + (["--evaluate"] if evaluate else [])
+    return cmd + list(overrides)
+
+
 def _run(cmd: list[str], what: str) -> None:
     print(f"$ {shlex.join(cmd)}", flush=True)
     rc = subprocess.call(cmd, env=child_env())
@@ -68,6 +81,13 @@ def _run(cmd: list[str], what: str) -> None:
 def cmd_etl(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite), "ETL")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    cfg = config_mod.load(args.config, args.overrides)  # a bad config fails here, before Spark starts
+    _run(score_command(args.config, args.overrides, args.model, args.output_table, args.partition,
+                       args.master or cfg.spark.master, args.overwrite), "scoring")
     return 0
 
 
@@ -88,7 +108,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         fs.delete(cfg.checkpoint.dir)
     _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
+    _run(score_command(args.config, args.overrides, cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master,
+                       overwrite=True, split="test", evaluate=True), "scoring the test split")
     return 0
+
+
+DEMO_PREDICTIONS = "demo.review_predictions"
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
@@ -120,11 +145,13 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
 
 
 def cmd_yarn(args: argparse.Namespace) -> int:
-    """``hvdtrain yarn submit ...``: the launcher lives in yarn/ (which imports hvdtrain), so run it."""
-    if not args.rest or args.rest[0] != "submit":
+    """``hvdtrain yarn submit|score ...``: the launchers live in yarn/ (which imports hvdtrain), so run them."""
+    modules = {"submit": "yarn.submit", "score": "yarn.score"}
+    if not args.rest or args.rest[0] not in modules:
         raise HvdtrainError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
-                            "[--principal P --keytab K] [--master M] [--dry-run]")
-    return subprocess.call([sys.executable, "-m", "yarn.submit", *args.rest[1:]], env=child_env())
+                            "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
+                            "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run]")
+    return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 
 def cmd_env_check(args: argparse.Namespace) -> int:
@@ -169,9 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     train = with_config("train", "train locally under horovodrun with Gloo")
     train.add_argument("--np", type=int, default=2, help="local ranks (default 2; 1 runs without horovodrun)")
     train.set_defaults(fn=cmd_train)
+    score = with_config("score", "score the config's source with a trained model into a Hive table (Spark)")
+    score.add_argument("--model", help="training output folder, runs:/ID/model, models:/NAME/VERSION|@ALIAS, "
+                       "or a registered model name (default score.model)")
+    score.add_argument("--output-table", help="Hive table db.name for the predictions (default score.output_table)")
+    score.add_argument("--partition", help="k=v[,k=v] to write (default score.partition, else ds=<UTC date>)")
+    score.add_argument("--overwrite", action="store_true", help="replace a non-empty partition (atomically)")
+    score.add_argument("--master", help="Spark master (default: spark.master from the config)")
+    score.set_defaults(fn=cmd_score)
     show = with_config("config", "print the resolved config (after overrides and path resolution)")
     show.set_defaults(fn=cmd_config_show)
-    yarn = sub.add_parser("yarn", help="train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
+    yarn = sub.add_parser("yarn", help="on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ... "
+                          "(training), hvdtrain yarn score CONFIG --model M --output-table T ... (scoring)",
                           add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
     yarn.set_defaults(fn=cmd_yarn)

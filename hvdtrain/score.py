@@ -311,7 +311,7 @@ def load_keras(model_bytes: bytes) -> Any:
 class Counters:
     """Spark accumulators for the row accounting, each added where the rows are counted."""
 
-    NAMES = ("rows_in", "scored", "rejected", "model_loads", "batches")
+    NAMES = ("rows_in", "scored", "rejected", "model_loads", "tasks", "batches")
 
     def __init__(self, spark: Any):
         self._acc = {name: spark.sparkContext.accumulator(0) for name in self.NAMES}
@@ -357,6 +357,8 @@ def score(spark: Any, df: Any, model: Any, *, key_column: str = "id", extra_colu
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         predict, encoder = worker_model(spec, model_bc, counters)
+        if counters is not None:
+            counters.count(tasks=1)
         for frame in batches:
             if counters is not None:
                 counters.count(batches=1)
