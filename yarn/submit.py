@@ -202,16 +202,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     if local and y.deploy_mode == "cluster":
         notes.append(f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode")
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
-    if y.queue and not local:
-        argv += ["--queue", y.queue]
-    if y.principal:
-        argv += ["--principal", y.principal, "--keytab", y.keytab]
-    argv += ["--driver-memory", y.driver_memory]
-    if not local:
-        if inputs.archive_uri is None:
-            raise ValueError("a YARN plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
-        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores),
-                 "--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
+    argv += cluster_args(cfg, local, inputs)
     files = [inputs.job_yaml] + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else [])
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
     for key, value in spark_conf(cfg, master, deploy_mode, inputs):
@@ -230,6 +221,21 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     else:
         notes += _cluster_notes(cfg)
     return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes)
+
+
+def cluster_args(cfg: JobConfig, local: bool, inputs: Inputs) -> list[str]:
+    """spark-submit's queue, Kerberos login, memory, cores and shipped environment (pure; shared with yarn.score)."""
+    y = cfg.yarn
+    argv = ["--queue", y.queue] if y.queue and not local else []
+    if y.principal:
+        argv += ["--principal", y.principal, "--keytab", y.keytab]
+    argv += ["--driver-memory", y.driver_memory]
+    if not local:
+        if inputs.archive_uri is None:
+            raise ValueError("a YARN plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
+        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores),
+                 "--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
+    return argv
 
 
 def _cluster_notes(cfg: JobConfig) -> list[str]:

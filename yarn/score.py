@@ -1,0 +1,173 @@
+"""Batch scoring on YARN: spark-submit of ``etl/score_job.py`` with the shipped code and environment.
+
+    python -m yarn.score CONFIG [key=value ...] --model MODEL --output-table DB.TABLE [--partition K=V]
+        [--overwrite] [--queue Q] [--principal P --keytab K] [--master yarn|local[N]] [--dry-run]
+
+(also ``hvdtrain yarn score ...``). The same machinery as ``hvdtrain yarn
+submit`` (:mod:`yarn.submit`): the packed environment (``--archives``, cached
+by content hash), the code zip (``--py-files``), Kerberos (``--principal`` /
+``--keytab``), queue and memory flags (:func:`yarn.submit.cluster_args`), the
+dry run's printout and the :class:`yarn.submit.Submission` that kills the
+application when the command is interrupted. Unlike training, scoring is an
+ordinary Spark job: dynamic allocation and task retries stay on, and no
+Horovod is needed; executor Python workers get one TensorFlow thread per core
+(``score.threads_per_task``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+from hvdtrain import config as config_mod
+from hvdtrain import envcheck, fs
+from hvdtrain.config import JobConfig
+from hvdtrain.errors import ConfigError, EnvironmentProblem, HvdtrainError
+from yarn import packaging, submit
+
+SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
+
+
+def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
+    """The --conf settings of a scoring submission (pure)."""
+    python = inputs.python if local else submit.SHIPPED_PYTHON
+    driver_python = inputs.python if local or deploy_mode == "client" else submit.SHIPPED_PYTHON
+    conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python),
+            ("spark.sql.catalogImplementation", "hive"), ("spark.python.worker.reuse", "true")]
+    if not local and deploy_mode == "cluster":
+        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
+    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
+    return conf + list(cfg.yarn.spark_conf.items())
+
+
+def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args: Sequence[str],
+                     is_file=os.path.isfile) -> submit.SubmitPlan:
+    """The spark-submit command for ``etl/score_job.py`` (pure, given ``is_file`` for the keytab)."""
+    if master != "yarn" and not submit.is_local_master(master):
+        raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
+    if cfg.yarn.keytab is not None and not is_file(cfg.yarn.keytab):
+        raise ConfigError("yarn.keytab", cfg.yarn.keytab, "does not exist or is not a file; pass the keytab of "
+                          "--principal on this host")
+    local = submit.is_local_master(master)
+    deploy_mode = "client" if local else cfg.yarn.deploy_mode
+    argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
+            "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg, local, inputs),
+            "--py-files", inputs.code_zip, "--files", inputs.job_yaml]
+    for key, value in score_conf(cfg, local, deploy_mode, inputs):
+        argv += ["--conf", f"{key}={value}"]
+    config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
+    argv += [SCORE_SCRIPT, "--config", config_arg, *job_args]
+    notes = [] if local else _notes(cfg, job_args, deploy_mode)
+    env = {"PYTHONUNBUFFERED": "1", **({"PYTHONPATH": inputs.code_zip} if local else {})}
+    report = fs.join(cfg.score.report_dir, "score_report.json")
+    return submit.SubmitPlan(argv, env, master, deploy_mode, report, os.path.dirname(inputs.code_zip), notes)
+
+
+def _notes(cfg: JobConfig, job_args: Sequence[str], deploy_mode: str) -> list[str]:
+    notes = []
+    model = job_args[job_args.index("--model") + 1] if "--model" in job_args else cfg.score.model
+    if deploy_mode == "cluster" and model and fs.is_local(model) and not model.startswith(("runs:/", "models:/")):
+        notes.append(f"--model {model} is a local folder but the driver runs in the cluster (deploy_mode cluster): "
+                     "use an hdfs:// training output or an MLflow runs:/ / models:/ URI")
+    if fs.is_local(cfg.score.report_dir):
+        notes.append(f"score.report_dir {cfg.score.report_dir} is local to the driver's host; set "
+                     "score.report_dir=hdfs://... to keep the reports with the table")
+    return notes
+
+
+def job_args(args: argparse.Namespace) -> list[str]:
+    """The score job's own flags, passed through (pure)."""
+    out = []
+    for flag in ("model", "output_table", "partition"):
+        value = getattr(args, flag)
+        if value:
+            out += [f"--{flag.replace('_', '-')}", value]
+    return out + (["--overwrite"] if args.overwrite else [])
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hvdtrain yarn score", description="Score on YARN: spark-submit of the "
+                                "scoring job with the shipped environment (flags override the config).")
+    p.add_argument("config", help="job YAML; its source is the input")
+    p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
+    p.add_argument("--model", help="hdfs:// training output, runs:/..., models:/NAME/VERSION|@ALIAS, or a name")
+    p.add_argument("--output-table", help="Hive table db.name for the predictions")
+    p.add_argument("--partition", help="k=v[,k=v] (default score.partition, else ds=<UTC date>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty partition (atomically)")
+    p.add_argument("--queue", help="YARN queue (yarn.queue)")
+    p.add_argument("--principal", help="Kerberos principal, with --keytab")
+    p.add_argument("--keytab", help="keytab file for --principal")
+    p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
+    return p.parse_intermixed_args(argv)
+
+
+def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
+    cfg = config_mod.load(args.config, list(args.overrides) + submit.flag_overrides(_as_submit(args), os.getcwd()))
+    local = submit.is_local_master(args.master)
+    try:
+        spark_submit = deps.find_spark_submit()
+    except EnvironmentProblem:
+        if not args.dry_run:
+            raise
+        spark_submit = "spark-submit"
+    if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
+        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
+                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
+    staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-score-{cfg.name}") if args.dry_run
+               else tempfile.mkdtemp(prefix=f"hvdtrain-score-{cfg.name}-"))
+    try:
+        archive = None
+        if not local:  # the same identity, hence the same cached archive, as training's submissions
+            identity = (deps.identity or packaging.current_identity)(deps.probe_build())
+            archive = (packaging.planned_archive(cfg.yarn, identity).uri if args.dry_run
+                       else (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri)
+        inputs = submit.Inputs(spark_submit, sys.executable, os.path.join(staging, submit.CODE_ZIP),
+                               os.path.join(staging, submit.JOB_YAML), archive, envcheck.HorovodBuild())
+        plan = build_score_plan(cfg, args.master, inputs, job_args(args))
+        if args.dry_run:
+            print(f"# dry run: the code zip and the resolved config are written at submit time\n"
+                  f"{submit.format_plan(plan)}", file=deps.out)
+            return 0
+        with open(inputs.job_yaml, "w") as fh:
+            fh.write(cfg.to_yaml())
+        packaging.build_code_zip(inputs.code_zip)
+        for note in plan.notes:
+            print(f"hvdtrain: note: {note}", file=sys.stderr)
+        print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
+        with deps.submission(plan) as sub:
+            code = sub.wait()
+            if code != 0:
+                where = f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else ""
+                raise HvdtrainError(f"spark-submit of the scoring job failed (exit code {code}); see the messages "
+                                    f"above{where}")
+        return 0
+    finally:
+        if not args.dry_run:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _as_submit(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags yarn.submit.flag_overrides knows (queue, Kerberos); scoring has no worker or GPU count."""
+    return argparse.Namespace(num_workers=None, gpus_per_worker=None, queue=args.queue, principal=args.principal,
+                              keytab=args.keytab)
+
+
+def main(argv: Optional[Sequence[str]] = None, deps: Optional[submit.Collaborators] = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args, deps or submit.Collaborators())
+    except HvdtrainError as exc:
+        print(f"hvdtrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hvdtrain: interrupted; the application was released", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
