@@ -253,6 +253,8 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
             create_table(spark, table, cols, target)
     run_dir = f"{table_location(spark, target.table).rstrip('/')}/{target.folder()}/run-{_run_id()}"
     counters = score_lib.Counters(spark)
+    if cfg.score.partitions:
+        rows = rows.repartition(cfg.score.partitions)  # scoring costs far more per row than reading
     scored = score_lib.score(spark, rows, bundle, key_column=key, extra_columns=list(cfg.score.columns),
                              predict_batch=cfg.score.predict_batch, arrow_batch=cfg.score.arrow_batch,
                              threads=cfg.score.threads_per_task, counters=counters)

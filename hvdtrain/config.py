@@ -411,6 +411,7 @@ class ScoreConfig:
     predict_batch: int = 256  # rows per model call in a Spark task
     arrow_batch: int = 2048  # rows per Arrow batch handed to a task's iterator (bounds worker memory)
     threads_per_task: int = 1  # TensorFlow threads in each Python worker (Spark runs one worker per core)
+    partitions: int = 0  # spread the input over this many tasks before scoring (0: keep the input's partitioning)
     report_dir: str = "{workdir}/score"  # score_report.json and drift_report.json
     drift_sample_rows: int = 20000  # input rows sampled for the drift statistics (0: all)
     psi_threshold: float = 0.2  # population stability index above this is drift (0.1-0.25 is "moderate")
@@ -430,6 +431,7 @@ class ScoreConfig:
                 raise ConfigError("partition", self.partition, str(exc)) from None
         for name in ("predict_batch", "arrow_batch", "threads_per_task"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _require(self.partitions >= 0, "partitions", self.partitions, "must be >= 0 (0: the input's partitioning)")
         _require(self.drift_sample_rows >= 0, "drift_sample_rows", self.drift_sample_rows, "must be >= 0 (0: all)")
         _require(self.psi_threshold > 0, "psi_threshold", self.psi_threshold, "must be > 0")
         _require(0 < self.unknown_token_threshold <= 1, "unknown_token_threshold", self.unknown_token_threshold,

@@ -378,3 +378,34 @@ def make_spec(bundle: ModelBundle, key_column: str, extra_columns: Sequence[str]
         model_uri=bundle.uri, model_version=bundle.version, manifest_digest=bundle.manifest_digest,
         model_digest=bundle.digest, scored_at=scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
         predict_batch=predict_batch, threads=threads, input_names=tuple(bundle.labels_doc.get("inputs", ())))
+
+
+def predict_features(spark: Any, df: Any, model: Any, *, key_column: str = "id", predict_batch: int = 256,
+                     arrow_batch: int = 2048, threads: int = 1) -> Any:
+    """Predict on rows that already hold the model's inputs (e.g. ``input_ids`` / ``attention_mask`` arrays).
+
+    The same per-worker model cache and batched predict as :func:`score`, without
+    preprocessing: for inputs made elsewhere with the ETL's code, and for
+    comparing with ``mlflow.pyfunc.spark_udf`` on equal terms. Returns key + ``probabilities``.
+    """
+    bundle = model if isinstance(model, ModelBundle) else load_bundle(model)
+    spec = make_spec(bundle, key_column, (), predict_batch, threads)
+    names = list(spec.input_names)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
+    dtypes = {n: v["dtype"] for n, v in bundle.labels_doc.get("input_specs", {}).items()}
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pandas as pd
+
+        predict, _ = worker_model(spec, model_bc)
+        for frame in batches:
+            probs = np.zeros((len(frame), len(spec.labels)), dtype=np.float32)
+            for start in range(0, len(frame), spec.predict_batch):
+                chunk = frame.iloc[start:start + spec.predict_batch]
+                x = {n: np.stack(chunk[n].to_numpy()).astype(dtypes.get(n, "int64")) for n in names}
+                probs[start:start + len(chunk)] = softmax(np.asarray(predict(x)))
+            yield pd.DataFrame({key_column: _column(list(_values(frame[key_column]))),
+                                "probabilities": _column(list(probs))})
+
+    return df.select(key_column, *names).mapInPandas(run, f"`{key_column}` string, probabilities array<float>")

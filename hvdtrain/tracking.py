@@ -352,3 +352,10 @@ def _locate(client: Any, kind: str, name: str, detail: str) -> tuple[str, str, s
             raise ValueError(f"no registered model named {name!r}")
         mv = max(versions, key=lambda v: int(v.version))
     return mv.run_id, str(mv.version), f"models:/{name}/{mv.version}"
+
+
+def pyfunc_spark_udf(spark: Any, model_uri: str, result_type: str = "array<float>") -> Any:
+    """``mlflow.pyfunc.spark_udf`` of a logged model, in this environment (no conda/virtualenv rebuild)."""
+    import mlflow
+
+    return mlflow.pyfunc.spark_udf(spark, model_uri, result_type=result_type, env_manager="local")

@@ -36,7 +36,7 @@ def _job(base: Path, **extra) -> dict:
         "train": {"epochs": 1, "batch_size": 32, "progress": "log"},
         "checkpoint": {"enabled": False},
         "tracking": {"registered_model_name": "scoretest_model"},
-        "score": {"arrow_batch": 100, "predict_batch": 64},
+        "score": {"arrow_batch": 100, "predict_batch": 64, "partitions": 6},
     }
     for section, values in extra.items():
         data.setdefault(section, {}).update(values) if isinstance(values, dict) else data.update({section: values})
@@ -63,7 +63,7 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    # The rows to score: the sample in 6 files (so more tasks than Python workers) plus 3 unscorable rows.
+    # The rows to score: the sample plus 3 unscorable rows; score.partitions=6: more tasks than Python workers.
     bad = spark.createDataFrame([(None, "a fine text", "x"), ("bad-1", None, "x"), ("bad-2", "   ", "x")],
                                 "id string, text string, label string")
     rows = spark.table("scoretest.reviews").selectExpr("CAST(id AS STRING) AS id", "text", "label")
@@ -105,7 +105,7 @@ def test_job_accounts_for_every_row_and_loads_the_model_once_per_worker(world) -
     r = world.report
     assert (r["rows_in"], r["scored"], r["rejected"]) == (1203, 1200, 3)
     assert r["rejects_by_reason"] == {"blank text (text)": 1, "null key (id)": 1, "null text (text)": 1}
-    assert r["tasks"] >= 6 and r["arrow_batches"] >= 12  # 6 input files, Arrow batches of 100 rows
+    assert r["tasks"] == 6 and r["arrow_batches"] >= 12  # score.partitions=6, Arrow batches of 100 rows
     assert 1 <= r["model_loads"] <= 2, r  # local[2]: two reused Python workers, each loads once
     preds, rejects = _table(world), _table(world, "scoretest.preds_rejects")
     assert len(preds) == 1200 and preds["id"].is_unique and preds["predicted_label"].notna().all()
