@@ -51,6 +51,8 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     import tensorflow as tf
 
     from hvdtrain import data
+    from hvdtrain.data import contract
+    from hvdtrain.data import pipeline
 
     records = 20_000 if quick else 200_000
     root = tempfile.mkdtemp(prefix="bench-input-")
@@ -69,7 +71,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         # iterator for the whole run, so each repetition times the next pass-worth of batches of the same
         # stream (pass boundaries included); building the iterator and filling the first window is warm-up.
         batches = iter(data.train_dataset(m, rank=0, size=1, batch_size=batch, shuffle_buffer=10_000, seed=1,
-                                          features=[*data.MODEL_INPUTS["transformer"], m.label_feature]))
+                                          features=[*contract.MODEL_INPUTS["transformer"], m.label_feature]))
 
         def pipeline() -> None:
             for _ in range(steps):
@@ -77,7 +79,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
         pipe_sec = median_time(pipeline)
         del batches
-        parser = data.Parser(m)
+        parser = pipeline.Parser(m)
         serialized = list(tf.data.TFRecordDataset(paths[:2]).take(4096).as_numpy_iterator())
         src = tf.data.Dataset.from_tensor_slices(serialized)
 

@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 
 from hvdtrain import data
+from hvdtrain.data import contract
+from hvdtrain.data import pipeline
+from hvdtrain.data import plan as read_plan
+from hvdtrain.data import staging
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import DataError
@@ -24,19 +28,19 @@ ALL = ["input_ids", "attention_mask", "label", "key"]
 
 def test_assign_shards_balances_records_largest_first() -> None:
     records = [100, 90, 50, 40, 30, 10, 5]
-    plan = data.assign_shards(records, 2)
+    plan = read_plan.assign_shards(records, 2)
     loads = [sum(records[i] for i in shards) for shards in plan]
     assert sorted(i for shards in plan for i in shards) == list(range(len(records)))
     assert plan == [[0, 3, 4], [1, 2, 5, 6]]  # 100+40+30 = 170 vs 90+50+10+5 = 155
     assert max(loads) - min(loads) <= max(records)
-    assert data.assign_shards(records, 2) == plan  # deterministic
+    assert read_plan.assign_shards(records, 2) == plan  # deterministic
 
 
 def test_assign_shards_with_more_ranks_than_shards_leaves_ranks_empty() -> None:
-    assert data.assign_shards([7, 7], 3) == [[0], [1], []]
-    assert data.assign_shards([], 2) == [[], []]
+    assert read_plan.assign_shards([7, 7], 3) == [[0], [1], []]
+    assert read_plan.assign_shards([], 2) == [[], []]
     with pytest.raises(ValueError):
-        data.assign_shards([1], 0)
+        read_plan.assign_shards([1], 0)
 
 
 def test_steps_per_epoch_counts_whole_global_batches() -> None:
@@ -48,18 +52,18 @@ def test_steps_per_epoch_counts_whole_global_batches() -> None:
 
 
 def test_train_plan_falls_back_to_record_level_when_unbalanced() -> None:
-    assert data.plan_train_reads([50, 50, 40, 60], 1, 2) == data.ReadPlan((0, 1))  # 100 vs 100
+    assert read_plan.plan_train_reads([50, 50, 40, 60], 1, 2) == read_plan.ReadPlan((0, 1))  # 100 vs 100
     # fewer shards than ranks
-    assert data.plan_train_reads([100], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+    assert read_plan.plan_train_reads([100], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
     # whole shards would leave rank 1 with 30 records against rank 0's 500
-    lopsided = data.plan_train_reads([500, 20, 10], 0, 2)
+    lopsided = read_plan.plan_train_reads([500, 20, 10], 0, 2)
     assert lopsided.record_level and lopsided.shards == (0, 1, 2)
-    assert data.plan_train_reads([500, 20, 10], 0, 1) == data.ReadPlan((0, 1, 2))
+    assert read_plan.plan_train_reads([500, 20, 10], 0, 1) == read_plan.ReadPlan((0, 1, 2))
 
 
 def test_eval_plan_uses_whole_shards_when_it_can() -> None:
-    assert data.plan_eval_reads(3, [500, 20, 10], 1, 2) == data.ReadPlan((1, 2))
-    assert data.plan_eval_reads(1, [9], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+    assert read_plan.plan_eval_reads(3, [500, 20, 10], 1, 2) == read_plan.ReadPlan((1, 2))
+    assert read_plan.plan_eval_reads(1, [9], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
 
 
 # -- pipelines ---------------------------------------------------------------------------------
@@ -137,7 +141,7 @@ def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> N
                 assert x[name].numpy().tolist() == y[name].numpy().tolist()
     import tensorflow as tf
 
-    parser = data.Parser(packed)
+    parser = pipeline.Parser(packed)
     records = next(iter(tf.data.TFRecordDataset(packed.shard_uri(packed.split("test").shards[0])).batch(3)))
     one, three = parser.single(records[1]), parser.batch(records)
     assert all(np.asarray(one[name]).tolist() == np.asarray(three[name][1]).tolist() for name in ALL)
@@ -170,13 +174,13 @@ def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.M
 
 
 def test_records_per_pass_and_resume_point() -> None:
-    assert data.records_per_pass(data.ReadPlan((0, 2)), [30, 10, 20]) == 50
-    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
-    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=0), [9]) == 5
-    assert data.resume_point(0, 50) == (0, 0)
-    assert data.resume_point(130, 50) == (2, 30)
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0, 2)), [30, 10, 20]) == 50
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=0), [9]) == 5
+    assert read_plan.resume_point(0, 50) == (0, 0)
+    assert read_plan.resume_point(130, 50) == (2, 30)
     with pytest.raises(ValueError):
-        data.resume_point(5, 0)
+        read_plan.resume_point(5, 0)
 
 
 @pytest.mark.parametrize("rank,size", [(0, 1), (1, 2), (0, 4)])  # whole shards; record-level (3 shards, 4 ranks)
@@ -231,13 +235,13 @@ def test_remote_shards_are_staged_ahead_and_released_after_their_last_record(tmp
     remote, copied, copy = _remote(tmp_path, m)
     stage = tmp_path / "stage"
     stage.mkdir()
-    source = data.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), copy=copy)
+    source = staging.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), copy=copy)
     got = list(source.paths())
     assert copied == [f"hdfs://namenode:8020/data/ds/test/part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
     assert [os.path.basename(p).split("-", 1)[1] for p in got] == [f"part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
     assert os.listdir(stage) == []  # the folder goes when the reader is done
     with pytest.raises(DataError, match="remote shards .* pass a local stage_dir"):
-        data.file_paths(remote, "test", lambda: iter([0]), None, copy=copy)
+        staging.file_paths(remote, "test", lambda: iter([0]), None, copy=copy)
 
 
 def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_path) -> None:
@@ -264,11 +268,11 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
     finally:
         fs.register_scheme("hdfs", None)
     assert staged_keys == local_keys  # staging changes where bytes come from, never the data order
-    assert 0 < most <= data.STAGE_AHEAD + 2 * 2 + 2, most
+    assert 0 < most <= staging.STAGE_AHEAD + 2 * 2 + 2, most
 
 
 def test_stager_reports_copy_failures_naming_the_shard(tmp_path) -> None:
-    from hvdtrain.staging import ShardStager
+    from hvdtrain.data.staging import ShardStager
 
     def broken(uri: str, local: str) -> None:
         raise ConnectionError("namenode went away")
@@ -328,11 +332,11 @@ def tabular(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
 
 
 def test_model_inputs_per_kind() -> None:
-    assert data.MODEL_INPUTS["transformer"] == ("input_ids", "attention_mask")
-    assert data.model_inputs("mlp", ["numeric", "label"]) == ("numeric",)
-    assert data.model_inputs("mlp", ["categorical", "numeric"]) == ("numeric", "categorical")
+    assert contract.MODEL_INPUTS["transformer"] == ("input_ids", "attention_mask")
+    assert contract.model_inputs("mlp", ["numeric", "label"]) == ("numeric",)
+    assert contract.model_inputs("mlp", ["categorical", "numeric"]) == ("numeric", "categorical")
     with pytest.raises(DataError, match="model.kind 'cnn' has no input contract"):
-        data.model_inputs("cnn", [])
+        contract.model_inputs("cnn", [])
 
 
 def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest) -> None:
