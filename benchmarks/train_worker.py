@@ -47,8 +47,8 @@ def main() -> None:
                             "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
     shape = data.check_manifest(m, cfg.model)
     model, optimizer = train.build_state(cfg, shape, rank.size)
-    ds = data.train_dataset(m, rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024, seed=1,
-                            features=[*contract.MODEL_INPUTS["transformer"], "label"])
+    ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024,
+                                                seed=1), features=[*contract.MODEL_INPUTS["transformer"], "label"])
     if args.threads:  # the input pipeline gets the same budget as the model: no idle core to borrow
         options = tf.data.Options()
         options.threading.private_threadpool_size = args.threads

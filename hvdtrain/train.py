@@ -211,10 +211,9 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     """This rank's endless training batches from ``start_record`` on, traced when asked."""
     train, shape = ctx.cfg.train, ctx.shape
     trace = train.record_trace
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
     batches = iter(data.train_dataset(
-        ctx.manifest, rank=ctx.rank.rank, size=ctx.rank.size, batch_size=train.batch_size,
-        shuffle_buffer=train.shuffle_buffer, seed=train.seed,
-        features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
+        ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
         stage_dir=ctx.stage_dir, start_record=start_record))
     if trace:
         batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)

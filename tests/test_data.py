@@ -19,7 +19,7 @@ from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import FeatureSpec
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_text_dataset
 
 ALL = ["input_ids", "attention_mask", "label", "key"]
 
@@ -71,8 +71,8 @@ def test_eval_plan_uses_whole_shards_when_it_can() -> None:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
     root = tmp_path_factory.mktemp("ds")
-    return make_text_dataset(str(root), n_per_split={"train": 90, "validation": 31, "test": 29},
-                             shards_per_split=3, max_length=12, seed=3)
+    return make_text_dataset(str(root), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 31,
+                                                                            "test": 29}, shards_per_split=3), max_length=12, seed=3))
 
 
 def _keys(batches) -> list[str]:
@@ -80,7 +80,8 @@ def _keys(batches) -> list[str]:
 
 
 def test_train_stream_parses_with_the_manifest_spec(dataset: manifest_lib.Manifest) -> None:
-    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=8, shuffle_buffer=16, seed=1, features=ALL)
+    ds = data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=16, seed=1),
+                            features=ALL)
     batch = next(iter(ds))
     assert set(batch) == set(ALL)
     assert batch["input_ids"].shape == (8, 12) and batch["input_ids"].dtype.name == "int64"
@@ -90,14 +91,15 @@ def test_train_stream_parses_with_the_manifest_spec(dataset: manifest_lib.Manife
 
 
 def test_train_stream_repeats_reshuffles_and_covers_every_record(dataset: manifest_lib.Manifest) -> None:
-    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=10, shuffle_buffer=32, seed=1, features=ALL)
+    ds = data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=10, shuffle_buffer=32, seed=1),
+                            features=ALL)
     keys = _keys(itertools.islice(iter(ds), 27))  # three passes of 90 records
     counts = collections.Counter(keys)
     assert set(counts) == {f"train-{i:06d}" for i in range(90)}
     assert max(counts.values()) <= 5  # no record starved or hogged across pass boundaries
     assert keys[:90] != keys[90:180]  # a new order each pass
-    again = _keys(itertools.islice(iter(data.train_dataset(dataset, rank=0, size=1, batch_size=10,
-                                                            shuffle_buffer=32, seed=1, features=ALL)), 27))
+    again = _keys(itertools.islice(iter(data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=10,
+                                                                                     shuffle_buffer=32, seed=1), features=ALL)), 27))
     assert again == keys  # deterministic for a seed
 
 
@@ -105,8 +107,10 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     # One shard of 90 records in key order, windows of 30: each pass is a permutation of the shard in
     # which a record moves less than two windows, and the boundaries move, so records 0 and 31 share
     # the first batches in some passes and not in others.
-    m = make_text_dataset(str(tmp_path), n_per_split={"train": 90, "validation": 4, "test": 4}, shards_per_split=1)
-    ds = data.train_dataset(m, rank=0, size=1, batch_size=10, shuffle_buffer=30, seed=3, features=["key"])
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 4, "test": 4},
+                                                                shards_per_split=1)))
+    ds = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=10, shuffle_buffer=30, seed=3),
+                            features=["key"])
     keys = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 9 * 12))]
     passes = [keys[i:i + 90] for i in range(0, len(keys), 90)]
     assert all(sorted(p) == list(range(90)) for p in passes)
@@ -116,25 +120,26 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     assert len({frozenset(w) for w in first_window}) > 1
     assert len({tuple(p) for p in passes}) == len(passes)
     # A window smaller than a read chunk still spans every file of the cycle (2 shards, windows of 8).
-    two = make_text_dataset(str(tmp_path / "two"), n_per_split={"train": 90, "validation": 4, "test": 4},
-                            shards_per_split=2)
-    ds = data.train_dataset(two, rank=0, size=1, batch_size=8, shuffle_buffer=8, seed=3, features=["key"])
+    two = make_text_dataset(str(tmp_path / "two"), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 4,
+                                                                                       "test": 4}, shards_per_split=2)))
+    ds = data.train_dataset(two, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=8, seed=3),
+                            features=["key"])
     first = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 1))]
     assert min(first) < 45 <= max(first)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])  # whole shards, and record-level reading (3 shards, 4 ranks)
 def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> None:
-    kw = dict(n_per_split=40, num_classes=3, max_length=12, vocab_size=300, shards_per_split=3, seed=4)
-    packed = make_text_dataset(str(tmp_path / "packed"), packed=True, **kw)
-    plain = make_text_dataset(str(tmp_path / "plain"), packed=False, **kw)
+    kw = dict(layout=Layout(n_per_split=40, shards_per_split=3), num_classes=3, max_length=12, vocab_size=300, seed=4)
+    packed = make_text_dataset(str(tmp_path / "packed"), TextSpec(packed=True, **kw))
+    plain = make_text_dataset(str(tmp_path / "plain"), TextSpec(packed=False, **kw))
     assert packed.features["input_ids"].encoding == "u16le" and packed.features["attention_mask"].encoding == "u8"
     assert plain.features["input_ids"].encoding == ""
     for rank in range(size):
         a, b = (list(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=7, features=ALL))
                 for m in (packed, plain))
-        b_train, a_train = (next(iter(data.train_dataset(m, rank=rank, size=size, batch_size=5, shuffle_buffer=8,
-                                                          seed=2, features=ALL))) for m in (plain, packed))
+        b_train, a_train = (next(iter(data.train_dataset(m, data.TrainStream(rank=rank, size=size, batch_size=5,
+                                                                             shuffle_buffer=8, seed=2), features=ALL))) for m in (plain, packed))
         for x, y in [*zip(a, b), (a_train, b_train)]:
             for name in ALL:
                 assert x[name].dtype == y[name].dtype
@@ -167,8 +172,8 @@ def test_manifest_formats_and_encodings(dataset: manifest_lib.Manifest) -> None:
 
 def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.Manifest) -> None:
     # 3 shards of 30: rank 0 gets two, rank 1 one; each rank's first pass holds only its own records.
-    first = [set(_keys(itertools.islice(iter(data.train_dataset(
-        dataset, rank=r, size=2, batch_size=10, shuffle_buffer=4, seed=5, features=["key"])), 3)))
+    first = [set(_keys(itertools.islice(iter(data.train_dataset(dataset, data.TrainStream(rank=r, size=2,
+                                                                                          batch_size=10, shuffle_buffer=4, seed=5), features=["key"])), 3)))
         for r in range(2)]
     assert first[0] and first[1] and not first[0] & first[1]
 
@@ -188,8 +193,8 @@ def test_records_per_pass_and_resume_point() -> None:
 def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, rank: int, size: int,
                                                                        batches_done: int) -> None:
     def stream(start_record: int):
-        return data.train_dataset(dataset, rank=rank, size=size, batch_size=5, shuffle_buffer=16, seed=7,
-                                  features=["key"], start_record=start_record)
+        return data.train_dataset(dataset, data.TrainStream(rank=rank, size=size, batch_size=5, shuffle_buffer=16,
+                                                            seed=7), features=["key"], start_record=start_record)
 
     full = _keys(itertools.islice(iter(stream(0)), batches_done + 12))
     resumed = _keys(itertools.islice(iter(stream(batches_done * 5)), 12))
@@ -198,7 +203,8 @@ def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, 
 
 @pytest.mark.parametrize("shards,size", [(3, 2), (1, 2), (2, 3), (3, 3)])
 def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int, size: int) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=23, shards_per_split=shards, max_length=6, seed=shards)
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=23, shards_per_split=shards),
+                                                  max_length=6, seed=shards))
     keys = []
     for rank in range(size):
         keys += _keys(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=4, features=["key"]))
@@ -206,13 +212,14 @@ def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int
 
 
 def test_gzip_shards_are_read(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6, compression="gzip")
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=10, shards_per_split=2,
+                                                                compression="gzip"), max_length=6))
     keys = _keys(data.eval_dataset(m, "validation", rank=0, size=1, batch_size=3, features=["key"]))
     assert len(keys) == 10
 
 
 def test_missing_shard_is_named(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6)
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=10, shards_per_split=2), max_length=6))
     os.remove(os.path.join(str(tmp_path), "test", "part-00001.tfrecord"))
     with pytest.raises(DataError, match=r"shard test/part-00001.tfrecord of split 'test' is missing"):
         data.eval_dataset(m, "test", rank=0, size=1, batch_size=3)
@@ -231,7 +238,8 @@ def _remote(tmp_path, m):
 
 
 def test_remote_shards_are_staged_ahead_and_released_after_their_last_record(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path / "ds"), n_per_split=40, shards_per_split=4, max_length=6)
+    m = make_text_dataset(str(tmp_path / "ds"), TextSpec(layout=Layout(n_per_split=40, shards_per_split=4),
+                                                         max_length=6))
     remote, copied, copy = _remote(tmp_path, m)
     stage = tmp_path / "stage"
     stage.mkdir()
@@ -249,16 +257,18 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
 
     from hvdtrain import fs
 
-    m = make_text_dataset(str(tmp_path / "data" / "ds"), n_per_split=80, shards_per_split=8, max_length=6)
+    m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=80, shards_per_split=8),
+                                                                  max_length=6))
     remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
     # hdfs:// served from a local folder: the real staging path, no cluster needed.
     fs.register_scheme("hdfs", lambda netloc: pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
     stage = tmp_path / "stage"
     stage.mkdir()
     try:
-        ds = data.train_dataset(remote, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
-                                stage_dir=str(stage), cycle_length=2)
-        local = data.train_dataset(m, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3, cycle_length=2)
+        ds = data.train_dataset(remote, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
+                                                         cycle_length=2), stage_dir=str(stage))
+        local = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
+                                                       cycle_length=2))
         most = 0
         staged_keys, local_keys = [], []
         for a, b in zip(ds.take(30), local.take(30)):  # three passes over 80 records
@@ -327,8 +337,9 @@ MLP = ModelConfig(kind="mlp")
 def tabular(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
     from hvdtrain.synthetic import make_tabular_dataset
 
-    return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), n_per_split=20, num_numeric=4,
-                                cardinalities=[3, 6], seed=1)
+    return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), TabularSpec(layout=Layout(n_per_split=20),
+                                                                                 num_numeric=4, cardinalities=[3,
+                                                                                                               6], seed=1))
 
 
 def test_model_inputs_per_kind() -> None:
@@ -353,7 +364,8 @@ def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest
 def test_numeric_only_tabular_dataset(tmp_path) -> None:
     from hvdtrain.synthetic import make_tabular_dataset
 
-    m = make_tabular_dataset(str(tmp_path), n_per_split=8, num_numeric=3, cardinalities=[], seed=2)
+    m = make_tabular_dataset(str(tmp_path), TabularSpec(layout=Layout(n_per_split=8), num_numeric=3, cardinalities=[],
+                                                        seed=2))
     shape = data.check_manifest(m, MLP)
     assert shape.inputs == ("numeric",) and shape.cardinalities == ()
 

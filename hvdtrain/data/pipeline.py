@@ -18,6 +18,7 @@ TensorFlow is imported inside the functions, so importing this module stays chea
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from hvdtrain.data.plan import (file_seed, plan_eval_reads, plan_train_reads, records_per_pass, resume_point,
@@ -205,18 +206,31 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     return windows.enumerate().map(shuffle).filter(lambda w: _length(w) > 0)
 
 
-def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, shuffle_buffer: int, seed: int,
-                  features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None,
-                  split: str = "train", cycle_length: int = 4, force_staging: bool = False,
-                  start_record: int = 0) -> "tf.data.Dataset":
-    """An endless stream of parsed batches (dicts of tensors) for one rank; see the module rules.
+@dataclass(frozen=True)
+class TrainStream:
+    """Whose training stream: rank ``rank`` of ``size``, in batches of ``batch_size``, shuffled in windows of
+    ``shuffle_buffer`` records from ``seed``, interleaving ``cycle_length`` files."""
 
-    ``shuffle_buffer`` is the size of a shuffle window (:func:`shuffled_windows`).
+    rank: int
+    size: int
+    batch_size: int
+    shuffle_buffer: int
+    seed: int
+    cycle_length: int = 4
+
+
+def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional[Sequence[str]] = None,
+                  stage_dir: Optional[str] = None, split: str = "train", force_staging: bool = False,
+                  start_record: int = 0) -> "tf.data.Dataset":
+    """An endless stream of parsed batches (dicts of tensors) for one rank; see the package rules.
+
+    ``stream.shuffle_buffer`` is the size of a shuffle window (:func:`shuffled_windows`).
     ``start_record`` resumes the stream after that many of this rank's records
     (a multiple of ``batch_size`` keeps batches aligned with an uninterrupted run).
     """
     import tensorflow as tf
 
+    rank, size, seed = stream.rank, stream.size, stream.seed
     shard_records = [s.records for s in manifest.split(split).shards]
     plan = plan_train_reads(shard_records, rank, size)
     n = len(plan.shards)
@@ -232,19 +246,19 @@ def train_dataset(manifest: Manifest, *, rank: int, size: int, batch_size: int, 
     base_seed = shuffle_seed(seed, rank)
     parser = Parser(manifest, features)
     # A window spans chunks of every file in the cycle, however small the window.
-    cycles = min(n, cycle_length)
-    chunk = min(CHUNK, max(1, -(-shuffle_buffer // cycles)))
+    cycles = min(n, stream.cycle_length)
+    chunk = min(CHUNK, max(1, -(-stream.shuffle_buffer // cycles)))
 
     def one_pass(p: tf.Tensor) -> tf.data.Dataset:
         files = tf.data.Dataset.from_generator(paths, args=(p,), output_signature=tf.TensorSpec((), tf.string))
         chunks = _strided(_chunks(manifest, source, cycles, files, chunk), plan.stride, plan.offset)
-        return shuffled_windows(_parsed(chunks, parser), per_pass=per_pass, window=shuffle_buffer,
+        return shuffled_windows(_parsed(chunks, parser), per_pass=per_pass, window=stream.shuffle_buffer,
                                 seed=tf.random.experimental.stateless_fold_in(
                                     tf.constant([base_seed, 0], tf.int64), p),
                                 skip=tf.where(tf.equal(p, first_pass), skip, 0))
 
     windows = tf.data.Dataset.counter(first_pass).flat_map(one_pass)
-    return _batches(windows, parser, batch_size, drop_remainder=True)
+    return _batches(windows, parser, stream.batch_size, drop_remainder=True)
 
 
 class _PassFiles:
