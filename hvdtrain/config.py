@@ -325,8 +325,9 @@ class CheckpointConfig:
     at_epoch_end: bool = True
     keep_last: int = 3
     keep_best: int = 1
-    best_metric: str = "validation_accuracy"
-    best_mode: Literal["max", "min"] = "max"
+    # auto: validation_accuracy when the run validates every epoch, else train_loss (see JobConfig)
+    best_metric: str = "auto"
+    best_mode: Literal["auto", "max", "min"] = "auto"  # auto: min for a loss, max otherwise
     resume: str = "auto"  # auto (newest valid), never, or a checkpoint folder
     enabled: bool = True
 
@@ -398,6 +399,14 @@ class YarnConfig:
                  "(pass --principal user@REALM --keytab /path/user.keytab)")
 
 
+def checkpoint_metrics(train: TrainConfig) -> set[str]:
+    """The metric names an epoch-end checkpoint records (``validation_roc_auc`` only for two classes)."""
+    names = {"train_loss", "train_accuracy"}
+    if train.validates_each_epoch:
+        names |= {f"validation_{m}" for m in ("accuracy", "macro_f1", "loss", "roc_auc")}
+    return names
+
+
 @dataclass
 class JobConfig:
     name: str = "job"
@@ -417,6 +426,21 @@ class JobConfig:
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
                  "must be letters, digits, '_' or '-'")
+        self._resolve_best_metric()
+
+    def _resolve_best_metric(self) -> None:
+        """Pick ``checkpoint.best_metric``/``best_mode`` when auto; refuse a metric this run never records."""
+        ck, produced = self.checkpoint, checkpoint_metrics(self.train)
+        if ck.best_metric == "auto":
+            ck.best_metric = "validation_accuracy" if self.train.validates_each_epoch else "train_loss"
+        if ck.best_mode == "auto":
+            ck.best_mode = "min" if ck.best_metric.endswith("loss") else "max"
+        if ck.enabled and ck.keep_best > 0 and ck.best_metric not in produced:
+            how = ("record validation metrics with train.validate_every_epoch: true (or train.early_stopping), "
+                   if not self.train.validates_each_epoch else "")
+            raise ConfigError("checkpoint.best_metric", ck.best_metric,
+                              f"is never recorded by this run, so keep_best {ck.keep_best} would keep nothing: "
+                              f"{how}use one of {', '.join(sorted(produced))}, or set checkpoint.keep_best: 0")
 
     # -- derived values -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

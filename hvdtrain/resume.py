@@ -43,7 +43,7 @@ from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
 from hvdtrain.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
-from hvdtrain.errors import DataError
+from hvdtrain.errors import DataError, StorageError
 from hvdtrain.evaluation import scalar_metrics
 from hvdtrain.hooks import EarlyStopper, Hook
 from hvdtrain.loop import EpochStats, LoopState, Start
@@ -306,20 +306,21 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     """
     found: Optional[Resumed] = None
     error: Optional[str] = None
+    kind = "data"
     if rank.is_chief and cfg.enabled and cfg.resume != "never":
         try:
             found = _load(cfg, now)
         except DataError as exc:
-            error = str(exc)
+            error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
     small = distributed.broadcast_object(
         {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng, "plan": found.plan}
-        if found else {"error": error}, name="hvdtrain.resume")
+        if found else {"error": error, "kind": kind}, name="hvdtrain.resume")
     if small["error"]:
-        raise DataError(small["error"])
+        raise (StorageError if small.get("kind") == "storage" else DataError)(small["error"])
     if "uri" not in small:
         return None
     if not rank.is_chief:

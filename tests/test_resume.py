@@ -177,7 +177,7 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path, resume=str(tmp_path / "nope" / "ckpt-0000000003"))
-    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable)"):
+    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable|missing)"):
         resume.find(cfg.checkpoint, rank, _layout(cfg))
 
     cfg = _cfg(tmp_path)
