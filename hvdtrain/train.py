@@ -187,12 +187,14 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.
     if resumed is not None:
         resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
+    guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
-                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
+                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
+    skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
     history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
-                  hooks=[*_hooks(ctx, model, optimizer, stopper), checkpointer],
+                  hooks=[*_hooks(ctx, model, optimizer, stopper, skips), checkpointer],
                   start=resumed.start(rank) if resumed else None, phase=ctx.phase)
     checkpointer.close()
     if stopper is None:
@@ -220,9 +222,9 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     return batches
 
 
-def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
-           stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:
-    """Progress, per-step metrics, validation and early stopping, the epoch report, in that order."""
+def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optional[EarlyStopper],
+           before_report: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
+    """Progress, per-step metrics, validation and early stopping, ``before_report``, the epoch report."""
     cfg, rank = ctx.cfg, ctx.rank
     mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
     bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
@@ -233,6 +235,7 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
     if cfg.train.validates_each_epoch:
         eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
         out.append(hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper))
+    out += before_report
     out.append(hooks.EpochReport(cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer)))
     return out
 
@@ -294,6 +297,7 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
         "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "skipped_steps": sum(h.skipped_steps for h in history),
         "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
         "history": [h.to_dict() for h in history],
     }
