@@ -292,6 +292,9 @@ class TrainConfig:
     progress: Literal["auto", "bar", "log", "off"] = "auto"  # auto: a bar on a terminal, else log lines
     progress_every_steps: int = 50
     progress_every_seconds: float = 30.0
+    # TensorFlow op determinism (tf.config.experimental.enable_op_determinism): the same results run to run on
+    # GPU too, at some speed. On CPU, runs and mid-epoch resumes are bit-exact without it.
+    deterministic: bool = False
     # Audit the data order: each rank appends the record keys of every batch it trains on to
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
     record_trace: Optional[str] = path_field(None)

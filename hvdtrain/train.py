@@ -54,7 +54,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib, tracking
+from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
+from hvdtrain import tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -129,7 +130,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
     rank = distributed.init()
     _configure_logging(rank)
-    _configure_tf(rank, cfg.train.seed)
+    threads = _configure_tf(rank, cfg.train)
     with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
@@ -145,7 +146,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
-            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase)
+            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed)
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
@@ -214,9 +215,9 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     train, shape = ctx.cfg.train, ctx.shape
     trace = train.record_trace
     stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
-    batches = iter(data.train_dataset(
+    batches = iter(data.with_threads(data.train_dataset(
         ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
-        stage_dir=ctx.stage_dir, start_record=start_record))
+        stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))
     if trace:
         batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)
     return batches
@@ -249,9 +250,10 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
 def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
     """One split's report from counts summed over ranks (a collective: every rank calls it)."""
     shape, rank = ctx.shape, ctx.rank
-    batches = data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
-                                batch_size=ctx.cfg.train.batch_size, features=[*shape.inputs, shape.label_feature],
-                                stage_dir=ctx.stage_dir)
+    batches = data.with_threads(data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
+                                                  batch_size=ctx.cfg.train.batch_size,
+                                                  features=[*shape.inputs, shape.label_feature],
+                                                  stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
                                    on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
     ctx.phase(f"all-reducing the {split} split's counts")
@@ -441,15 +443,25 @@ def _configure_logging(rank: distributed.RankInfo) -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # e.g. "Assets written to" on export
 
 
-def _configure_tf(rank: distributed.RankInfo, seed: int) -> None:
-    """Share the host's cores among its ranks; seed each rank differently (weights come from rank 0)."""
-    threads = max(1, (os.cpu_count() or 1) // rank.local_size)
+def _configure_tf(rank: distributed.RankInfo, train: TrainConfig) -> int:
+    """Size TensorFlow's thread pools from this rank's CPU budget, seed each rank differently (weights come
+    from rank 0), and turn on op determinism when asked; returns the budget (tf.data's private pool too)."""
+    found = cpus.detect()
+    threads = cpus.per_rank(found, rank.local_size)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
     except RuntimeError:  # TensorFlow already started (run() called twice in one process)
         pass
-    keras.utils.set_random_seed(seed + rank.rank)
+    log.info("CPU budget %d for this rank (%s: %d%s); TensorFlow intra-op threads %d, inter-op %d, tf.data "
+             "private pool %d", threads, found.source, found.cpus,
+             f" shared by {rank.local_size} ranks on this host" if found.shared and rank.local_size > 1 else "",
+             tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads(), threads)
+    keras.utils.set_random_seed(train.seed + rank.rank)
+    if train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return threads
 
 
 # -- command line ---------------------------------------------------------------------------
