@@ -60,7 +60,7 @@ from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import DataError, HvdtrainError, StorageError
 from hvdtrain.hooks import EarlyStopper
 from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
@@ -153,8 +153,10 @@ def run(cfg: JobConfig) -> dict[str, Any]:
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
             if not rank.is_chief:
-                return result_record(tracker.run_id, report, cfg.train.output, exported=False)
-            dog.phase("exporting the model and logging it to MLflow")
+                return result_record(tracker.run_id, report, cfg.train.output)
+            # Export, the MLflow upload and the output upload can take long on slow storage: they run under
+            # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
+            dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
             result = publish(ctx, model, report)
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
@@ -305,9 +307,13 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
     }
 
 
-def result_record(run_id: Optional[str], report: dict[str, Any], output: str, exported: bool,
+EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labels.json",
+           "confusion_matrix": CONFUSION_PNG}
+
+
+def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),
                   model_uri: Optional[str] = None, tracking_uri: Optional[str] = None) -> dict[str, Any]:
-    """The result.json document (pure)."""
+    """The result.json document (pure); ``exports`` lists only the exports in ``written`` (names in the output)."""
     test = report["evaluation"]["test"]
     return {
         "run_id": run_id,
@@ -320,10 +326,9 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
+        "skipped_steps": report["training"].get("skipped_steps", 0),
         "report": fs.join(output, "eval_report.json"),
-        "exports": {"keras": fs.join(output, "model.keras"), "saved_model": fs.join(output, "saved_model"),
-                    "labels": fs.join(output, "labels.json"),
-                    "confusion_matrix": fs.join(output, CONFUSION_PNG)} if exported else {},
+        "exports": {key: fs.join(output, name) for key, name in EXPORTS.items() if name in written},
     }
 
 
@@ -339,10 +344,10 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
         model_uri = _log_run_end(ctx, model, report, local, png)
-        result = result_record(tracker.run_id, report, output, exported=True, model_uri=model_uri,
+        result = result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
                                tracking_uri=tracker.tracking_uri)
         _dump_json(os.path.join(local, "result.json"), result)
-        upload_dir(local, output)
+        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
 
 
@@ -396,20 +401,49 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
                                    ctx.cfg.tracking.registered_model_name)
 
 
-def upload_dir(local: str, output: str) -> None:
-    """Copy a local folder's files into ``output`` (local or remote); each file lands atomically.
+def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None) -> None:
+    """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
 
-    ``saved_model/`` is replaced as a whole so no file of an older export survives.
+    Files go to a sibling folder first (``progress`` hears each one, so a slow
+    storage restarts the stall clock per file, and the log shows where it is);
+    only when every file is there does that folder take ``output``'s place. A
+    failed upload names the file, and ``output`` is as it was.
     """
-    if fs.exists(fs.join(output, "saved_model")):
-        fs.delete(fs.join(output, "saved_model"))
-    fs.makedirs(output)
-    for root, _, files in os.walk(local):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, local).replace(os.sep, "/")
-            with open(path, "rb") as fh:
-                fs.write_bytes_atomic(fs.join(output, *rel.split("/")), fh.read())
+    files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
+                   for root, _, names in os.walk(local) for name in names)
+    parent, base = output.rstrip("/").rsplit("/", 1) if "/" in output.rstrip("/") else (".", output)
+    incoming = fs.join(parent, f".{base}.incoming-{os.getpid()}")
+    if fs.exists(incoming):
+        fs.delete(incoming)
+    for i, rel in enumerate(files, start=1):
+        what = f"uploading {rel} ({i}/{len(files)}) to {output}"
+        progress(what)
+        log.info(what)
+        try:
+            fs.copy_from_local(os.path.join(local, *rel.split("/")), fs.join(incoming, *rel.split("/")))
+        except Exception as exc:  # noqa: BLE001 - one line naming the file; the old outputs stay
+            _discard(incoming)
+            raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
+                               f"outputs in {output} are unchanged: fix the storage and rerun") from exc
+    progress(f"replacing {output} with the new outputs")
+    _swap_in(incoming, output)
+
+
+def _swap_in(incoming: str, output: str) -> None:
+    """``incoming`` becomes ``output``; a previous ``output`` is moved aside first, then deleted."""
+    previous = f"{incoming}.previous"
+    if fs.exists(output):
+        fs.move(output, previous)
+    fs.move(incoming, output)
+    _discard(previous)
+
+
+def _discard(uri: str) -> None:
+    try:
+        if fs.exists(uri):
+            fs.delete(uri)
+    except Exception as exc:  # noqa: BLE001 - a leftover folder is not worth failing over
+        log.warning("could not delete %s (%s); delete it by hand", uri, exc)
 
 
 def _dump_json(path: str, doc: Any) -> None:
