@@ -37,7 +37,7 @@ def make_model(folder: str, rows: list[tuple[str, str, str]]) -> tuple[Any, dict
     """A demo-shaped transformer and its tokenizer, saved as a training output folder."""
     from hvdtrain import features, models
     from hvdtrain.config import ModelConfig
-    from hvdtrain.data import InputShape
+    from hvdtrain.data.contract import InputShape
 
     opts = features.TextOptions(max_length=48)
     base = features.base(opts)
@@ -113,7 +113,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         raw = spark.read.parquet(parquet)
 
         def ours() -> None:
-            score_lib.score(spark, raw, bundle, predict_batch=PREDICT_BATCH).write.format("noop").mode("overwrite") \
+            score_lib.score(spark, raw, bundle, score_lib.ScoreOptions(predict_batch=PREDICT_BATCH)).write.format("noop").mode("overwrite") \
                 .save()
 
         ours_s = median_time(ours, REPS)
@@ -145,7 +145,7 @@ def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: 
     udf = tracking.pyfunc_spark_udf(spark, uri)
 
     def ours() -> None:
-        score_lib.predict_features(spark, tokenized, bundle, predict_batch=PREDICT_BATCH) \
+        score_lib.predict_features(spark, tokenized, bundle, score_lib.ScoreOptions(predict_batch=PREDICT_BATCH)) \
             .write.format("noop").mode("overwrite").save()
 
     def pyfunc() -> None:

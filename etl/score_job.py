@@ -255,9 +255,9 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
     counters = score_lib.Counters(spark)
     if cfg.score.partitions:
         rows = rows.repartition(cfg.score.partitions)  # scoring costs far more per row than reading
-    scored = score_lib.score(spark, rows, bundle, key_column=key, extra_columns=list(cfg.score.columns),
-                             predict_batch=cfg.score.predict_batch, arrow_batch=cfg.score.arrow_batch,
-                             threads=cfg.score.threads_per_task, counters=counters)
+    opts = score_lib.ScoreOptions(key, tuple(cfg.score.columns), cfg.score.predict_batch, cfg.score.arrow_batch,
+                                  cfg.score.threads_per_task)
+    scored = score_lib.score(spark, rows, bundle, opts, counters)
     outcome = F.when(F.col("reject_reason").isNull(), "scored").otherwise("rejected").alias("outcome")
     try:
         scored.select("*", outcome).write.partitionBy("outcome").mode("errorifexists").parquet(run_dir)

@@ -58,17 +58,21 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
             "--start-timeout", str(start_timeout), *train]
 
 
-def score_command(config_path: str, overrides: Sequence[str], model: Optional[str], output_table: Optional[str],
-                  partition: Optional[str] = None, master: Optional[str] = None, overwrite: bool = False,
-                  split: Optional[str] = None, evaluate: bool = False) -> list[str]:
-    """``python -m etl.score_job ...``: the scoring job, the same entry point spark-submit runs (pure)."""
-    cmd = [sys.executable, "-m", "etl.score_job", "--config", config_path]
+def score_flags(model: Optional[str], output_table: Optional[str], partition: Optional[str] = None,
+                master: Optional[str] = None, overwrite: bool = False, split: Optional[str] = None,
+                evaluate: bool = False) -> list[str]:
+    """The scoring job's flags (pure)."""
+    out: list[str] = []
     for flag, value in (("--model", model), ("--output-table", output_table), ("--partition", partition),
                         ("--master", master), ("--split", split)):
         if value:
-            cmd += [flag, value]
-    cmd += (["--overwrite"] if overwrite else []) + (["--evaluate"] if evaluate else [])
-    return cmd + list(overrides)
+            out += [flag, value]
+    return out + (["--overwrite"] if overwrite else []) + (["--evaluate"] if evaluate else [])
+
+
+def score_command(config_path: str, overrides: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``python -m etl.score_job ...``: the scoring job, the same entry point spark-submit runs (pure)."""
+    return [sys.executable, "-m", "etl.score_job", "--config", config_path, *flags, *overrides]
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -86,8 +90,9 @@ def cmd_etl(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)  # a bad config fails here, before Spark starts
-    _run(score_command(args.config, args.overrides, args.model, args.output_table, args.partition,
-                       args.master or cfg.spark.master, args.overwrite), "scoring")
+    flags = score_flags(args.model, args.output_table, args.partition, args.master or cfg.spark.master,
+                        args.overwrite)
+    _run(score_command(args.config, args.overrides, flags), "scoring")
     return 0
 
 
@@ -108,8 +113,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         fs.delete(cfg.checkpoint.dir)
     _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
-    _run(score_command(args.config, args.overrides, cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master,
-                       overwrite=True, split="test", evaluate=True), "scoring the test split")
+    flags = score_flags(cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master, overwrite=True, split="test",
+                        evaluate=True)
+    _run(score_command(args.config, args.overrides, flags), "scoring the test split")
     return 0
 
 

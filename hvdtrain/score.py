@@ -138,6 +138,18 @@ def load_bundle(ref: str, tracking_cfg: Any = None, workdir: str = ".") -> Model
         return bundle_from_folder(local, uri, version)
 
 
+@dataclass(frozen=True)
+class ScoreOptions:
+    """How to score: the key column, extra columns carried to the output, batch sizes, threads, the run's time."""
+
+    key_column: str = "id"
+    extra_columns: tuple[str, ...] = ()
+    predict_batch: int = 256  # rows per model call
+    arrow_batch: int = 2048  # rows per Arrow batch into a task (bounds a worker's memory)
+    threads: int = 1  # TensorFlow threads per Python worker
+    scored_at: Optional[dt.datetime] = None  # one timestamp for the whole run (default: now, UTC)
+
+
 # -- pure per-batch work (runs in Spark tasks) -----------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -333,23 +345,24 @@ def output_ddl(key_column: str, extra: Sequence[tuple[str, str]], rejects: bool 
     return ", ".join(f"`{name}` {kind}" for name, kind in cols)
 
 
-def score(spark: Any, df: Any, model: Any, *, key_column: str = "id", extra_columns: Sequence[str] = (),
-          predict_batch: int = 256, arrow_batch: int = 2048, threads: int = 1,
-          scored_at: Optional[dt.datetime] = None, counters: Optional[Counters] = None) -> Any:
+def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = None,
+          counters: Optional[Counters] = None) -> Any:
     """Score a DataFrame of raw rows; returns predictions and rejects (``reject_reason`` not null) as one frame.
 
     Args:
-        df: rows with ``key_column`` and the model's source columns (its labels.json names them).
+        df: rows with the key column and the model's source columns (its labels.json names them).
         model: a :class:`ModelBundle` or a MODEL reference (folder, runs:/, models:/, registered name).
-        counters: accumulators for rows in / scored / rejected and model loads (read after an action).
+        counters: accumulators for rows in / scored / rejected, tasks and model loads (read after an action).
     """
+    opts = options or ScoreOptions()
+    key_column, extra_columns = opts.key_column, list(opts.extra_columns)
     bundle = model if isinstance(model, ModelBundle) else load_bundle(model)
     missing = [c for c in [key_column, *bundle.feature_columns(), *extra_columns] if c not in df.columns]
     if missing:
         raise DataError(f"the rows to score lack column(s) {', '.join(missing)} that model {bundle.uri} (manifest "
                         f"{bundle.manifest_digest}) reads; they have {', '.join(df.columns)}")
-    spec = make_spec(bundle, key_column, extra_columns, predict_batch, threads, scored_at)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    spec = make_spec(bundle, opts)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch))
     model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     schema = output_ddl(key_column, [(c, types[c]) for c in extra_columns])
@@ -367,31 +380,34 @@ def score(spark: Any, df: Any, model: Any, *, key_column: str = "id", extra_colu
     return df.select(*[f"`{c}`" for c in cols]).mapInPandas(run, schema)
 
 
-def make_spec(bundle: ModelBundle, key_column: str, extra_columns: Sequence[str], predict_batch: int = 256,
-              threads: int = 1, scored_at: Optional[dt.datetime] = None) -> ScoreSpec:
+def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> ScoreSpec:
+    """The plain-data task spec of a bundle and options."""
+    opts = options or ScoreOptions()
     tab = bundle.tabular or {}
     return ScoreSpec(
-        key_column=key_column, text_column=bundle.text_column,
+        key_column=opts.key_column, text_column=bundle.text_column,
         numeric_columns=tuple(tab.get("numeric_columns", [])),
-        categorical_columns=tuple(tab.get("categorical_columns", [])), extra_columns=tuple(extra_columns),
+        categorical_columns=tuple(tab.get("categorical_columns", [])), extra_columns=tuple(opts.extra_columns),
         labels=tuple(bundle.labels), tokenizer_json=bundle.tokenizer_json, tabular=bundle.tabular,
         model_uri=bundle.uri, model_version=bundle.version, manifest_digest=bundle.manifest_digest,
-        model_digest=bundle.digest, scored_at=scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
-        predict_batch=predict_batch, threads=threads, input_names=tuple(bundle.labels_doc.get("inputs", ())))
+        model_digest=bundle.digest,
+        scored_at=opts.scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+        predict_batch=opts.predict_batch, threads=opts.threads, input_names=tuple(bundle.labels_doc.get("inputs", ())))
 
 
-def predict_features(spark: Any, df: Any, model: Any, *, key_column: str = "id", predict_batch: int = 256,
-                     arrow_batch: int = 2048, threads: int = 1) -> Any:
+def predict_features(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = None) -> Any:
     """Predict on rows that already hold the model's inputs (e.g. ``input_ids`` / ``attention_mask`` arrays).
 
     The same per-worker model cache and batched predict as :func:`score`, without
     preprocessing: for inputs made elsewhere with the ETL's code, and for
     comparing with ``mlflow.pyfunc.spark_udf`` on equal terms. Returns key + ``probabilities``.
     """
+    opts = options or ScoreOptions()
+    key_column = opts.key_column
     bundle = model if isinstance(model, ModelBundle) else load_bundle(model)
-    spec = make_spec(bundle, key_column, (), predict_batch, threads)
+    spec = make_spec(bundle, opts)
     names = list(spec.input_names)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch))
     model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
     dtypes = {n: v["dtype"] for n, v in bundle.labels_doc.get("input_specs", {}).items()}
 

@@ -129,7 +129,7 @@ def test_scoring_features_are_the_etl_bytes_and_predictions_equal_the_driver_sid
     m, stored = _etl_features(world.cfg)
     bundle = score_lib.load_bundle(world.model)
     rows = score_job.read_input(world.spark, world.cfg, bundle).toPandas()
-    spec = score_lib.make_spec(bundle, "id", [])
+    spec = score_lib.make_spec(bundle)
     feats = score_lib.encode_rows(rows, spec, FeatureEncoder(bundle.tokenizer_json, bundle.tabular))
     assert len(rows) == len(stored) == 1200
     for i, key in enumerate(rows["id"]):

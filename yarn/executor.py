@@ -27,6 +27,7 @@ import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
+from hvdtrain import cpus  # no TensorFlow import either
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
@@ -107,6 +108,9 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     tf_preloaded = "tensorflow" in sys.modules
     gpus = assigned_gpus()
     os.environ.update(gpu_env(gpus))  # before TensorFlow initializes CUDA
+    # On YARN each rank is one task of spark.task.cpus = yarn.executor_cores CPUs (yarn/submit.py): TensorFlow's
+    # pools are sized from that, not from the host (hvdtrain.cpus takes the smallest limit that applies).
+    os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     if uses_hdfs(cfg_dict):
         os.environ.update(hdfs_client_env(os.environ, _hadoop_classpath))
 
