@@ -32,7 +32,7 @@ def demo_run(tmp_path_factory):
     path.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI" and not k.startswith("HOROVOD_")}
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "demo", str(path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
     cfg = config.load(path)
     result = json.loads(fs.read_bytes(os.path.join(cfg.train.output, "result.json")))
@@ -96,3 +96,16 @@ def test_mlflow_run_has_metrics_and_a_loadable_model(demo_run):
     mask = (ids > 0).astype(np.int64)
     out = model.predict({"input_ids": ids, "attention_mask": mask})
     assert np.asarray(out).shape[0] == 3
+
+
+def test_demo_ends_by_scoring_the_test_split_into_hive(demo_run):
+    cfg, result, stdout = demo_run
+    report = json.loads(fs.read_bytes(fs.join(cfg.score.report_dir, "score_report.json")))
+    m = manifest.read(cfg.etl.output)
+    assert report["output_table"] == "demo.review_predictions" and report["split"] == "test"
+    assert report["rows_in"] == report["scored"] == report["evaluation"]["table_rows"] == m.split("test").records
+    # the same rows and model as training's test evaluation: the same accuracy
+    assert report["evaluation"]["accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-4)
+    part = ", ".join(f"{k}={v}" for k, v in report["partition"].items())
+    assert (f"demo.review_predictions ({part}): {report['scored']:,} rows, accuracy "
+            f"{report['evaluation']['accuracy']:.4f}") in stdout

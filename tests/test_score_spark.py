@@ -166,7 +166,7 @@ def test_mlflow_model_resolves_by_every_reference_and_works_through_pyfunc_spark
     rows = [(k, *[_decode(m, n, stored[k][n]).tolist() for n in ("input_ids", "attention_mask")]) for k in keys]
     df = world.spark.createDataFrame(rows, "id string, input_ids array<bigint>, attention_mask array<bigint>")
     mlflow.set_tracking_uri(world.result["tracking_uri"])
-    udf = mlflow.pyfunc.spark_udf(world.spark, world.result["model_uri"], result_type="array<float>",
+    udf = mlflow.pyfunc.spark_udf(world.spark, world.result["mlflow_model_uri"], result_type="array<float>",
                                   env_manager="local")
     logits = df.select("id", udf("input_ids", "attention_mask").alias("logits")).toPandas()
     got = score_lib.softmax(np.stack(logits.set_index("id").loc[keys]["logits"]))
