@@ -90,18 +90,17 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     from pyspark.sql import SparkSession
 
     from etl import sample
-    from hvdtrain import config, score as score_lib, tracking
+    from hvdtrain import score as score_lib
     from hvdtrain.config import SampleConfig
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    n = 4_000 if quick else 40_000
+    n = 2_000 if quick else 20_000
     tmp = tempfile.mkdtemp(prefix="bench-score-")
     try:
         rows = list(sample.generate(SampleConfig(rows=n, num_classes=4, seed=7)))
         folder = os.path.join(tmp, "model")
         model, made = make_model(folder, rows)
-        baseline_fn = None
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.python.worker.reuse", "true").config("spark.driver.memory", "2g").getOrCreate())
         parquet = os.path.join(tmp, "rows.parquet")

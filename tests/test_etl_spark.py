@@ -302,3 +302,23 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
         np.testing.assert_array_equal(np.array(other["categorical"]).reshape(mine["categorical"].shape),
                                       mine["categorical"])
         np.testing.assert_array_equal(np.array(other["label"]).reshape(-1), mine["label"])
+    # drift reference for scoring: training deciles and category shares, and a PSI check against them
+    from etl import drift as etl_drift
+    from hvdtrain import drift
+
+    ref = tab["reference"]
+    assert ref["categorical"]["city"]["bins"] == tab["categories"]["city"] + [drift.OTHER, drift.MISSING]
+    train_rows = [r for r in rows if split.split_of(r[0], fractions) == "train"]
+    missing = sum(r[1] is None for r in train_rows) / len(train_rows)
+    assert ref["numeric"]["age"]["shares"][-1] == pytest.approx(missing) and sum(ref["numeric"]["age"]["shares"]) \
+        == pytest.approx(1.0)
+    edges = {"age": ref["numeric"]["age"]["edges"]}
+    cats = {"city": tab["categories"]["city"]}
+    same = spark.createDataFrame(train_rows, "id string, age double, city string, label string")
+    moved = spark.createDataFrame([(f"m{i}", 1e6, "z", "x") for i in range(100)],
+                                  "id string, age double, city string, label string")
+    calm = drift.report(ref, etl_drift.bin_counts(same, edges, cats), 0.2, 0.05)
+    shifted = drift.report(ref, etl_drift.bin_counts(moved, edges, cats), 0.2, 0.05)
+    assert not calm["drifted"] and calm["columns"]["age"]["psi"] < 0.01
+    assert shifted["drifted"] and {a.split(":")[0] for a in shifted["alerts"]} == {"numeric column age",
+                                                                                   "categorical column city"}

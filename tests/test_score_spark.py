@@ -22,7 +22,9 @@ import yaml
 from hvdtrain import config, fs, manifest as manifest_lib, score as score_lib, tfrecord
 from hvdtrain.errors import DataError
 
-pytestmark = pytest.mark.spark
+# The module fixture (ETL, one training epoch, a scoring run) takes 2-3 minutes on an idle 2-core machine;
+# the limit leaves room for a loaded one.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parent.parent
 PARTITION = "ds=2026-11-23"
 
