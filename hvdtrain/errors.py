@@ -28,5 +28,9 @@ class DataError(HvdtrainError):
     """A dataset (source table, shards, manifest) does not meet its contract."""
 
 
+class StorageError(DataError):
+    """The storage (HDFS, the local disk) failed after retries: not the user's data, and worth a restart."""
+
+
 class EnvironmentProblem(HvdtrainError):
     """The machine lacks something a step needs (Java, libhdfs, Horovod build...)."""
