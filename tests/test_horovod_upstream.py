@@ -48,9 +48,12 @@ NOT_APPLICABLE: dict[str, str] = {
 }
 
 # Passed tests per rank when everything applicable passes (the files are pinned to v0.28.1,
-# so a different count means tests were skipped or lost, which would hide failures).
+# so a different count means tests were skipped or lost, which would hide failures). Counted
+# per test in the JUnit report: test_tensorflow.py runs most tests in graph and eager mode as
+# subtests, which pytest's summary counts separately (147 passed there; 58 tests, 112 in
+# pytest's count, skip as GPU-only or graph-mode legacy optimizer).
 EXPECTED_PASSED = {
-    "test_tensorflow.py": 148,
+    "test_tensorflow.py": 86,
     "test_tensorflow2_keras.py": 5,
     "horovod_keras3_ports.py": 8,
 }
@@ -70,7 +73,10 @@ def upstream_tests_folder() -> Path:
 
 
 def read_junit(path: Path, file_name: str) -> dict[str, str]:
-    """{test id: passed|failed|skipped} from one rank's JUnit XML."""
+    """{test id: passed|failed|skipped} from one rank's JUnit XML.
+
+    A test whose subtests (graph/eager mode) fail or error in any mode is failed.
+    """
     outcomes = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         test_id = f"{file_name}::{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
