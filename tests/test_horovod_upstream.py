@@ -57,7 +57,8 @@ EXPECTED_PASSED = {
     "test_tensorflow2_keras.py": 5,
     "horovod_keras3_ports.py": 8,
 }
-TIMEOUT_S = {"test_tensorflow.py": 840, "test_tensorflow2_keras.py": 300, "horovod_keras3_ports.py": 300}
+# Generous: test_tensorflow.py took 9.5 min on a 2-core machine shared with other heavy jobs.
+TIMEOUT_S = {"test_tensorflow.py": 1500, "test_tensorflow2_keras.py": 600, "horovod_keras3_ports.py": 600}
 
 
 def upstream_tests_folder() -> Path:
@@ -130,6 +131,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.horovod_upstream
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("file_name", ["test_tensorflow.py", "test_tensorflow2_keras.py",
                                        "horovod_keras3_ports.py"])
 def test_horovod_upstream_file(workdir: Path, file_name: str) -> None:
