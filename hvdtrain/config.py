@@ -350,10 +350,14 @@ class FaultConfig:
     stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
     checkpoint_timeout: int = 1800  # seconds a checkpoint publish or restore may take (slow storage) before the
     # watchdog calls it a stall; every rank waits for rank 0 under this limit
+    max_restarts: int = 0  # relaunch a failed job (lost rank, stall, storage) up to this many times; it resumes
+    restart_backoff: float = 10.0  # seconds before the first relaunch, doubling each time (at most 300)
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning", "checkpoint_timeout"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
+        _require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0 (0: never relaunch)")
+        _require(self.restart_backoff >= 0, "restart_backoff", self.restart_backoff, "must be >= 0 seconds")
 
 
 @dataclass

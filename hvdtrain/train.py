@@ -55,7 +55,7 @@ import tensorflow as tf
 
 from hvdtrain import config as config_lib
 from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
-from hvdtrain import tracking
+from hvdtrain import supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -146,12 +146,17 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
+            restarts = supervise.restarts_from_env()
+            if restarts:  # one MLflow run throughout: this try counts the restarts before it
+                tracker.log_metrics({"restarts": float(len(restarts))})
+                tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed)
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
+            report["restarts"] = restarts
             if not rank.is_chief:
                 return result_record(tracker.run_id, report, cfg.train.output)
             # Export, the MLflow upload and the output upload can take long on slow storage: they run under
@@ -327,6 +332,7 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, wr
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
         "skipped_steps": report["training"].get("skipped_steps", 0),
+        "restarts": len(report.get("restarts", [])),
         "report": fs.join(output, "eval_report.json"),
         "exports": {key: fs.join(output, name) for key, name in EXPORTS.items() if name in written},
     }
@@ -510,7 +516,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     if distributed.info().is_chief:
         print(json.dumps(result, indent=2))
     return 0
