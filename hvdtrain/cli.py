@@ -103,15 +103,23 @@ def cmd_etl(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    overrides = [*args.overrides, *restart_overrides(args)]
+    overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
     _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
     return 0
 
 
-def restart_overrides(args: argparse.Namespace) -> list[str]:
-    """``--max-restarts K`` is ``fault.max_restarts=K`` (pure)."""
-    return [] if getattr(args, "max_restarts", None) is None else [f"fault.max_restarts={args.max_restarts}"]
+def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
+    """The config overrides ``--max-restarts`` and ``--principal/--keytab`` stand for (pure); a relative
+    keytab is relative to where the command runs."""
+    out = []
+    if getattr(args, "max_restarts", None) is not None:
+        out.append(f"fault.max_restarts={args.max_restarts}")
+    if getattr(args, "principal", None):
+        out.append(f"yarn.principal={json.dumps(args.principal)}")
+    if getattr(args, "keytab", None):
+        out.append(f"yarn.keytab={json.dumps(os.path.join(cwd, os.path.expanduser(args.keytab)))}")
+    return out
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -208,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-restarts", type=int, metavar="K",
                        help="relaunch after a lost rank, a stall or a storage failure up to K times, resuming from "
                             "the newest checkpoint (fault.max_restarts)")
+    train.add_argument("--principal", help="Kerberos principal; with --keytab the ticket is renewed during the job")
+    train.add_argument("--keytab", help="keytab for --principal (kinit -kt before the ticket expires)")
     train.set_defaults(fn=cmd_train)
     show = with_config("config", "print the resolved config (after overrides and path resolution)")
     show.set_defaults(fn=cmd_config_show)

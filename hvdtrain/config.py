@@ -369,8 +369,11 @@ class TrackingConfig:
     enabled: bool = True
     log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
     registered_model_name: Optional[str] = None  # also register the logged model under this name
+    max_outage_seconds: float = 600.0  # a server outage is ridden out (metrics buffered) this long, then tracking
+    # is given up for the run; training never waits on it
 
     def __post_init__(self) -> None:
+        _require(self.max_outage_seconds >= 0, "max_outage_seconds", self.max_outage_seconds, "must be >= 0")
         _require(self.log_every_steps >= 0, "log_every_steps", self.log_every_steps,
                  "must be >= 0 (0 turns per-step metrics off)")
         _require(self.registered_model_name is None or bool(self.registered_model_name.strip()),

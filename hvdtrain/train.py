@@ -40,6 +40,7 @@ Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -55,7 +56,7 @@ import tensorflow as tf
 
 from hvdtrain import config as config_lib
 from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
-from hvdtrain import supervise, tracking
+from hvdtrain import kerberos, supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -131,7 +132,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     rank = distributed.init()
     _configure_logging(rank)
     threads = _configure_tf(rank, cfg.train)
-    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
+    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, _kerberos(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
@@ -166,6 +167,14 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
+
+
+def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+    """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
+    y = cfg.yarn
+    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
+        return kerberos.Renewer(y.principal, y.keytab)
+    return contextlib.nullcontext()
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
@@ -350,8 +359,9 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
         model_uri = _log_run_end(ctx, model, report, local, png)
-        result = result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
-                               tracking_uri=tracker.tracking_uri)
+        tracker.flush()  # ride out an outage before saying what MLflow has
+        result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
+                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, "result.json"), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result

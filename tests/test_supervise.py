@@ -66,3 +66,17 @@ def test_a_config_error_fails_at_once_and_restarts_stop_at_the_limit() -> None:
     tries = Tries(*[(1, KILLED)] * 4)
     outcome = supervise.run_with_restarts(tries, 2, sleep=lambda s: None)
     assert outcome.code == 1 and len(outcome.restarts) == 2 and len(tries.envs) == 3
+
+
+def test_train_flags_are_config_overrides(tmp_path) -> None:
+    from hvdtrain import cli, config
+
+    args = cli.build_parser().parse_args(["train", "c.yaml", "--max-restarts", "3", "--principal", "ml@EX.COM",
+                                          "--keytab", "ml.keytab"])
+    overrides = cli.train_flag_overrides(args, str(tmp_path))
+    assert overrides == ["fault.max_restarts=3", 'yarn.principal="ml@EX.COM"', f'yarn.keytab="{tmp_path}/ml.keytab"']
+    data = {"source": {"table": "a.b"}}
+    for item in overrides:
+        config.apply_override(data, item)
+    cfg = config.from_dict(data)
+    assert (cfg.fault.max_restarts, cfg.yarn.principal, cfg.yarn.keytab) == (3, "ml@EX.COM", f"{tmp_path}/ml.keytab")
