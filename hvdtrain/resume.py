@@ -107,6 +107,7 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
+            "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
@@ -160,6 +161,13 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
                         "but the data order is not the one an uninterrupted run would have seen (records of "
                         "the interrupted epoch may be skipped or repeated)")
+    if "epochs" in saved and saved["epochs"] != now["epochs"]:
+        horizon = f"{int(saved['epochs']) * int(now['steps_per_epoch'])} -> {now['epochs'] * now['steps_per_epoch']}"
+        effect = ("the learning-rate schedule's horizon moves with it" if now.get("lr_schedule", "constant") !=
+                  "constant" else "train.lr_schedule is constant, so only the run's length changes")
+        warnings.append(f"resuming {where} with train.epochs {saved['epochs']} -> {now['epochs']}: {effect} "
+                        f"(decay steps {horizon}, train.lr_schedule {now.get('lr_schedule')}); from step {step} "
+                        "the learning rate is not the one either run alone would have used")
     if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "
