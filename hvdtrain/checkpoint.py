@@ -219,6 +219,15 @@ def latest_valid(root: str) -> Optional[CheckpointInfo]:
     return None
 
 
+def newest_step(root: str) -> Optional[int]:
+    """The step of the newest committed checkpoint (checksums not read: for reports, not for resuming)."""
+    try:
+        committed = [i.step for i in scan(root, verify=False) if i.valid]
+    except (OSError, DataError):
+        return None
+    return committed[-1] if committed else None
+
+
 def load(info: CheckpointInfo) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(arrays, meta) of a checkpoint, each file read once and checked against its checksum."""
     sums = json.loads(fs.read_bytes(fs.join(info.uri, CHECKSUMS)))

@@ -350,10 +350,14 @@ class FaultConfig:
     stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
     checkpoint_timeout: int = 1800  # seconds a checkpoint publish or restore may take (slow storage) before the
     # watchdog calls it a stall; every rank waits for rank 0 under this limit
+    max_restarts: int = 0  # relaunch a failed job (lost rank, stall, storage) up to this many times; it resumes
+    restart_backoff: float = 10.0  # seconds before the first relaunch, doubling each time (at most 300)
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning", "checkpoint_timeout"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
+        _require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0 (0: never relaunch)")
+        _require(self.restart_backoff >= 0, "restart_backoff", self.restart_backoff, "must be >= 0 seconds")
 
 
 @dataclass
@@ -365,8 +369,11 @@ class TrackingConfig:
     enabled: bool = True
     log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
     registered_model_name: Optional[str] = None  # also register the logged model under this name
+    max_outage_seconds: float = 600.0  # a server outage is ridden out (metrics buffered) this long, then tracking
+    # is given up for the run; training never waits on it
 
     def __post_init__(self) -> None:
+        _require(self.max_outage_seconds >= 0, "max_outage_seconds", self.max_outage_seconds, "must be >= 0")
         _require(self.log_every_steps >= 0, "log_every_steps", self.log_every_steps,
                  "must be >= 0 (0 turns per-step metrics off)")
         _require(self.registered_model_name is None or bool(self.registered_model_name.strip()),

@@ -40,6 +40,7 @@ Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -55,7 +56,7 @@ import tensorflow as tf
 
 from hvdtrain import config as config_lib
 from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
-from hvdtrain import tracking
+from hvdtrain import kerberos, supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -131,7 +132,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     rank = distributed.init()
     _configure_logging(rank)
     threads = _configure_tf(rank, cfg.train)
-    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
+    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, _kerberos(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
@@ -146,12 +147,17 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
+            restarts = supervise.restarts_from_env()
+            if restarts:  # one MLflow run throughout: this try counts the restarts before it
+                tracker.log_metrics({"restarts": float(len(restarts))})
+                tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed)
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
+            report["restarts"] = restarts
             if not rank.is_chief:
                 return result_record(tracker.run_id, report, cfg.train.output)
             # Export, the MLflow upload and the output upload can take long on slow storage: they run under
@@ -161,6 +167,14 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
+
+
+def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+    """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
+    y = cfg.yarn
+    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
+        return kerberos.Renewer(y.principal, y.keytab)
+    return contextlib.nullcontext()
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
@@ -173,6 +187,10 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
                         "hvdtrain version or set train.record_trace=null")
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
+    shards = len(manifest.split("train").shards)
+    if shards < rank.size and rank.is_chief:
+        log.warning("the train split has %d shards for %d ranks: ranks share shards and read less in parallel; "
+                    "rerun the ETL with etl.min_shards_per_split >= %d", shards, rank.size, rank.size)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
         raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "
@@ -216,7 +234,8 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     """This rank's endless training batches from ``start_record`` on, traced when asked."""
     train, shape = ctx.cfg.train, ctx.shape
     trace = train.record_trace
-    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed,
+                              records_per_epoch=ctx.steps * train.batch_size * train.grad_accum_steps)
     batches = iter(data.with_threads(data.train_dataset(
         ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
         stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))
@@ -327,6 +346,7 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, wr
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
         "skipped_steps": report["training"].get("skipped_steps", 0),
+        "restarts": len(report.get("restarts", [])),
         "report": fs.join(output, "eval_report.json"),
         "exports": {key: fs.join(output, name) for key, name in EXPORTS.items() if name in written},
     }
@@ -345,8 +365,9 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
         model_uri = _log_run_end(ctx, model, report, local, png)
-        result = result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
-                               tracking_uri=tracker.tracking_uri)
+        tracker.flush()  # ride out an outage before saying what MLflow has
+        result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
+                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, "result.json"), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
@@ -521,7 +542,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     if distributed.info().is_chief:
         print(json.dumps(result, indent=2))
     return 0

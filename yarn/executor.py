@@ -118,15 +118,16 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     from hvdtrain import config, distributed, train
     from hvdtrain.errors import HvdtrainError
 
-    result, error = None, None
+    result, error, code = None, None, 0
     try:
         result = train.run(config.from_dict(cfg_dict))
     except HvdtrainError as exc:
-        error = str(exc)
+        error, code = str(exc), exc.exit_code
     rank = distributed.info().rank if _initialized(distributed) else int(os.environ.get("HOROVOD_RANK", "-1"))
     if error:  # also here: if the others then fail in a collective, the driver gets no records
         print(f"hvdtrain: error: rank {rank}: {error}", file=sys.stderr, flush=True)
-    return rank_record(rank, gpus, result, error, tf_preloaded, os.path.dirname(hvdtrain.__file__))
+    return {**rank_record(rank, gpus, result, error, tf_preloaded, os.path.dirname(hvdtrain.__file__)),
+            "exit_code": code}
 
 
 def _initialized(distributed: Any) -> bool:
