@@ -40,6 +40,8 @@ Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -47,19 +49,21 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Any, Callable, Optional, Sequence
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib, tracking
+from hvdtrain import breakdown, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
+from hvdtrain import timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem, HvdtrainError
 from hvdtrain.hooks import EarlyStopper
 from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
@@ -127,6 +131,9 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
                                             cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
+    if cfg.train.timeline is not None:
+        for name, value in distributed.TIMELINE_ENV.items():
+            os.environ.setdefault(name, value)
     rank = distributed.init()
     _configure_logging(rank)
     _configure_tf(rank, cfg.train.seed)
@@ -139,14 +146,16 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                  manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
         layout = resume.layout(cfg, rank.size, steps, manifest.digest())
         dog.phase("looking for a checkpoint to resume from", cfg.fault.checkpoint_timeout)
+        looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
+        restore_seconds = time.perf_counter() - looking
         with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase)
-            model, history, stopping = _train(ctx, resumed)
+            model, history, stopping = _train(ctx, resumed, restore_seconds)
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
@@ -177,24 +186,29 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     return manifest, shape, steps
 
 
-def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats],
-                                                                          Optional[dict]]:
+def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
+           restore_seconds: float = 0.0) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
     """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
     cfg, rank = ctx.cfg, ctx.rank
     model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epochs)
     stopping = cfg.train.early_stopping
     stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
     if resumed is not None:
+        applying = time.perf_counter()
         resume.apply(resumed, model, optimizer, rank, stopper)
+        restore_seconds += time.perf_counter() - applying
     distributed.broadcast_state(model, optimizer)
     step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
-                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
-    checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
+                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce,
+                                            timed=cfg.monitoring.step_breakdown)
+    checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper, restarts=resumed.restarts if resumed else 0)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
-    history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
-                  hooks=[*_hooks(ctx, model, optimizer, stopper), checkpointer],
-                  start=resumed.start(rank) if resumed else None, phase=ctx.phase)
-    checkpointer.close()
+    observed = Observed(step_fn, optimizer, checkpointer, resumed, restore_seconds)
+    with _observers(ctx, observed) as observers:
+        history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
+                      hooks=[*_hooks(ctx, model, optimizer, stopper), checkpointer, *observers],
+                      start=resumed.start(rank) if resumed else None, phase=ctx.phase)
+        checkpointer.close()
     if stopper is None:
         return model, history, None
     restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
@@ -205,6 +219,79 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the monitoring hooks read from the training run."""
+
+    step_fn: Any  # a steps.TimedStep exposes allreduce_seconds
+    optimizer: Any
+    checkpointer: resume.Checkpointer
+    resumed: Optional[resume.Resumed]
+    restore_seconds: float
+
+    def allreduce_seconds(self) -> Optional[float]:
+        return getattr(self.step_fn, "allreduce_seconds", None)
+
+
+@contextlib.contextmanager
+def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
+    """The hooks after the checkpointer: Prometheus metrics, the step-time breakdown, the Horovod timeline
+    (each when configured); stops the metrics writer and closes the timeline when training ends."""
+    cfg, rank = ctx.cfg, ctx.rank
+    out: list[hooks.Hook] = []
+    exporter, recorder = _metrics_exporter(ctx, observed)
+    if exporter is not None:
+        out.append(recorder)
+    if cfg.monitoring.step_breakdown:
+        out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
+                                               lambda: observed.checkpointer.seconds, ctx.tracker.log_metrics))
+    recording = None
+    if cfg.train.timeline is not None:
+        folder = cfg.train.output if fs.is_local(cfg.train.output) else ctx.stage_dir
+        recording = timeline_lib.TimelineHook(
+            cfg.train.timeline, os.path.join(fs.local_path(folder), timeline_lib.FILENAME),
+            observed.resumed.step if observed.resumed else 0,
+            lambda path: ctx.tracker.log_artifact(path, "timeline"), rank.is_chief)
+        out.append(recording)
+    try:
+        with exporter if exporter is not None else contextlib.nullcontext():
+            yield out
+    finally:
+        if recording is not None:
+            recording.close()
+
+
+def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[hooks.Hook]]:
+    """This rank's Prometheus exporter and the hook feeding it (a collective: rank 0 checks the port and
+    hands every rank the run id); (None, None) when monitoring is off."""
+    from hvdtrain import monitoring
+
+    mon, rank = ctx.cfg.monitoring, ctx.rank
+    if not mon.enabled:
+        return None, None
+    if config_lib.has_scheme(mon.textfile_dir):
+        raise ConfigError("monitoring.textfile_dir", mon.textfile_dir, "must be a local folder (node_exporter's "
+                          "textfile collector reads local files); set it, since workdir is remote")
+    port_problem = monitoring.check_port_free(mon.port) if rank.is_chief and mon.port is not None else None
+    shared = distributed.broadcast_object(
+        {"run_id": ctx.run_id or f"untracked-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}",
+         "error": port_problem}, name="hvdtrain.monitoring")
+    if shared["error"]:
+        raise EnvironmentProblem(shared["error"])
+    metrics = monitoring.Metrics(mon.job, shared["run_id"], rank.rank, rank.hostname)
+    optimizer = observed.optimizer
+    metrics.read_at_collect("hvdtrain_learning_rate", lambda: current_learning_rate(optimizer))
+    metrics["hvdtrain_stall_timeout_seconds"].set(ctx.cfg.fault.stall_timeout)
+    if observed.resumed is not None:
+        monitoring.restored(metrics, observed.restore_seconds, observed.resumed.nbytes, observed.resumed.restarts)
+    hook = monitoring.MetricsHook(metrics, observed.allreduce_seconds, lambda: observed.checkpointer.last_save,
+                                  lambda: int(optimizer.iterations.numpy()))
+    exporter = monitoring.Exporter(metrics, monitoring.textfile_path(mon.textfile_dir, mon.job, rank.rank),
+                                   mon.interval_seconds, port=mon.port if rank.is_chief else None,
+                                   before_write=hook.refresh)
+    return exporter, hook
 
 
 def _train_batches(ctx: TrainContext, start_record: int) -> Any:
