@@ -31,6 +31,11 @@ newest valid checkpoint, mid-epoch included, on the same data order and in the
 same MLflow run. A watchdog (:mod:`hvdtrain.watchdog`) ends a rank that makes no
 progress for ``fault.stall_timeout`` seconds, naming what it waited for.
 
+Every rank exports live metrics for Prometheus (:mod:`hvdtrain.monitoring`)
+and measures where each epoch's time goes (:mod:`hvdtrain.breakdown`);
+``train.timeline`` records Horovod's timeline for a few steps
+(:mod:`hvdtrain.timeline`).
+
 Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 ``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
 ``model.keras``, ``saved_model/`` (``model.export``, for serving),
