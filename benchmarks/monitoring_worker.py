@@ -46,7 +46,7 @@ def main() -> None:
     batches = iter(data.train_dataset(m, data.TrainStream(rank.rank, rank.size, BATCH, 1024, 1),
                                       features=[*contract.MODEL_INPUTS["transformer"], "label"]))
     fused = steps_lib.make_optimizer_step(model, optimizer, "label", shape.inputs)
-    timed = steps_lib.make_optimizer_step(model, optimizer, "label", shape.inputs, timed=True)
+    timed = steps_lib.make_timed_step(model, optimizer, "label", shape.inputs)
     plan = LoopPlan(1, args.steps, 1, BATCH)
     interval = config.MonitoringConfig().interval_seconds
     path = monitoring.textfile_path(args.out_dir, "bench", rank.rank)

@@ -65,7 +65,7 @@ SPECS = (
                "Seconds spent reading and restoring the checkpoint this run resumed from (0: fresh start)."),
     MetricSpec("hvdtrain_checkpoint_restore_bytes", "gauge",
                "Bytes of checkpoint state this rank read from storage on resume (rank 0 reads, others receive)."),
-    MetricSpec("hvdtrain_restarts_total", "counter", "Times this job was restarted from a checkpoint."),
+    MetricSpec("hvdtrain_restarts_total", "counter", "Automatic restarts of this job before this try (hvdtrain.supervise)."),
     MetricSpec("hvdtrain_skipped_steps_total", "counter",
                "Optimizer steps skipped for non-finite gradients (float16 loss scaling) in this process."),
     MetricSpec("hvdtrain_epoch", "gauge", "Current epoch (1-based)."),

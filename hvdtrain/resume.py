@@ -44,7 +44,7 @@ from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
 from hvdtrain.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
-from hvdtrain.errors import DataError
+from hvdtrain.errors import DataError, StorageError
 from hvdtrain.evaluation import scalar_metrics
 from hvdtrain.hooks import EarlyStopper, Hook
 from hvdtrain.loop import EpochStats, LoopState, Start
@@ -108,6 +108,7 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
+            "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
@@ -161,6 +162,13 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
                         "but the data order is not the one an uninterrupted run would have seen (records of "
                         "the interrupted epoch may be skipped or repeated)")
+    if "epochs" in saved and saved["epochs"] != now["epochs"]:
+        horizon = f"{int(saved['epochs']) * int(now['steps_per_epoch'])} -> {now['epochs'] * now['steps_per_epoch']}"
+        effect = ("the learning-rate schedule's horizon moves with it" if now.get("lr_schedule", "constant") !=
+                  "constant" else "train.lr_schedule is constant, so only the run's length changes")
+        warnings.append(f"resuming {where} with train.epochs {saved['epochs']} -> {now['epochs']}: {effect} "
+                        f"(decay steps {horizon}, train.lr_schedule {now.get('lr_schedule')}); from step {step} "
+                        "the learning rate is not the one either run alone would have used")
     if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "
@@ -213,9 +221,8 @@ class SaveTiming:
 class Checkpointer(Hook):
     """The hook that saves checkpoints when :func:`checkpoint.save_due` says so (a collective)."""
 
-    def __init__(self, ctx: TrainContext, model: Any, optimizer: Any, stopper: Optional[EarlyStopper] = None,
-                 restarts: int = 0):
-        self.ctx, self.cfg, self.restarts = ctx, ctx.cfg.checkpoint, restarts
+    def __init__(self, ctx: TrainContext, model: Any, optimizer: Any, stopper: Optional[EarlyStopper] = None):
+        self.ctx, self.cfg = ctx, ctx.cfg.checkpoint
         self.model, self.optimizer, self.stopper = model, optimizer, stopper
         self.wait_timeout = ctx.cfg.fault.checkpoint_timeout
         self.writer = (checkpoint.CheckpointWriter(self.cfg.dir, self.cfg.keep_last, self.cfg.keep_best,
@@ -269,7 +276,7 @@ class Checkpointer(Hook):
                 "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
                 "stopped": state.stopped, "run_id": self.ctx.run_id,
                 "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                "step_offset": state.step - state.layout_step, "restarts": self.restarts, **self.ctx.layout}
+                "step_offset": state.step - state.layout_step, **self.ctx.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
@@ -309,11 +316,6 @@ class Resumed:
         return self.meta.get("run_id")
 
     @property
-    def restarts(self) -> int:
-        """Restarts from a checkpoint so far, this one included."""
-        return int(self.meta.get("restarts", 0)) + 1
-
-    @property
     def nbytes(self) -> int:
         """Bytes of state this rank read from the checkpoint (rank 0 reads; the others receive)."""
         return sum(int(a.nbytes) for a in self.arrays.values()) if self.arrays else 0
@@ -335,20 +337,21 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     """
     found: Optional[Resumed] = None
     error: Optional[str] = None
+    kind = "data"
     if rank.is_chief and cfg.enabled and cfg.resume != "never":
         try:
             found = _load(cfg, now)
         except DataError as exc:
-            error = str(exc)
+            error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
     small = distributed.broadcast_object(
         {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng, "plan": found.plan}
-        if found else {"error": error}, name="hvdtrain.resume")
+        if found else {"error": error, "kind": kind}, name="hvdtrain.resume")
     if small["error"]:
-        raise DataError(small["error"])
+        raise (StorageError if small.get("kind") == "storage" else DataError)(small["error"])
     if "uri" not in small:
         return None
     if not rank.is_chief:

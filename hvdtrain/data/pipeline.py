@@ -261,6 +261,18 @@ def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional
     return _batches(windows, parser, stream.batch_size, drop_remainder=True)
 
 
+def with_threads(dataset: "tf.data.Dataset", threads: int) -> "tf.data.Dataset":
+    """The dataset on a private pool of ``threads`` threads (this rank's CPU budget); 0 keeps TF's default,
+    which sizes the pool from the host's cores, not from a container's quota."""
+    import tensorflow as tf
+
+    if threads <= 0:
+        return dataset
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    return dataset.with_options(options)
+
+
 class _PassFiles:
     """The files of pass ``p``: the next ``n`` paths of the source's endless sequence.
 
