@@ -270,6 +270,10 @@ def test_a_summary_counts_fused_phases_once_in_wall_time() -> None:
     assert activities["ALLREDUCE"] == pytest.approx(700e-6) and "1" not in activities
 
 
+def test_union_length_counts_overlaps_once() -> None:
+    assert timeline.union_length([(50, 150), (0, 100), (200, 210), (205, 207)]) == 160
+
+
 def test_an_unclosed_timeline_still_reads(tmp_path: Path) -> None:
     text = "[\n" + ",\n".join(json.dumps(e) for e in FUSED) + ",\n"  # as Horovod leaves a file it is writing
     path = tmp_path / "t.json"
