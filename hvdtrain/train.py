@@ -52,6 +52,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -280,9 +281,8 @@ def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hoo
                                                lambda: observed.checkpointer.seconds, ctx.tracker.log_metrics))
     recording = None
     if cfg.train.timeline is not None:
-        folder = cfg.train.output if fs.is_local(cfg.train.output) else ctx.stage_dir
-        recording = timeline_lib.TimelineHook(
-            cfg.train.timeline, os.path.join(fs.local_path(folder), timeline_lib.FILENAME),
+        recording = timeline_lib.TimelineHook(  # published with the outputs (publish), attached to MLflow here
+            cfg.train.timeline, os.path.join(ctx.stage_dir, timeline_lib.FILENAME),
             observed.resumed.step if observed.resumed else 0,
             lambda path: ctx.tracker.log_artifact(path, "timeline"), rank.is_chief)
         out.append(recording)
@@ -457,6 +457,9 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
+        recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
+        if os.path.isfile(recorded):
+            shutil.copy(recorded, local)
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
