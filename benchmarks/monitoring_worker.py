@@ -2,14 +2,15 @@
 
     horovodrun -np N ... python -m benchmarks.monitoring_worker DATASET STEPS REPS OUT_DIR
 
-Both modes run :func:`hvdtrain.loop.fit` on the same model and input stream,
-one epoch of STEPS optimizer steps per repetition, alternating off, on, off,
-on, ... after one warm-up epoch of each (tracing). *off*: the fused step, no
+Every mode runs :func:`hvdtrain.loop.fit` on the same model and input stream,
+one epoch of STEPS optimizer steps per repetition, in turn off, on,
+metrics_only, off, on, ... after one warm-up epoch of each (tracing). *off*: the fused step, no
 hooks. *on*: what ``monitoring.enabled`` and ``monitoring.step_breakdown``
 add to a training run: the timed step (all-reduce as its own call), the
 Prometheus hook with its background writer at the default interval (started
 and stopped, with a write each, every repetition), and the step-time
-breakdown (an allgather at the epoch end).
+breakdown (an allgather at the epoch end). *metrics_only*: ``monitoring.step_breakdown:
+false``: the fused step and the Prometheus hook and writer.
 """
 from __future__ import annotations
 
@@ -56,22 +57,27 @@ def main() -> None:
         fit(fused, batches, plan, hooks=[])
         return time.perf_counter() - start
 
-    def on() -> float:
+    def on(step_fn=timed, breakdown_too: bool = True) -> float:
         start = time.perf_counter()
         metrics = monitoring.Metrics("bench", "bench", rank.rank, socket.gethostname())
         metrics.read_at_collect("hvdtrain_learning_rate", lambda: train.current_learning_rate(optimizer))
-        hook = monitoring.MetricsHook(metrics, lambda: timed.allreduce_seconds, lambda: None,
-                                      lambda: int(optimizer.iterations.numpy()))
-        split = breakdown.StepTimeBreakdown(rank, lambda: timed.allreduce_seconds, lambda: 0.0, lambda m, s: None)
-        with monitoring.Exporter(metrics, path, interval, before_write=hook.refresh):
-            fit(timed, batches, plan, hooks=[hook, split])
+        allreduce = lambda: getattr(step_fn, "allreduce_seconds", None)  # noqa: E731
+        hooks = [monitoring.MetricsHook(metrics, allreduce, lambda: None, lambda: int(optimizer.iterations.numpy()))]
+        if breakdown_too:
+            hooks.append(breakdown.StepTimeBreakdown(rank, allreduce, lambda: 0.0, lambda m, s: None))
+        with monitoring.Exporter(metrics, path, interval, before_write=hooks[0].refresh):
+            fit(step_fn, batches, plan, hooks=hooks)
         return time.perf_counter() - start
 
-    off(), on()  # warm-up: tracing
-    seconds: dict[str, list[float]] = {"off": [], "on": []}
+    def metrics_only() -> float:  # monitoring.step_breakdown: false
+        return on(fused, breakdown_too=False)
+
+    off(), on(), metrics_only()  # warm-up: tracing
+    seconds: dict[str, list[float]] = {"off": [], "on": [], "metrics_only": []}
     for _ in range(args.reps):
         seconds["off"].append(off())
         seconds["on"].append(on())
+        seconds["metrics_only"].append(metrics_only())
     if rank.rank == 0:
         rate = {mode: [args.steps * BATCH * rank.size / s for s in ss] for mode, ss in seconds.items()}
         print("BENCH " + json.dumps({"samples_per_sec": rate, "size": rank.size, "interval_seconds": interval,
