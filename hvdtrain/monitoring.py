@@ -90,6 +90,17 @@ def textfile_path(folder: str, job: str, rank: int) -> str:
     return os.path.join(folder, f"hvdtrain_{safe}_rank{rank}.prom")
 
 
+def available() -> Optional[str]:
+    """None when prometheus_client imports, else why not (with the fix)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        return (f"monitoring.enabled is true but prometheus_client does not import ({exc}); install it "
+                "(pip install 'prometheus_client>=0.20,<0.27', a dependency of hvdtrain) or set "
+                "monitoring.enabled=false")
+    return None
+
+
 def check_port_free(port: int, host: str = "") -> Optional[str]:
     """None when ``port`` can be bound, else a one-line explanation with the fix."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

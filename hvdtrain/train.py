@@ -315,6 +315,10 @@ def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[A
          "error": port_problem}, name="hvdtrain.monitoring")
     if shared["error"]:
         raise EnvironmentProblem(shared["error"])
+    missing = monitoring.available()
+    if missing:  # monitoring never stops training
+        log.warning("%s; training goes on without Prometheus metrics on this rank", missing)
+        return None, None
     metrics = monitoring.Metrics(mon.job, shared["run_id"], rank.rank, rank.hostname)
     optimizer = observed.optimizer
     metrics.read_at_collect("hvdtrain_learning_rate", lambda: current_learning_rate(optimizer))

@@ -291,3 +291,10 @@ def test_a_bad_timeline_file_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty.json").write_text("[]")
     with pytest.raises(DataError, match="no Horovod activities"):
         timeline.summarize(str(tmp_path / "empty.json"))
+
+
+def test_a_missing_prometheus_client_is_named_with_the_fix(monkeypatch) -> None:
+    assert monitoring.available() is None
+    monkeypatch.setitem(__import__("sys").modules, "prometheus_client", None)  # as if not installed
+    problem = monitoring.available()
+    assert problem and "pip install 'prometheus_client" in problem and "monitoring.enabled=false" in problem
