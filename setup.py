@@ -46,6 +46,7 @@ setup(
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
             "tfrecord>=1.14,<2",
+            "scikit-learn>=1.4,<2",  # tests compare the metrics with sklearn.metrics
             "cmake>=3.18,<4",
         ],
     },
