@@ -29,6 +29,12 @@ from hvdtrain.errors import ConfigError
 SPLITS = ("train", "validation", "test")
 
 
+def path_field(default: Optional[str]) -> Any:
+    """A config field holding a path: relative values resolve against the YAML file's folder,
+    ``{workdir}`` and ``{name}`` expand (see :func:`path_fields`)."""
+    return field(default=default, metadata={"path": True})
+
+
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
         raise ConfigError(name, value, expected)
@@ -69,7 +75,7 @@ class SourceConfig:
     """Where the raw rows come from: a Hive table or files at a URI."""
 
     table: Optional[str] = None
-    path: Optional[str] = None
+    path: Optional[str] = path_field(None)
     format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
     schema: Optional[str] = None  # Spark DDL for files, e.g. "id STRING, text STRING, label STRING"
     text_column: Optional[str] = "text"  # null for a tabular-only dataset
@@ -148,8 +154,8 @@ class HiveConfig:
     hive-site.xml is on Spark's classpath and ``embedded: false``."""
 
     embedded: bool = True
-    warehouse_dir: str = "{workdir}/hive/warehouse"
-    metastore_dir: str = "{workdir}/hive/metastore"
+    warehouse_dir: str = path_field("{workdir}/hive/warehouse")
+    metastore_dir: str = path_field("{workdir}/hive/metastore")
 
 
 @dataclass
@@ -163,11 +169,11 @@ class SparkConfig:
 class EtlConfig:
     """How raw rows become TFRecord shards and a manifest."""
 
-    output: str = "{workdir}/data"
+    output: str = path_field("{workdir}/data")
     splits: dict[str, float] = field(default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1})
     max_length: int = 64
     vocab_size: int = 2000
-    vocab_file: Optional[str] = None
+    vocab_file: Optional[str] = path_field(None)
     lowercase: bool = True
     unicode_nfkc: bool = True
     strip_control_chars: bool = True
@@ -272,9 +278,9 @@ class TrainConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 0
-    shuffle_buffer: int = 2048  # records per shuffle window (hvdtrain.data.shuffled_windows)
+    shuffle_buffer: int = 2048  # records per shuffle window (hvdtrain.data.pipeline.shuffled_windows)
     seed: int = 1234
-    output: str = "{workdir}/runs/{name}"
+    output: str = path_field("{workdir}/runs/{name}")
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, to epochs x steps
     min_lr_ratio: float = 0.0  # cosine/linear decay ends at learning rate x this
     clip_norm: Optional[float] = None  # clip gradients by global norm (after the all-reduce)
@@ -288,7 +294,7 @@ class TrainConfig:
     progress_every_seconds: float = 30.0
     # Audit the data order: each rank appends the record keys of every batch it trains on to
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
-    record_trace: Optional[str] = None
+    record_trace: Optional[str] = path_field(None)
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
@@ -314,7 +320,7 @@ class TrainConfig:
 class CheckpointConfig:
     """Checkpoints: atomic on any filesystem, published in the background, resumed exactly."""
 
-    dir: str = "{workdir}/checkpoints/{name}"
+    dir: str = path_field("{workdir}/checkpoints/{name}")
     every_steps: int = 0  # 0: only at epoch ends
     at_epoch_end: bool = True
     keep_last: int = 3
@@ -350,7 +356,7 @@ class FaultConfig:
 class TrackingConfig:
     """MLflow. ``uri`` falls back to $MLFLOW_TRACKING_URI, then a local store."""
 
-    uri: Optional[str] = None
+    uri: Optional[str] = path_field(None)
     experiment: str = "hvdtrain-{name}"
     enabled: bool = True
     log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
@@ -375,26 +381,27 @@ class YarnConfig:
     queue: Optional[str] = None
     deploy_mode: Literal["client", "cluster"] = "client"
     principal: Optional[str] = None
-    keytab: Optional[str] = None
-    env_archive: Optional[str] = None  # a packed env to use as is; built with venv-pack when unset
-    env_cache: str = "{workdir}/envs"  # where packed envs are uploaded once per content hash (an HDFS folder)
+    keytab: Optional[str] = path_field(None)
+    env_archive: Optional[str] = path_field(None)  # a packed env to use as is; built with venv-pack when unset
+    env_cache: str = path_field("{workdir}/envs")  # where packed envs are uploaded once per content hash (an HDFS folder)
     start_timeout: int = 600
     spark_conf: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # passed to every rank (NCCL_*, GLOO_*, HOROVOD_*)
 
     def __post_init__(self) -> None:
-        _require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
+        _require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1 (pass --num-workers N)")
         _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, "must be >= 0")
         _require(self.executor_cores >= 1, "executor_cores", self.executor_cores, "must be >= 1")
         _require(self.start_timeout > 0, "start_timeout", self.start_timeout, "must be > 0 seconds")
         _require((self.principal is None) == (self.keytab is None), "principal", self.principal,
-                 "and yarn.keytab must be set together (Kerberos login for the job)")
+                 "and yarn.keytab must be set together, for the job's Kerberos login "
+                 "(pass --principal user@REALM --keytab /path/user.keytab)")
 
 
 @dataclass
 class JobConfig:
     name: str = "job"
-    workdir: str = "work/{name}"
+    workdir: str = path_field("work/{name}")
     source: SourceConfig = field(default_factory=lambda: SourceConfig(table="default.rows"))
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     hive: HiveConfig = field(default_factory=HiveConfig)
@@ -430,11 +437,18 @@ class JobConfig:
 
 # -- loading ------------------------------------------------------------
 
-PATH_FIELDS = {
-    "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
-    "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
-    "checkpoint.dir", "train.record_trace",
-}
+def path_fields(cls: Optional[type] = None, prefix: str = "") -> list[str]:
+    """Dotted names of every field marked with :func:`path_field`, derived from the dataclasses."""
+    cls = cls or JobConfig
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}{f.name}"
+        if f.metadata.get("path"):
+            out.append(dotted)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out += path_fields(hints[f.name], dotted + ".")
+    return out
 
 
 def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -552,8 +566,10 @@ def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
             return value
         return os.path.normpath(os.path.join(base_dir, value))
 
-    cfg.workdir = resolve(cfg.workdir)
-    for dotted in sorted(PATH_FIELDS - {"workdir"}):
+    cfg.workdir = resolve(cfg.workdir)  # first: the other paths expand {workdir}
+    for dotted in path_fields():
+        if dotted == "workdir":
+            continue
         section, attr = dotted.split(".")
         block = getattr(cfg, section)
         setattr(block, attr, resolve(getattr(block, attr)))

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import hashlib
 import json
 import logging
@@ -55,17 +54,17 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import (data, distributed, evaluation, fs, plots, progress, resume, steps as steps_lib, tracking,
-                      watchdog)
+from hvdtrain import data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib, tracking
 from hvdtrain import manifest as manifest_lib
+from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
+from hvdtrain.context import TrainContext
 from hvdtrain.errors import DataError, HvdtrainError
-from hvdtrain.loop import EarlyStopper, EpochMonitor, EpochStats, epoch_stats, fit  # noqa: F401 (re-exported)
+from hvdtrain.hooks import EarlyStopper
+from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
 from hvdtrain.models import build_model
-from hvdtrain.schedules import (WarmupDecay, WarmupSchedule, learning_rate_at,  # noqa: F401 (re-exported)
-                                scaled_learning_rate, warmup_learning_rate)
-from hvdtrain.steps import make_train_step  # noqa: F401 (re-exported: benchmarks use it)
+from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
 
 log = logging.getLogger("hvdtrain.train")
 EVAL_SPLITS = ("validation", "test")
@@ -146,16 +145,16 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
-            model, history, stopping = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker, dog, layout,
-                                              resumed)
-            evaluated = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir, dog)
+            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase)
+            model, history, stopping = _train(ctx, resumed)
+            evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
-            report = build_report(cfg, manifest, rank, steps, history, evaluated, _rank_digests(model, rank), stopping)
+            report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
             if not rank.is_chief:
                 return result_record(tracker.run_id, report, cfg.train.output, exported=False)
             dog.phase("exporting the model and logging it to MLflow")
-            result = publish(cfg, manifest, shape, model, report, tracker)
+            result = publish(ctx, model, report)
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
@@ -178,37 +177,24 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     return manifest, shape, steps
 
 
-def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-           stage_dir: str, tracker: tracking.Tracker, dog: watchdog.Watchdog, layout: dict[str, Any],
-           resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
+def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats],
+                                                                          Optional[dict]]:
     """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
-    model, optimizer = build_state(cfg, shape, rank.size, total_steps=steps * cfg.train.epochs)
+    cfg, rank = ctx.cfg, ctx.rank
+    model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epochs)
     stopping = cfg.train.early_stopping
     stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
     if resumed is not None:
         resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
-    start_record = resume.records_read(resumed.layout_step, cfg) if resumed else 0
-    trace = cfg.train.record_trace
-    batches = iter(data.train_dataset(
-        manifest, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
-        shuffle_buffer=cfg.train.shuffle_buffer, seed=cfg.train.seed,
-        features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])], stage_dir=stage_dir,
-        start_record=start_record))
-    if trace:
-        batches = data.trace_batches(batches, fs.local_path(trace), rank.rank, start_record // cfg.train.batch_size)
-    step_fn = steps_lib.make_optimizer_step(model, optimizer, shape.label_feature, shape.inputs,
+    step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
                                             cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
-    monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper, dog)
-    offset = resumed.step_offset if resumed else 0
-    monitor.step_offset = offset
-    monitor.checkpointer = resume.Checkpointer(cfg.checkpoint, rank, steps, model, optimizer, layout,
-                                               tracker.run_id, stopper, dog.phase, cfg.fault.checkpoint_timeout,
-                                               offset)
-    history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
-                  batch_size=cfg.train.batch_size, hooks=monitor,
-                  start=resumed.start(rank) if resumed else None, phase=dog.phase)
-    monitor.checkpointer.close()
+    checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
+    plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
+    history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
+                  hooks=[*_hooks(ctx, model, optimizer, stopper), checkpointer],
+                  start=resumed.start(rank) if resumed else None, phase=ctx.phase)
+    checkpointer.close()
     if stopper is None:
         return model, history, None
     restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
@@ -221,21 +207,34 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
 
 
-def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-             stage_dir: str, tracker: tracking.Tracker, model: keras.Model, optimizer: Any,
-             stopper: Optional[EarlyStopper], dog: watchdog.Watchdog) -> EpochMonitor:
+def _train_batches(ctx: TrainContext, start_record: int) -> Any:
+    """This rank's endless training batches from ``start_record`` on, traced when asked."""
+    train, shape = ctx.cfg.train, ctx.shape
+    trace = train.record_trace
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
+    batches = iter(data.train_dataset(
+        ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
+        stage_dir=ctx.stage_dir, start_record=start_record))
+    if trace:
+        batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)
+    return batches
+
+
+def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
+           stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:
+    """Progress, per-step metrics, validation and early stopping, the epoch report, in that order."""
+    cfg, rank = ctx.cfg, ctx.rank
     mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
-    bar = progress.Progress(mode, cfg.train.epochs, steps, cfg.train.progress_every_steps,
+    bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
-    every = cfg.tracking.log_every_steps if rank.is_chief and tracker.active else 0
-    step_metrics = progress.MetricsLogger(tracker.log_metrics, every)
-    validate = None
+    every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
+    out: list[hooks.Hook] = [hooks.ProgressHook(bar, rank.size),
+                             hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
     if cfg.train.validates_each_epoch:
-        eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-        validate = functools.partial(evaluate_split, eval_step, manifest, "validation", shape, cfg, rank, stage_dir,
-                                     dog.phase)
-    return EpochMonitor(cfg.train.epochs, steps, rank.size, bar, step_metrics, tracker.log_metrics,
-                        lambda: current_learning_rate(optimizer), validate, stopper)
+        eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+        out.append(hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper))
+    out.append(hooks.EpochReport(cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer)))
+    return out
 
 
 def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[str, Any]]:
@@ -244,34 +243,31 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
     return distributed.allgather_object({"rank": rank.rank, "host": rank.hostname, **mine}, name="hvdtrain.digests")
 
 
-def evaluate_split(eval_step: Any, manifest: Manifest, split: str, shape: data.InputShape, cfg: JobConfig,
-                   rank: distributed.RankInfo, stage_dir: str,
-                   phase: Callable[[str], None] = lambda what: None) -> dict[str, Any]:
+def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
     """One split's report from counts summed over ranks (a collective: every rank calls it)."""
-    batches = data.eval_dataset(manifest, split, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
-                                features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir)
+    shape, rank = ctx.shape, ctx.rank
+    batches = data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
+                                batch_size=ctx.cfg.train.batch_size, features=[*shape.inputs, shape.label_feature],
+                                stage_dir=ctx.stage_dir)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
-                                   on_batch=lambda: phase(f"evaluating the {split} split"))
-    phase(f"all-reducing the {split} split's counts")
+                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
+    ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
-    expected = manifest.split(split).records
+    expected = ctx.manifest.split(split).records
     if counts.records != expected:
         log.warning("%s: evaluated %d records but the manifest lists %d", split, counts.records, expected)
-    return evaluation.split_report(counts, manifest.labels, expected)
+    return evaluation.split_report(counts, ctx.manifest.labels, expected)
 
 
-def _evaluate_splits(model: keras.Model, manifest: Manifest, shape: data.InputShape, cfg: JobConfig,
-                     rank: distributed.RankInfo, stage_dir: str,
-                     dog: watchdog.Watchdog) -> dict[str, dict[str, Any]]:
-    eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-    return {split: evaluate_split(eval_step, manifest, split, shape, cfg, rank, stage_dir, dog.phase)
-            for split in EVAL_SPLITS}
+def _evaluate_splits(ctx: TrainContext, model: keras.Model) -> dict[str, dict[str, Any]]:
+    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    return {split: evaluate_split(ctx, eval_step, split) for split in EVAL_SPLITS}
 
 
-def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo, steps: int,
-                 history: list[EpochStats], evaluated: dict[str, Any], digests: list[dict[str, Any]],
-                 stopping: Optional[dict[str, Any]] = None) -> dict:
+def build_report(ctx: TrainContext, history: list[EpochStats], evaluated: dict[str, Any],
+                 digests: list[dict[str, Any]], stopping: Optional[dict[str, Any]] = None) -> dict:
     """The eval_report.json document (pure)."""
+    cfg, manifest = ctx.cfg, ctx.manifest
     return {
         "job": cfg.name,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -279,7 +275,7 @@ def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo,
                     "records": {name: split.records for name, split in manifest.splits.items()}},
         "labels": manifest.labels,
         "model": {"kind": cfg.model.kind, "mixed_precision": cfg.train.mixed_precision},
-        "training": training_summary(cfg.train, rank, steps, history),
+        "training": training_summary(cfg.train, ctx.rank, ctx.steps, history),
         "early_stopping": stopping,
         "evaluation": evaluated,
         "rank_digest": rank_agreement(digests),
@@ -327,17 +323,16 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
 
 # -- rank 0: files and tracking ----------------------------------------------------------------
 
-def publish(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, model: keras.Model,
-            report: dict[str, Any], tracker: tracking.Tracker) -> dict[str, Any]:
+def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> dict[str, Any]:
     """Write report, chart, exports and result to ``train.output`` and log them to MLflow."""
-    output = cfg.train.output
+    output, tracker = ctx.cfg.train.output, ctx.tracker
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
-        _dump_json(os.path.join(local, "labels.json"), labels_document(manifest, shape))
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape))
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
-        model_uri = _log_run_end(tracker, cfg, manifest, shape, model, report, local, png)
+        model_uri = _log_run_end(ctx, model, report, local, png)
         result = result_record(tracker.run_id, report, output, exported=True, model_uri=model_uri,
                                tracking_uri=tracker.tracking_uri)
         _dump_json(os.path.join(local, "result.json"), result)
@@ -375,23 +370,24 @@ def final_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _log_run_end(tracker: tracking.Tracker, cfg: JobConfig, manifest: Manifest, shape: data.InputShape,
-                 model: keras.Model, report: dict[str, Any], local: str, png: Optional[str]) -> Optional[str]:
+def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], local: str,
+                 png: Optional[str]) -> Optional[str]:
+    tracker = ctx.tracker
     tracker.log_metrics(final_metrics(report))
     tags: dict[str, Any] = {"ranks_agree": report["rank_digest"]["agree"]}
     if report["early_stopping"] is not None:
         tags.update(best_epoch=report["early_stopping"]["best_epoch"],
                     stopped_early=report["early_stopping"]["stopped_early"])
     tracker.set_tags(tags)
-    tracker.log_text(cfg.to_yaml(), "config.yaml")
-    tracker.log_text(manifest.to_json(), "manifest.json")
+    tracker.log_text(ctx.cfg.to_yaml(), "config.yaml")
+    tracker.log_text(ctx.manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
     if png is not None:
         tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
-    return tracker.log_keras_model(model, shape.input_specs(), shape.num_classes,
-                                   cfg.tracking.registered_model_name)
+    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_classes,
+                                   ctx.cfg.tracking.registered_model_name)
 
 
 def upload_dir(local: str, output: str) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.config import ModelConfig
-from hvdtrain.data import InputShape
+from hvdtrain.data.contract import InputShape
 from hvdtrain.models import build_model
 
 TABULAR = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric", "categorical"), numeric_features=4,

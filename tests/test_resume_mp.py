@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import kill_drill
 from hvdtrain import config, watchdog
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 from tests import mp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,8 +53,8 @@ STALL_SCRIPT = textwrap.dedent("""
 
 
 def test_a_stalled_input_pipeline_dumps_stacks_and_exits_naming_what_it_waited_for(tmp_path: Path) -> None:
-    make_text_dataset(str(tmp_path / "data"), n_per_split={"train": 64, "validation": 8, "test": 8},
-                      shards_per_split=2, max_length=8, seed=1)
+    make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 64, "validation": 8,
+                                                                                  "test": 8}, shards_per_split=2), max_length=8, seed=1))
     cfg = config.from_dict({
         "name": "stall", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
         "etl": {"output": f"faulty://{tmp_path / 'data'}"}, "model": kill_drill.TINY_MODEL,
@@ -98,8 +98,8 @@ def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_p
     mid-epoch switch is refused (unit tests)."""
     from hvdtrain import checkpoint
 
-    make_text_dataset(str(tmp_path / "data"), n_per_split={"train": 64, "validation": 16, "test": 16},
-                      shards_per_split=2, max_length=8, seed=1)
+    make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 64, "validation": 16,
+                                                                                  "test": 16}, shards_per_split=2), max_length=8, seed=1))
     cfg = config.from_dict({
         "name": "relayout", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
         "etl": {"output": str(tmp_path / "data")}, "model": kill_drill.TINY_MODEL,

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from hvdtrain import config
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 MLFLOW = Path(sys.executable).parent / "mlflow"
@@ -84,8 +84,8 @@ def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180)
                                                                                        dict[str, Any], float]:
     data = tmp / "data"
     if not (data / "manifest.json").exists():
-        make_text_dataset(str(data), n_per_split={"train": 320, "validation": 40, "test": 40}, num_classes=2,
-                          class_rate=0.5, seed=9)
+        make_text_dataset(str(data), TextSpec(layout=Layout(n_per_split={"train": 320, "validation": 40, "test": 40}),
+                                              num_classes=2, class_rate=0.5, seed=9))
     cfg = config.from_dict({
         "name": name, "workdir": str(tmp / name), "source": {"table": "demo.reviews"}, "etl": {"output": str(data)},
         "model": {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1},

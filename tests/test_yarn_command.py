@@ -182,16 +182,12 @@ def test_principal_without_keytab_and_bad_worker_counts(tmp_path: Path) -> None:
     path.write_text(job().to_yaml())
     with pytest.raises(ConfigError, match=r"^yarn.principal and yarn.keytab must be set together"):
         config.load(path, ["yarn.principal=ml@EXAMPLE.COM"])
-    cfg = job()
-    cfg.yarn.principal = "ml@EXAMPLE.COM"  # built around the config's own check
-    with pytest.raises(ConfigError, match="pass --principal user@REALM --keytab"):
-        submit.build_plan(cfg, "yarn", inputs())
+    with pytest.raises(ConfigError, match="pass --principal user@REALM --keytab"):  # the config names the flags
+        job(principal="ml@EXAMPLE.COM")
     with pytest.raises(ConfigError, match=r"^--num-workers must be >= 1 \(got 0\)$"):
         submit.check_flags(submit.parse_args([str(path), "--num-workers", "0"]))
-    cfg = job()
-    cfg.yarn.num_workers = 0
-    with pytest.raises(ConfigError, match=r"yarn.num_workers must be >= 1"):
-        submit.build_plan(cfg, "yarn", inputs())
+    with pytest.raises(ConfigError, match=r"^yarn.num_workers must be >= 1 \(pass --num-workers N\) \(got 0\)$"):
+        job(num_workers=0)
 
 
 def test_spark_submit_not_found_names_where_it_looked() -> None:
