@@ -197,10 +197,8 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.
     checkpointer.close()
     if stopper is None:
         return model, history, None
-    restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
+    restore = stopper.restore_best(model, len(history))
     if restore:  # the same decision on every rank; rank 0 holds the best weights (even after a resume)
-        if stopper.best_weights is not None:
-            model.set_weights(stopper.best_weights)
         distributed.broadcast_state(model, optimizer)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)

@@ -59,6 +59,59 @@ def test_early_stopper_keeps_the_best_epochs_weights() -> None:
     assert summary["stopped_early"] and summary["best_value"] == 0.9 and summary["values"] == [0.6, 0.9, 0.8]
 
 
+class FakeModel:
+    """Weights that every optimizer step moves (weight = steps taken), like training does."""
+
+    def __init__(self) -> None:
+        self.weights = [np.zeros(3), np.zeros((2, 2))]
+
+    def get_weights(self) -> list[np.ndarray]:
+        return self.weights
+
+    def set_weights(self, weights: list[np.ndarray]) -> None:
+        self.weights = [np.array(w, copy=True) for w in weights]
+
+
+@pytest.mark.parametrize("patience", [1, 2, 3])
+def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patience: int) -> None:
+    """Validation loss improves up to epoch 4, then never again: fit runs exactly 4 + patience epochs
+    and the run ends on epoch 4's weights."""
+    from hvdtrain import distributed
+    from hvdtrain.hooks import EarlyStopper, ValidationAndEarlyStopping
+    from hvdtrain.loop import LoopPlan, fit
+
+    distributed.init(use_horovod=False)
+    losses = iter([0.9, 0.7, 0.6, 0.5, 0.55, 0.52, 0.51, 0.6, 0.58, 0.7])
+    model = FakeModel()
+
+    def step(batches):
+        for w in model.weights:
+            w += 1.0  # in place, as an optimizer updates variables
+        return 1.0, 1.0
+
+    stopper = EarlyStopper(EarlyStoppingConfig(metric="loss", patience=patience), model.get_weights)
+    validation = ValidationAndEarlyStopping(lambda: {"loss": next(losses)}, stopper)
+    history = fit(step, itertools.count(), LoopPlan(epochs=10, steps=3), hooks=[validation])
+    assert len(history) == 4 + patience and stopper.decision.best_epoch == 4
+    assert model.weights[0].tolist() == [3.0 * len(history)] * 3  # trained to the end...
+    assert stopper.restore_best(model, len(history))
+    for w in model.weights:  # ...and restored to the end of epoch 4 (3 steps per epoch)
+        assert (w == 12.0).all()
+    summary = stopper.summary(restored=True, epochs=10)
+    assert summary["stopped_early"] and summary["best_epoch"] == 4 and summary["best_value"] == 0.5
+
+
+def test_no_restore_when_the_last_epoch_is_the_best() -> None:
+    from hvdtrain.hooks import EarlyStopper
+
+    model = FakeModel()
+    stopper = EarlyStopper(EarlyStoppingConfig(metric="loss", patience=2), model.get_weights)
+    for loss in (0.9, 0.8):
+        model.weights[0] += 1
+        stopper.update({"loss": loss})
+    assert not stopper.restore_best(model, 2) and model.weights[0].tolist() == [2.0] * 3
+
+
 # -- fit with a fake step and recording hooks ---------------------------------------------------
 
 class RecordingHooks:

@@ -462,7 +462,7 @@ def test_a_failed_pack_leaves_nothing_in_the_cache(tmp_path: Path) -> None:
     with pytest.raises(EnvironmentProblem, match="disk full"):
         packaging.ensure_env_archive(job(env_cache=str(tmp_path / "envs")).yarn, ["a==1"], prefix="/venv",
                                      pack=broken, log=lambda s: None)
-    assert not (tmp_path / "envs").exists() or os.listdir(tmp_path / "envs") == []
+    assert not (tmp_path / "envs").exists()  # the pack failed before anything was created
 
 
 def test_a_given_env_archive_is_used_as_is(tmp_path: Path) -> None:
