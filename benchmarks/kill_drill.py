@@ -41,12 +41,24 @@ TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "d
 NP = 2
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How horovodrun starts the ranks: one host by default; the multihost tests pass ssh hosts."""
+
+    np: int = NP
+    hosts: str = f"localhost:{NP}"
+    args: tuple[str, ...] = ()  # more horovodrun arguments, e.g. ("-p", "2222", "--network-interfaces", "lo")
+    kill_ranks: tuple[int, ...] = ()  # ranks a kill may hit (all when empty)
+    env: dict[str, str] = field(default_factory=dict)  # launcher environment on top of the drill's
+
+
 @dataclass
 class Drill:
     """The job both runs share."""
 
     workdir: str
     data_dir: str
+    launch: Launch = field(default_factory=Launch)
     epochs: int = 4
     batch_size: int = 16
     every_steps: int = 7
@@ -91,7 +103,7 @@ def make_dataset(drill: Drill) -> None:
 
     make_text_dataset(drill.data_dir, TextSpec(layout=Layout(n_per_split={"train": drill.train_records,
                                                                           "validation": 64, "test": 64}, shards_per_split=4), class_rate=0.35, seed=21))
-    drill.steps_per_epoch = drill.train_records // (drill.batch_size * NP)
+    drill.steps_per_epoch = drill.train_records // (drill.batch_size * drill.launch.np)
 
 
 def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -> str:
@@ -112,21 +124,22 @@ def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -
     return path
 
 
-def _env() -> dict[str, str]:
+def _env(launch: Launch = Launch()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "OMPI_", "PMI_")) and k != "MLFLOW_TRACKING_URI"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+    env.update(launch.env)
     return env
 
 
-def command(config_path: str) -> list[str]:
+def command(config_path: str, launch: Launch = Launch()) -> list[str]:
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    return [hr, "-np", str(NP), "-H", f"localhost:{NP}", "--gloo", sys.executable, "-m", "hvdtrain.train",
-            config_path]
+    return [hr, "-np", str(launch.np), "-H", launch.hosts, "--gloo", *launch.args, sys.executable, "-m",
+            "hvdtrain.train", config_path]
 
 
-def run_to_end(config_path: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command(config_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
+def run_to_end(config_path: str, timeout: float = 300, launch: Launch = Launch()) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(config_path, launch), cwd=ROOT, env=_env(launch), capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"training failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -180,7 +193,7 @@ def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before
               timeout: float = 300, sig: int = signal.SIGKILL) -> str:
     """Start the job, send ``sig`` (SIGKILL; SIGSTOP freezes the rank instead) to ``kill.rank`` once its
     trace reaches ``kill.target_step``, wait for the job's exit; returns its output."""
-    proc = subprocess.Popen(command(config_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(config_path, drill.launch), cwd=ROOT, env=_env(drill.launch), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     path = trace_path(drill, name, kill.rank)
     deadline = time.monotonic() + timeout
@@ -238,7 +251,7 @@ def compare(drill: Drill, report: Report, baseline: str, interrupted: str) -> No
     report.optimizer_max_abs_diff = _max_diff(a, b, "optimizer/")
     lost = repeated = 0
     equal = True
-    for rank in range(NP):
+    for rank in range(drill.launch.np):
         want = stitched(trace_path(drill, baseline, rank))
         got = stitched(trace_path(drill, interrupted, rank))
         equal &= got == want
@@ -258,24 +271,26 @@ def kill_targets(drill: Drill, kills: int, rng: random.Random) -> list[Kill]:
     span = (drill.total_steps - 6 - low) // kills
     for i in range(kills):
         lo = low + i * span
-        out.append(Kill(rank=rng.randrange(NP), target_step=rng.randint(lo, lo + max(0, span - drill.every_steps))))
+        ranks = drill.launch.kill_ranks or tuple(range(drill.launch.np))
+        out.append(Kill(rank=rng.choice(ranks), target_step=rng.randint(lo, lo + max(0, span - drill.every_steps))))
     return out
 
 
-def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print) -> Report:
-    drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"))
+def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print, launch: Launch = Launch(),
+              epochs: int = 4) -> Report:
+    drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"), launch=launch, epochs=epochs)
     make_dataset(drill)
     report = Report(kills=kill_targets(drill, kills, random.Random(seed)))
     baseline = write_config(drill, "uninterrupted")
     interrupted = write_config(drill, "interrupted")
     log(f"drill: {drill.total_steps} steps, checkpoint every {drill.every_steps}; kills at "
         f"{[(k.rank, k.target_step) for k in report.kills]}")
-    run_to_end(baseline)
+    run_to_end(baseline, launch=launch)
     for i, kill in enumerate(report.kills):
         kill_once(drill, "interrupted", interrupted, kill, runs_before=i)
         log(f"drill: killed rank {kill.rank} after batch {kill.killed_after_batch}; job exited "
             f"{kill.exit_code} {kill.seconds_to_exit:.1f}s later (lost rank named: {kill.lost_rank_named})")
-    run_to_end(interrupted)
+    run_to_end(interrupted, launch=launch)
     for i, kill in enumerate(report.kills):
         runs = segments(trace_path(drill, "interrupted", kill.rank))
         if i + 1 < len(runs):

@@ -238,7 +238,9 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
 def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[str, Any]]:
     """Every rank's weight digest, in rank order (an allgather: all ranks call it)."""
     mine = weights_digest([keras.ops.convert_to_numpy(w) for w in model.weights])
-    return distributed.allgather_object({"rank": rank.rank, "host": rank.hostname, **mine}, name="hvdtrain.digests")
+    where = {"rank": rank.rank, "host": rank.hostname, "cross_rank": rank.cross_rank, "local_rank": rank.local_rank,
+             "local_size": rank.local_size}
+    return distributed.allgather_object({**where, **mine}, name="hvdtrain.digests")
 
 
 def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:

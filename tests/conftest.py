@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -37,3 +40,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                        "(and HVDTRAIN_TEST_YARN=1 for the YARN job) on a host with the Hadoop client"))
         if no_java and ("spark" in item.keywords or "e2e" in item.keywords):
             item.add_marker(pytest.mark.skip(reason="Spark needs Java 17 on PATH"))
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[mp.SshHosts]:
+    """A throwaway sshd on 127.0.0.2 and 127.0.0.3 for the whole session, always stopped afterwards."""
+    reason = mp.cannot_start_sshd()
+    if reason:
+        pytest.skip(reason)
+    mp.horovodrun()
+    folder = Path(tempfile.mkdtemp(prefix="hvdtrain-sshd-"))
+    try:
+        yield mp.start_sshd(folder)
+    finally:
+        mp.stop_sshd(folder)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -119,6 +119,25 @@ def test_uneven_shards_and_fewer_shards_than_ranks_do_not_hang(tmp_path: Path) -
     _assert_complete(report, manifest)
 
 
+def test_eight_ranks_train_and_evaluate_exactly_with_fewer_shards_than_ranks(tmp_path: Path) -> None:
+    """8 Gloo ranks (1 intra-op thread each: 2 cores / 8 local ranks), a tiny model, 4 steps; validation has
+    3 shards and test 2 for 8 ranks, so most ranks own no whole shard and every record must still be counted
+    exactly once."""
+    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(shard_sizes={
+        "train": [64] * 4, "validation": [21, 9, 3], "test": [17, 6]}), max_length=8, seed=8))
+    config_path, output = _job(tmp_path, "eight", tmp_path / "data", epochs=1, batch_size=8,
+                               model={**TINY_MODEL, "embed_dim": 8, "ff_dim": 16})
+    _horovodrun(config_path, timeout=300, np=8)
+    result, report = _outputs(output)
+    ranks = report["rank_digest"]["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8)) and [r["local_size"] for r in ranks] == [8] * 8
+    assert report["rank_digest"]["agree"] and result["world_size"] == 8
+    assert report["training"]["steps_per_epoch"] == 256 // (8 * 8)
+    _assert_complete(report, manifest)
+    for split in ("validation", "test"):
+        assert sum(map(sum, report["evaluation"][split]["confusion_matrix"])) == manifest.split(split).records
+
+
 def test_single_process_without_horovodrun(tmp_path: Path) -> None:
     manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 320,
                                                                                              "validation": 33, "test": 35}, shards_per_split=2), seed=2))
