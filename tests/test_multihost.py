@@ -7,23 +7,20 @@ host's sessions get their own TMPDIR: that host's local disk.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import kill_drill
-from hvdtrain import config, manifest as manifest_lib
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 from tests import mp
-from tests.test_train_mp import TINY_MODEL, _assert_complete, _env, _job, _outputs
+from tests.test_train_mp import _assert_complete, _env, _job, _outputs
 
 pytestmark = pytest.mark.multihost
 
