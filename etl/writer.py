@@ -2,11 +2,11 @@
 
 Commit protocol: each task writes its shard straight to the output filesystem
 under ``_staging/<run>/`` with a name unique to the task attempt, and returns
-the shard's stats. ``collect()`` returns the results of the successful
+a :class:`ShardResult`. ``collect()`` returns the results of the successful
 attempt of each partition only, so the driver knows exactly which staged files
-are the dataset: it moves those into place and the staging folder (with any
-failed or speculative attempts' files) is deleted. The manifest is written
-last, by the caller.
+are the dataset: ``etl.publish`` moves those into place and the staging folder
+(with any failed or speculative attempts' files) is deleted. The manifest is
+written last.
 """
 from __future__ import annotations
 
