@@ -50,6 +50,7 @@ class Launch:
     args: tuple[str, ...] = ()  # more horovodrun arguments, e.g. ("-p", "2222", "--network-interfaces", "lo")
     kill_ranks: tuple[int, ...] = ()  # ranks a kill may hit (all when empty)
     env: dict[str, str] = field(default_factory=dict)  # launcher environment on top of the drill's
+    timeout: float = 300  # seconds one job may take
 
 
 @dataclass
@@ -138,9 +139,9 @@ def command(config_path: str, launch: Launch = Launch()) -> list[str]:
             "hvdtrain.train", config_path]
 
 
-def run_to_end(config_path: str, timeout: float = 300, launch: Launch = Launch()) -> subprocess.CompletedProcess:
+def run_to_end(config_path: str, launch: Launch = Launch()) -> subprocess.CompletedProcess:
     proc = subprocess.run(command(config_path, launch), cwd=ROOT, env=_env(launch), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=launch.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"training failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -190,11 +191,12 @@ def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
 
 
 def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before: int,
-              timeout: float = 300, sig: int = signal.SIGKILL) -> str:
+              timeout: Optional[float] = None, sig: int = signal.SIGKILL) -> str:
     """Start the job, send ``sig`` (SIGKILL; SIGSTOP freezes the rank instead) to ``kill.rank`` once its
     trace reaches ``kill.target_step``, wait for the job's exit; returns its output."""
     proc = subprocess.Popen(command(config_path, drill.launch), cwd=ROOT, env=_env(drill.launch), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timeout = timeout or drill.launch.timeout
     path = trace_path(drill, name, kill.rank)
     deadline = time.monotonic() + timeout
     try:

@@ -72,7 +72,7 @@ def test_four_ranks_on_two_hosts_train_and_agree(ssh_hosts: mp.SshHosts, tmp_pat
 def test_kill_drill_with_the_killed_rank_on_the_second_host(ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
     launch = kill_drill.Launch(np=4, hosts=HOSTS, args=ssh_hosts.horovodrun_args(), kill_ranks=(2, 3),
-                               env=ssh_hosts.env({"PATH": os.environ.get("PATH", "")}))
+                               env=ssh_hosts.env({"PATH": os.environ.get("PATH", "")}), timeout=900)
     report = kill_drill.drill_run(str(tmp_path), kills=1, seed=seed, log=lambda msg: None, launch=launch, epochs=2)
     kill = report.kills[0]
     where = f"(HVDTRAIN_DRILL_SEED={seed}: {report.to_dict()})"
@@ -126,6 +126,6 @@ def test_remote_input_is_staged_on_each_host_in_its_own_folder(ssh_hosts: mp.Ssh
     _assert_complete(report, local)
     assert opened >= sum(len(local.split(s).shards) for s in local.splits)  # every shard came over WebHDFS
     for host, folders in watcher.seen.items():
-        assert len(folders) == 2, (host, watcher.seen)  # one staging folder per rank on this host, no other's
-        assert any(copies for copies in folders.values()), (host, watcher.seen)  # shards were staged there
-        assert list(roots[host].glob("hvdtrain-stage-*")) == []  # and cleaned up at the end
+        staging = {name for name, copies in folders.items() if copies}
+        assert len(staging) == 2, (host, watcher.seen)  # shards staged on this host's disk, by both its ranks
+    assert all(list(r.glob("hvdtrain-stage-*/*")) == [] for r in roots.values())  # and deleted after use
