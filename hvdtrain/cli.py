@@ -8,13 +8,15 @@ or ``yarn``, which import ``hvdtrain``.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shlex
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
 from hvdtrain import fs
 from hvdtrain.errors import HvdtrainError
@@ -65,6 +67,35 @@ def _run(cmd: list[str], what: str) -> None:
         raise HvdtrainError(f"{what} failed (exit code {rc}); see the messages above")
 
 
+def _run_once(cmd: list[str], extra_env: Mapping[str, str]) -> tuple[int, str]:
+    """One try of a job: its output passes through, the last lines are kept for :func:`supervise.classify`."""
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    with subprocess.Popen(cmd, env={**child_env(), **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line)
+    return proc.returncode, "".join(tail)
+
+
+def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> None:
+    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``)."""
+    if cfg.fault.max_restarts == 0:
+        _run(cmd, "training")
+        return
+    outcome = supervise.run_with_restarts(
+        lambda env: _run_once(cmd, env), cfg.fault.max_restarts,
+        resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
+        wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
+    if outcome.code != 0:
+        failure = outcome.failure
+        raise HvdtrainError(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
+                            f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"
+                            f" (exit code {outcome.code}); see the messages above")
+
+
 def cmd_etl(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite), "ETL")
@@ -72,9 +103,23 @@ def cmd_etl(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = config_mod.load(args.config, args.overrides)  # fail on a bad config before launching ranks
-    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
+    cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
+    _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
     return 0
+
+
+def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
+    """The config overrides ``--max-restarts`` and ``--principal/--keytab`` stand for (pure); a relative
+    keytab is relative to where the command runs."""
+    out = []
+    if getattr(args, "max_restarts", None) is not None:
+        out.append(f"fault.max_restarts={args.max_restarts}")
+    if getattr(args, "principal", None):
+        out.append(f"yarn.principal={json.dumps(args.principal)}")
+    if getattr(args, "keytab", None):
+        out.append(f"yarn.keytab={json.dumps(os.path.join(cwd, os.path.expanduser(args.keytab)))}")
+    return out
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -168,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     etl.set_defaults(fn=cmd_etl)
     train = with_config("train", "train locally under horovodrun with Gloo")
     train.add_argument("--np", type=int, default=2, help="local ranks (default 2; 1 runs without horovodrun)")
+    train.add_argument("--max-restarts", type=int, metavar="K",
+                       help="relaunch after a lost rank, a stall or a storage failure up to K times, resuming from "
+                            "the newest checkpoint (fault.max_restarts)")
+    train.add_argument("--principal", help="Kerberos principal; with --keytab the ticket is renewed during the job")
+    train.add_argument("--keytab", help="keytab for --principal (kinit -kt before the ticket expires)")
     train.set_defaults(fn=cmd_train)
     show = with_config("config", "print the resolved config (after overrides and path resolution)")
     show.set_defaults(fn=cmd_config_show)

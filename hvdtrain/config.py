@@ -292,6 +292,9 @@ class TrainConfig:
     progress: Literal["auto", "bar", "log", "off"] = "auto"  # auto: a bar on a terminal, else log lines
     progress_every_steps: int = 50
     progress_every_seconds: float = 30.0
+    # TensorFlow op determinism (tf.config.experimental.enable_op_determinism): the same results run to run on
+    # GPU too, at some speed. On CPU, runs and mid-epoch resumes are bit-exact without it.
+    deterministic: bool = False
     # Audit the data order: each rank appends the record keys of every batch it trains on to
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
     record_trace: Optional[str] = path_field(None)
@@ -325,8 +328,9 @@ class CheckpointConfig:
     at_epoch_end: bool = True
     keep_last: int = 3
     keep_best: int = 1
-    best_metric: str = "validation_accuracy"
-    best_mode: Literal["max", "min"] = "max"
+    # auto: validation_accuracy when the run validates every epoch, else train_loss (see JobConfig)
+    best_metric: str = "auto"
+    best_mode: Literal["auto", "max", "min"] = "auto"  # auto: min for a loss, max otherwise
     resume: str = "auto"  # auto (newest valid), never, or a checkpoint folder
     enabled: bool = True
 
@@ -346,10 +350,14 @@ class FaultConfig:
     stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
     checkpoint_timeout: int = 1800  # seconds a checkpoint publish or restore may take (slow storage) before the
     # watchdog calls it a stall; every rank waits for rank 0 under this limit
+    max_restarts: int = 0  # relaunch a failed job (lost rank, stall, storage) up to this many times; it resumes
+    restart_backoff: float = 10.0  # seconds before the first relaunch, doubling each time (at most 300)
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning", "checkpoint_timeout"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
+        _require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0 (0: never relaunch)")
+        _require(self.restart_backoff >= 0, "restart_backoff", self.restart_backoff, "must be >= 0 seconds")
 
 
 @dataclass
@@ -361,8 +369,11 @@ class TrackingConfig:
     enabled: bool = True
     log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
     registered_model_name: Optional[str] = None  # also register the logged model under this name
+    max_outage_seconds: float = 600.0  # a server outage is ridden out (metrics buffered) this long, then tracking
+    # is given up for the run; training never waits on it
 
     def __post_init__(self) -> None:
+        _require(self.max_outage_seconds >= 0, "max_outage_seconds", self.max_outage_seconds, "must be >= 0")
         _require(self.log_every_steps >= 0, "log_every_steps", self.log_every_steps,
                  "must be >= 0 (0 turns per-step metrics off)")
         _require(self.registered_model_name is None or bool(self.registered_model_name.strip()),
@@ -398,6 +409,14 @@ class YarnConfig:
                  "(pass --principal user@REALM --keytab /path/user.keytab)")
 
 
+def checkpoint_metrics(train: TrainConfig) -> set[str]:
+    """The metric names an epoch-end checkpoint records (``validation_roc_auc`` only for two classes)."""
+    names = {"train_loss", "train_accuracy"}
+    if train.validates_each_epoch:
+        names |= {f"validation_{m}" for m in ("accuracy", "macro_f1", "loss", "roc_auc")}
+    return names
+
+
 @dataclass
 class JobConfig:
     name: str = "job"
@@ -417,6 +436,21 @@ class JobConfig:
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
                  "must be letters, digits, '_' or '-'")
+        self._resolve_best_metric()
+
+    def _resolve_best_metric(self) -> None:
+        """Pick ``checkpoint.best_metric``/``best_mode`` when auto; refuse a metric this run never records."""
+        ck, produced = self.checkpoint, checkpoint_metrics(self.train)
+        if ck.best_metric == "auto":
+            ck.best_metric = "validation_accuracy" if self.train.validates_each_epoch else "train_loss"
+        if ck.best_mode == "auto":
+            ck.best_mode = "min" if ck.best_metric.endswith("loss") else "max"
+        if ck.enabled and ck.keep_best > 0 and ck.best_metric not in produced:
+            how = ("record validation metrics with train.validate_every_epoch: true (or train.early_stopping), "
+                   if not self.train.validates_each_epoch else "")
+            raise ConfigError("checkpoint.best_metric", ck.best_metric,
+                              f"is never recorded by this run, so keep_best {ck.keep_best} would keep nothing: "
+                              f"{how}use one of {', '.join(sorted(produced))}, or set checkpoint.keep_best: 0")
 
     # -- derived values -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class TrainContext:
     tracker: "Tracker"
     layout: dict[str, Any]
     phase: Phase = no_phase
+    threads: int = 0  # this rank's CPU budget (hvdtrain.cpus): tf.data's private pool; 0 = TensorFlow's default
 
     @property
     def run_id(self) -> Optional[str]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 class HvdtrainError(Exception):
     """A mistake the user can act on (config, data, paths, environment).
 
-    The CLI prints these as one line without a traceback; anything else is a bug
-    and keeps its traceback.
+    The CLI prints these as one line without a traceback and exits with the
+    class's ``exit_code``; anything else is a bug and keeps its traceback.
     """
+
+    exit_code = 2
 
 
 class ConfigError(HvdtrainError):
@@ -27,6 +29,16 @@ class ConfigError(HvdtrainError):
 class DataError(HvdtrainError):
     """A dataset (source table, shards, manifest) does not meet its contract."""
 
+    exit_code = 3
+
+
+class StorageError(DataError):
+    """The storage (HDFS, the local disk) failed after retries: not the user's data, and worth a restart."""
+
+    exit_code = 74  # EX_IOERR: hvdtrain.supervise relaunches the job
+
 
 class EnvironmentProblem(HvdtrainError):
     """The machine lacks something a step needs (Java, libhdfs, Horovod build...)."""
+
+    exit_code = 4

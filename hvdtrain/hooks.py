@@ -8,6 +8,8 @@
 * :class:`ValidationAndEarlyStopping`: evaluates the validation split after each
   epoch (a collective) and decides, from those all-reduced metrics, whether to
   stop; every rank gets the same answer;
+* :class:`SkippedSteps` (with ``train.fp16_allreduce``): steps skipped for
+  non-finite all-reduced gradients, counted and warned about;
 * :class:`EpochReport`: the epoch's learning rate, log line and MLflow metrics
   (after validation, so they include it);
 * :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective).
@@ -159,6 +161,25 @@ class ValidationAndEarlyStopping(Hook):
     def end_epoch(self, stats: EpochStats) -> bool:
         stats.validation = self._validate()
         return self.stopper.update(stats.validation) if self.stopper is not None else False
+
+
+class SkippedSteps(Hook):
+    """Counts the epoch's skipped optimizer steps (:class:`hvdtrain.steps.FiniteGuard`) into its stats, and
+    warns: the same count on every rank, since every rank skips the same steps."""
+
+    def __init__(self, count: Callable[[], int]):
+        self._count, self._seen = count, 0
+
+    def end_epoch(self, stats: EpochStats) -> bool:
+        total = self._count()
+        stats.skipped_steps, self._seen = total - self._seen, total
+        if stats.skipped_steps:
+            log.warning("epoch %d: skipped %d of %d optimizer steps (%d in this run so far): non-finite gradients "
+                        "after the float16 all-reduce (train.fp16_allreduce); the weights were left unchanged. "
+                        "Many skips mean gradients beyond float16's range: lower the learning rate, set "
+                        "train.clip_norm, or turn train.fp16_allreduce off", stats.epoch, stats.skipped_steps,
+                        stats.steps, total)
+        return False
 
 
 class EpochReport(Hook):

@@ -49,6 +49,7 @@ class EpochStats:
     seconds: float
     learning_rate: float = 0.0  # at the end of the epoch
     validation: Optional[dict[str, Any]] = None  # the validation split's report, when validated this epoch
+    skipped_steps: int = 0  # optimizer steps skipped: non-finite gradients after a float16 all-reduce
 
     @property
     def samples_per_sec(self) -> float:
@@ -60,7 +61,8 @@ class EpochStats:
     def metrics(self) -> dict[str, float]:
         """Per-epoch MLflow metrics (validation ones prefixed ``val_``)."""
         out = {"train_loss": self.loss, "train_accuracy": self.accuracy, "samples_per_sec": self.samples_per_sec,
-               "epoch_seconds": self.seconds, "learning_rate": self.learning_rate}
+               "epoch_seconds": self.seconds, "learning_rate": self.learning_rate,
+               "skipped_steps": float(self.skipped_steps)}
         if self.validation is not None:
             out.update(scalar_metrics(self.validation, "val"))
         return out

@@ -43,7 +43,7 @@ from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
 from hvdtrain.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
-from hvdtrain.errors import DataError
+from hvdtrain.errors import DataError, StorageError
 from hvdtrain.evaluation import scalar_metrics
 from hvdtrain.hooks import EarlyStopper, Hook
 from hvdtrain.loop import EpochStats, LoopState, Start
@@ -107,6 +107,7 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
+            "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
@@ -160,6 +161,13 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
                         "but the data order is not the one an uninterrupted run would have seen (records of "
                         "the interrupted epoch may be skipped or repeated)")
+    if "epochs" in saved and saved["epochs"] != now["epochs"]:
+        horizon = f"{int(saved['epochs']) * int(now['steps_per_epoch'])} -> {now['epochs'] * now['steps_per_epoch']}"
+        effect = ("the learning-rate schedule's horizon moves with it" if now.get("lr_schedule", "constant") !=
+                  "constant" else "train.lr_schedule is constant, so only the run's length changes")
+        warnings.append(f"resuming {where} with train.epochs {saved['epochs']} -> {now['epochs']}: {effect} "
+                        f"(decay steps {horizon}, train.lr_schedule {now.get('lr_schedule')}); from step {step} "
+                        "the learning rate is not the one either run alone would have used")
     if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "
@@ -306,20 +314,21 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     """
     found: Optional[Resumed] = None
     error: Optional[str] = None
+    kind = "data"
     if rank.is_chief and cfg.enabled and cfg.resume != "never":
         try:
             found = _load(cfg, now)
         except DataError as exc:
-            error = str(exc)
+            error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
     small = distributed.broadcast_object(
         {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng, "plan": found.plan}
-        if found else {"error": error}, name="hvdtrain.resume")
+        if found else {"error": error, "kind": kind}, name="hvdtrain.resume")
     if small["error"]:
-        raise DataError(small["error"])
+        raise (StorageError if small.get("kind") == "storage" else DataError)(small["error"])
     if "uri" not in small:
         return None
     if not rank.is_chief:

@@ -40,6 +40,7 @@ Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -54,12 +55,13 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib, tracking
+from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
+from hvdtrain import kerberos, supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import DataError, HvdtrainError, StorageError
 from hvdtrain.hooks import EarlyStopper
 from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
@@ -129,8 +131,8 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
     rank = distributed.init()
     _configure_logging(rank)
-    _configure_tf(rank, cfg.train.seed)
-    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
+    threads = _configure_tf(rank, cfg.train)
+    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, _kerberos(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
@@ -145,19 +147,34 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
-            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase)
+            restarts = supervise.restarts_from_env()
+            if restarts:  # one MLflow run throughout: this try counts the restarts before it
+                tracker.log_metrics({"restarts": float(len(restarts))})
+                tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
+            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed)
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
+            report["restarts"] = restarts
             if not rank.is_chief:
-                return result_record(tracker.run_id, report, cfg.train.output, exported=False)
-            dog.phase("exporting the model and logging it to MLflow")
+                return result_record(tracker.run_id, report, cfg.train.output)
+            # Export, the MLflow upload and the output upload can take long on slow storage: they run under
+            # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
+            dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
             result = publish(ctx, model, report)
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
+
+
+def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+    """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
+    y = cfg.yarn
+    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
+        return kerberos.Renewer(y.principal, y.keytab)
+    return contextlib.nullcontext()
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
@@ -170,6 +187,10 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
                         "hvdtrain version or set train.record_trace=null")
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
+    shards = len(manifest.split("train").shards)
+    if shards < rank.size and rank.is_chief:
+        log.warning("the train split has %d shards for %d ranks: ranks share shards and read less in parallel; "
+                    "rerun the ETL with etl.min_shards_per_split >= %d", shards, rank.size, rank.size)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
         raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "
@@ -187,12 +208,14 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.
     if resumed is not None:
         resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
+    guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
-                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
+                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
+    skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
     history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
-                  hooks=[*_hooks(ctx, model, optimizer, stopper), checkpointer],
+                  hooks=[*_hooks(ctx, model, optimizer, stopper, skips), checkpointer],
                   start=resumed.start(rank) if resumed else None, phase=ctx.phase)
     checkpointer.close()
     if stopper is None:
@@ -209,18 +232,19 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     """This rank's endless training batches from ``start_record`` on, traced when asked."""
     train, shape = ctx.cfg.train, ctx.shape
     trace = train.record_trace
-    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
-    batches = iter(data.train_dataset(
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed,
+                              records_per_epoch=ctx.steps * train.batch_size * train.grad_accum_steps)
+    batches = iter(data.with_threads(data.train_dataset(
         ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
-        stage_dir=ctx.stage_dir, start_record=start_record))
+        stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))
     if trace:
         batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)
     return batches
 
 
-def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
-           stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:
-    """Progress, per-step metrics, validation and early stopping, the epoch report, in that order."""
+def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optional[EarlyStopper],
+           before_report: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
+    """Progress, per-step metrics, validation and early stopping, ``before_report``, the epoch report."""
     cfg, rank = ctx.cfg, ctx.rank
     mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
     bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
@@ -231,6 +255,7 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any,
     if cfg.train.validates_each_epoch:
         eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
         out.append(hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper))
+    out += before_report
     out.append(hooks.EpochReport(cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer)))
     return out
 
@@ -246,9 +271,10 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
 def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
     """One split's report from counts summed over ranks (a collective: every rank calls it)."""
     shape, rank = ctx.shape, ctx.rank
-    batches = data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
-                                batch_size=ctx.cfg.train.batch_size, features=[*shape.inputs, shape.label_feature],
-                                stage_dir=ctx.stage_dir)
+    batches = data.with_threads(data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
+                                                  batch_size=ctx.cfg.train.batch_size,
+                                                  features=[*shape.inputs, shape.label_feature],
+                                                  stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
                                    on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
     ctx.phase(f"all-reducing the {split} split's counts")
@@ -294,14 +320,19 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
         "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "skipped_steps": sum(h.skipped_steps for h in history),
         "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
         "history": [h.to_dict() for h in history],
     }
 
 
-def result_record(run_id: Optional[str], report: dict[str, Any], output: str, exported: bool,
+EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labels.json",
+           "confusion_matrix": CONFUSION_PNG}
+
+
+def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),
                   model_uri: Optional[str] = None, tracking_uri: Optional[str] = None) -> dict[str, Any]:
-    """The result.json document (pure)."""
+    """The result.json document (pure); ``exports`` lists only the exports in ``written`` (names in the output)."""
     test = report["evaluation"]["test"]
     return {
         "run_id": run_id,
@@ -314,10 +345,10 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
+        "skipped_steps": report["training"].get("skipped_steps", 0),
+        "restarts": len(report.get("restarts", [])),
         "report": fs.join(output, "eval_report.json"),
-        "exports": {"keras": fs.join(output, "model.keras"), "saved_model": fs.join(output, "saved_model"),
-                    "labels": fs.join(output, "labels.json"),
-                    "confusion_matrix": fs.join(output, CONFUSION_PNG)} if exported else {},
+        "exports": {key: fs.join(output, name) for key, name in EXPORTS.items() if name in written},
     }
 
 
@@ -333,10 +364,11 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
         model_uri = _log_run_end(ctx, model, report, local, png)
-        result = result_record(tracker.run_id, report, output, exported=True, model_uri=model_uri,
-                               tracking_uri=tracker.tracking_uri)
+        tracker.flush()  # ride out an outage before saying what MLflow has
+        result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
+                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, "result.json"), result)
-        upload_dir(local, output)
+        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
 
 
@@ -390,20 +422,49 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
                                    ctx.cfg.tracking.registered_model_name)
 
 
-def upload_dir(local: str, output: str) -> None:
-    """Copy a local folder's files into ``output`` (local or remote); each file lands atomically.
+def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None) -> None:
+    """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
 
-    ``saved_model/`` is replaced as a whole so no file of an older export survives.
+    Files go to a sibling folder first (``progress`` hears each one, so a slow
+    storage restarts the stall clock per file, and the log shows where it is);
+    only when every file is there does that folder take ``output``'s place. A
+    failed upload names the file, and ``output`` is as it was.
     """
-    if fs.exists(fs.join(output, "saved_model")):
-        fs.delete(fs.join(output, "saved_model"))
-    fs.makedirs(output)
-    for root, _, files in os.walk(local):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, local).replace(os.sep, "/")
-            with open(path, "rb") as fh:
-                fs.write_bytes_atomic(fs.join(output, *rel.split("/")), fh.read())
+    files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
+                   for root, _, names in os.walk(local) for name in names)
+    parent, base = output.rstrip("/").rsplit("/", 1) if "/" in output.rstrip("/") else (".", output)
+    incoming = fs.join(parent, f".{base}.incoming-{os.getpid()}")
+    if fs.exists(incoming):
+        fs.delete(incoming)
+    for i, rel in enumerate(files, start=1):
+        what = f"uploading {rel} ({i}/{len(files)}) to {output}"
+        progress(what)
+        log.info(what)
+        try:
+            fs.copy_from_local(os.path.join(local, *rel.split("/")), fs.join(incoming, *rel.split("/")))
+        except Exception as exc:  # noqa: BLE001 - one line naming the file; the old outputs stay
+            _discard(incoming)
+            raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
+                               f"outputs in {output} are unchanged: fix the storage and rerun") from exc
+    progress(f"replacing {output} with the new outputs")
+    _swap_in(incoming, output)
+
+
+def _swap_in(incoming: str, output: str) -> None:
+    """``incoming`` becomes ``output``; a previous ``output`` is moved aside first, then deleted."""
+    previous = f"{incoming}.previous"
+    if fs.exists(output):
+        fs.move(output, previous)
+    fs.move(incoming, output)
+    _discard(previous)
+
+
+def _discard(uri: str) -> None:
+    try:
+        if fs.exists(uri):
+            fs.delete(uri)
+    except Exception as exc:  # noqa: BLE001 - a leftover folder is not worth failing over
+        log.warning("could not delete %s (%s); delete it by hand", uri, exc)
 
 
 def _dump_json(path: str, doc: Any) -> None:
@@ -437,15 +498,25 @@ def _configure_logging(rank: distributed.RankInfo) -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # e.g. "Assets written to" on export
 
 
-def _configure_tf(rank: distributed.RankInfo, seed: int) -> None:
-    """Share the host's cores among its ranks; seed each rank differently (weights come from rank 0)."""
-    threads = max(1, (os.cpu_count() or 1) // rank.local_size)
+def _configure_tf(rank: distributed.RankInfo, train: TrainConfig) -> int:
+    """Size TensorFlow's thread pools from this rank's CPU budget, seed each rank differently (weights come
+    from rank 0), and turn on op determinism when asked; returns the budget (tf.data's private pool too)."""
+    found = cpus.detect()
+    threads = cpus.per_rank(found, rank.local_size)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
     except RuntimeError:  # TensorFlow already started (run() called twice in one process)
         pass
-    keras.utils.set_random_seed(seed + rank.rank)
+    log.info("CPU budget %d for this rank (%s: %d%s); TensorFlow intra-op threads %d, inter-op %d, tf.data "
+             "private pool %d", threads, found.source, found.cpus,
+             f" shared by {rank.local_size} ranks on this host" if found.shared and rank.local_size > 1 else "",
+             tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads(), threads)
+    keras.utils.set_random_seed(train.seed + rank.rank)
+    if train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return threads
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -460,7 +531,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     if distributed.info().is_chief:
         print(json.dumps(result, indent=2))
     return 0

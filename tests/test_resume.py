@@ -177,7 +177,7 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path, resume=str(tmp_path / "nope" / "ckpt-0000000003"))
-    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable)"):
+    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable|missing)"):
         resume.find(cfg.checkpoint, rank, _layout(cfg))
 
     cfg = _cfg(tmp_path)
@@ -193,3 +193,17 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
         resume.apply(found, other, other_opt, rank, None)
     for x, y in zip(before, resume.to_numpy(other.weights)):  # nothing was half-assigned
         np.testing.assert_array_equal(x, y)
+
+
+def test_more_epochs_on_resume_moves_the_schedule_horizon_with_a_warning(tmp_path) -> None:
+    cfg = _cfg(tmp_path)
+    saved = {**_layout(cfg), "step": 10}
+    longer = config.from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "epochs": 6,
+                                                          "lr_schedule": "cosine"}}, base_dir=str(tmp_path))
+    plan = resume.plan_resume(saved, _layout(longer), "ckpt-10")
+    assert plan.step_offset == 0 and plan.optimizer_shift == 0 and plan.first_record == 10 * 64
+    [warning] = plan.warnings
+    assert f"train.epochs {cfg.train.epochs} -> 6" in warning and "horizon moves" in warning
+    assert f"decay steps {cfg.train.epochs * 5} -> 30" in warning
+    older = {k: v for k, v in saved.items() if k not in ("epochs", "lr_schedule")}  # saved before the field
+    assert resume.plan_resume(older, _layout(longer), "ckpt-10").warnings == ()

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.multiprocess
-def test_sigkill_a_rank_then_resume_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+def test_sigkill_a_rank_under_max_restarts_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     mp.horovodrun()
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
     report = kill_drill.drill_run(str(tmp_path), kills=1, seed=seed, log=lambda msg: None)
@@ -36,7 +36,8 @@ def test_sigkill_a_rank_then_resume_equals_the_uninterrupted_run(tmp_path: Path)
     where = f"(HVDTRAIN_DRILL_SEED={seed}: {report.to_dict()})"
     assert kill.exit_code not in (0, None), where  # the job failed instead of hanging
     assert kill.seconds_to_exit < 60, where  # the surviving rank was torn down within the bound
-    assert kill.lost_rank_named, where  # horovodrun's message names the dead process
+    assert kill.lost_rank_named, where  # the supervisor names the dead rank and why it restarted
+    assert report.restarts_reported == 1 and 0 < kill.seconds_to_resumed_step, where  # one command, one restart
     assert report.resumes_ok == 1 and 0 < kill.resumed_from_step <= kill.killed_after_batch + 1, where
     assert report.batches_equal and report.records_lost == 0 and report.records_repeated == 0, where
     assert report.final_weight_max_abs_diff <= 1e-6 and report.optimizer_max_abs_diff <= 1e-6, where

@@ -521,6 +521,18 @@ def test_driver_summary_takes_rank_0s_result_and_collects_errors() -> None:
     assert json.loads(json.dumps(bad)) == bad
 
 
+def test_max_restarts_is_a_fault_override_and_a_ranks_error_code_decides_the_restart(job_file: Path) -> None:
+    args = submit.parse_args([str(job_file), "--max-restarts", "3"])
+    assert submit.flag_overrides(args, "/work") == ["fault.max_restarts=3"]
+    assert config.load(job_file, submit.flag_overrides(args, "/work")).fault.max_restarts == 3
+    with pytest.raises(ConfigError, match=r"^--max-restarts must be >= 0"):
+        submit.check_flags(submit.parse_args([str(job_file), "--max-restarts", "-1"]))
+    ok = [{"rank": 0, "error": None}, {"rank": 1, "error": None}]
+    assert driver.records_exit_code(ok) == 0 and driver.records_exit_code([]) == 1
+    storage = [{"rank": 0, "error": "read hdfs://x failed after 5 attempts", "exit_code": 74}, ok[1]]
+    assert driver.records_exit_code(storage) == 74  # restartable; a data error (3) would not be
+
+
 def test_launcher_imports_stay_light() -> None:
     code = ("import sys, yarn.submit, yarn.executor, yarn.packaging; "
             "print(sorted(m for m in ('tensorflow', 'pyspark', 'horovod', 'keras') if m in sys.modules))")

@@ -252,12 +252,13 @@ def _cluster_notes(cfg: JobConfig) -> list[str]:
 
 
 def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
-    """The ``yarn.*`` overrides the command-line flags stand for (pure)."""
+    """The config overrides the command-line flags stand for (pure)."""
     out = []
-    for flag, key in (("num_workers", "num_workers"), ("gpus_per_worker", "gpus_per_worker")):
-        value = getattr(args, flag)
+    for flag, key in (("num_workers", "yarn.num_workers"), ("gpus_per_worker", "yarn.gpus_per_worker"),
+                      ("max_restarts", "fault.max_restarts")):
+        value = getattr(args, flag, None)
         if value is not None:
-            out.append(f"yarn.{key}={int(value)}")
+            out.append(f"{key}={int(value)}")
     for flag in ("queue", "principal"):
         value = getattr(args, flag)
         if value is not None:
@@ -269,8 +270,8 @@ def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Flag values that are wrong on their face, named by flag (the config names the rest)."""
-    for flag, minimum in (("num_workers", 1), ("gpus_per_worker", 0)):
-        value = getattr(args, flag)
+    for flag, minimum in (("num_workers", 1), ("gpus_per_worker", 0), ("max_restarts", 0)):
+        value = getattr(args, flag, None)
         if value is not None and value < minimum:
             raise ConfigError(f"--{flag.replace('_', '-')}", value, f"must be >= {minimum}")
 
@@ -421,6 +422,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--principal", help="Kerberos principal, with --keytab")
     p.add_argument("--keytab", help="keytab file for --principal")
     p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--max-restarts", type=int, metavar="K",
+                   help="relaunch the Horovod job inside the same application after a lost rank, a stall or a "
+                        "storage failure, up to K times (fault.max_restarts)")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
     return p.parse_intermixed_args(argv)  # key=value overrides may come after the flags
 

@@ -28,13 +28,22 @@ STAGE_AHEAD = 3  # remote shards staged in front of the reader
 
 
 def check_local_shards(manifest: Manifest, split: str, shards: Sequence[int]) -> None:
-    """Fail before reading when a local shard is missing, naming it."""
+    """Fail before reading when a local shard is missing or has another size than the manifest says, naming it
+    (a stat each; remote shards are checked against their checksum while they are staged)."""
     entries = manifest.split(split).shards
     for index in shards:
         uri = manifest.shard_uri(entries[index])
-        if fs.is_local(uri) and not os.path.exists(fs.local_path(uri)):
+        if not fs.is_local(uri):
+            continue
+        path = fs.local_path(uri)
+        if not os.path.exists(path):
             raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
                             "the dataset is incomplete: rerun the ETL")
+        size = os.path.getsize(path)
+        if entries[index].bytes and size != entries[index].bytes:
+            raise DataError(f"shard {entries[index].path} of split {split!r} at {uri} has {size} bytes but the "
+                            f"manifest says {entries[index].bytes}: the file is truncated or was replaced; rerun "
+                            "the ETL")
 
 
 @dataclass
