@@ -296,6 +296,35 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
     assert 0 < most <= staging.STAGE_AHEAD + 2 * 2 + 2, most
 
 
+def test_corrupt_and_truncated_shards_are_named_with_expected_and_actual(tmp_path) -> None:
+    import pyarrow.fs as pafs
+
+    from hvdtrain import fs
+
+    m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=40, shards_per_split=2),
+                                                                  max_length=6))
+    shard = m.split("train").shards[1]
+    path = tmp_path / "data" / "ds" / shard.path
+    body = path.read_bytes()
+    path.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one flipped bit, same size
+    remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
+    fs.register_scheme("hdfs", lambda netloc: pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    try:
+        ds = data.train_dataset(remote, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3),
+                                stage_dir=str(stage))
+        with pytest.raises(Exception, match=rf"part-00001.tfrecord has SHA-256 [0-9a-f]{{64}}, expected "
+                                            rf"{shard.sha256}"):
+            list(ds.take(20))
+    finally:
+        fs.register_scheme("hdfs", None)
+    path.write_bytes(body[:-7])  # truncated in place: found when the plan is made, before any read
+    with pytest.raises(DataError, match=rf"shard {shard.path} of split 'train' at .* has {len(body) - 7} bytes but "
+                                        rf"the manifest says {len(body)}"):
+        data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3))
+
+
 def test_stager_reports_copy_failures_naming_the_shard(tmp_path) -> None:
     from hvdtrain.data.staging import ShardStager
 

@@ -56,16 +56,24 @@ class FileSource:
 
 def file_paths(manifest: Manifest, split: str, order: Callable[[], Iterator[int]], stage_dir: Optional[str],
                force_staging: bool = False, ahead: int = STAGE_AHEAD,
-               copy: Callable[[str, str], Any] = fs.copy_to_local) -> FileSource:
+               copy: Optional[Callable[[str, str], Any]] = None) -> FileSource:
     """Where the reader finds each shard, in reading order.
 
     Local shards are read in place. Remote ones (or all, with ``force_staging``,
     which benchmarks use to measure the remote path on local data) go through a
     :class:`ShardStager` that copies ``ahead`` shards in front
-    of the reader; each staged copy is deleted when its last record is read.
+    of the reader, checking each against the manifest's size and SHA-256 as it
+    streams; each staged copy is deleted when its last record is read.
     """
     entries = manifest.split(split).shards
     uris = [manifest.shard_uri(e) for e in entries]
+    if copy is None:
+        expected = {uri: e for uri, e in zip(uris, entries)}
+
+        def copy(uri: str, local: str) -> int:
+            e = expected[uri]
+            return fs.copy_to_local(uri, local, sha256=e.sha256 or None, size=e.bytes or None)
+
     if not force_staging and all(fs.is_local(u) for u in uris):
         return FileSource(lambda: (fs.local_path(uris[j]) for j in order()))
     if stage_dir is None:
