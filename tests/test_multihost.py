@@ -71,8 +71,10 @@ def test_four_ranks_on_two_hosts_train_and_agree(ssh_hosts: mp.SshHosts, tmp_pat
 
 def test_kill_drill_with_the_killed_rank_on_the_second_host(ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
-    launch = kill_drill.Launch(np=4, hosts=HOSTS, args=ssh_hosts.horovodrun_args(), kill_ranks=(2, 3), supervised=False,
-                               env=ssh_hosts.env({"PATH": os.environ.get("PATH", "")}), timeout=900)
+    # `hvdtrain train --max-restarts` launches on this host only: the drill relaunches horovodrun itself
+    launch = kill_drill.Launch(np=4, hosts=HOSTS, args=ssh_hosts.horovodrun_args(), kill_ranks=(2, 3),
+                               env=ssh_hosts.env({"PATH": os.environ.get("PATH", "")}), timeout=900,
+                               supervised=False)
     report = kill_drill.drill_run(str(tmp_path), kills=1, seed=seed, log=lambda msg: None, launch=launch, epochs=2)
     kill = report.kills[0]
     where = f"(HVDTRAIN_DRILL_SEED={seed}: {report.to_dict()})"
