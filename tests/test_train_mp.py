@@ -185,7 +185,7 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
                     early_stopping={"metric": "loss", "patience": 1}, progress="log", progress_every_steps=5)
     np2_config, np2_out = _job(tmp_path / "np2", "np2", tmp_path / "data", **features)
     timeline = tmp_path / "timeline.json"
-    proc = _horovodrun(np2_config, launcher=("--timeline-filename", str(timeline)))
+    proc = _horovodrun(np2_config, timeout=400, launcher=("--timeline-filename", str(timeline)))
     one_config, one_out = _job(tmp_path / "one", "one", tmp_path / "data", **features)
     _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=120)
     (two, report), (one, _) = _outputs(np2_out), _outputs(one_out)
