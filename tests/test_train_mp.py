@@ -187,7 +187,7 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
     timeline = tmp_path / "timeline.json"
     proc = _horovodrun(np2_config, timeout=400, launcher=("--timeline-filename", str(timeline)))
     one_config, one_out = _job(tmp_path / "one", "one", tmp_path / "data", **features)
-    _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=120)
+    _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=300)
     (two, report), (one, _) = _outputs(np2_out), _outputs(one_out)
 
     assert report["rank_digest"]["agree"] and two["world_size"] == 2 and one["world_size"] == 1
