@@ -189,6 +189,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0 if args.action == "list" or all(i.valid for i in infos) else 1
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """``hvdtrain timeline summarize FILE``: time per phase of a recorded Horovod timeline."""
+    from hvdtrain import timeline
+
+    print(timeline.summarize(args.file))
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -231,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--metric", default="validation_accuracy", help="metric column to show")
     ckpt.add_argument("--json", action="store_true", help="machine-readable output")
     ckpt.set_defaults(fn=cmd_checkpoints)
+    tl = sub.add_parser("timeline", help="time per phase of a Horovod timeline: hvdtrain timeline summarize FILE")
+    tl.add_argument("action", choices=["summarize"])
+    tl.add_argument("file", help="the timeline JSON (train.timeline writes horovod_timeline.json to train.output)")
+    tl.set_defaults(fn=cmd_timeline)
     env = sub.add_parser("env", help="diagnose this host: hvdtrain env check")
     env.add_argument("what", choices=["check"])
     env.set_defaults(fn=cmd_env_check)

@@ -9,6 +9,9 @@
   with the reason, where it cannot start (not root, no sshd and no apt-get).
 - e2e: the whole pipeline, ETL to MLflow.
 - hadoop: needs a real cluster; runs only when HVDTRAIN_TEST_HDFS / HVDTRAIN_TEST_YARN are set.
+- horovod_upstream: Horovod v0.28.1's own test_tensorflow.py / test_tensorflow2_keras.py (and their
+  Keras 3 ports) under horovodrun against this project's Horovod build; the files come from
+  ../shared/horovod-upstream-tests or HVDTRAIN_HOROVOD_TESTS, and a missing folder fails.
 
 Markers are registered in pytest.ini (--strict-markers). `make test` runs every tier
 that can run here. Select with -m, e.g. -m "not e2e".
