@@ -69,7 +69,8 @@ def test_metrics_breakdown_and_timeline_of_a_two_rank_run(tmp_path: Path) -> Non
     port = _free_port()
     config_path, output = _job(tmp_path, "mon", tmp_path / "data", tracking=True,
                                timeline={"start_step": 3, "steps": 4})
-    overrides = [f"monitoring.port={port}", "monitoring.interval_seconds=0.2", "checkpoint.every_steps=5"]
+    overrides = [f"monitoring.port={port}", "monitoring.interval_seconds=0.2", "checkpoint.every_steps=5",
+                 "monitoring.step_breakdown=true"]
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
     proc = subprocess.Popen([str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
                              "hvdtrain.train", str(config_path), *overrides], cwd=REPO, env=env,
