@@ -13,11 +13,13 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import fs
-from hvdtrain.errors import HvdtrainError
+from hvdtrain import console, fs
+from hvdtrain.errors import EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, UsageError
+
+EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
 
 def _bin(name: str) -> str:
@@ -37,7 +39,7 @@ def child_env() -> dict[str, str]:
 
 
 def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str], overwrite: bool,
-                create_sample_table: bool = False) -> list[str]:
+                create_sample_table: bool = False, verbose: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "etl.job", "--config", config_path]
     if master:
         cmd += ["--master", master]
@@ -45,6 +47,8 @@ def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str
         cmd.append("--overwrite")
     if create_sample_table:
         cmd.append("--create-sample-table")
+    if verbose:
+        cmd.append("--verbose")
     return cmd + list(overrides)
 
 
@@ -58,37 +62,73 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
             "--start-timeout", str(start_timeout), *train]
 
 
-def _run(cmd: list[str], what: str) -> None:
+def _run(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
+    """Run one step in a child process; its reported error (or how it died) becomes ours.
+
+    On a terminal the child's output is tidied and rank 0's progress drawn
+    (:mod:`hvdtrain.console`); elsewhere its lines pass unchanged.
+    """
+    tty = sys.stderr.isatty()
     print(f"$ {shlex.join(cmd)}", flush=True)
-    rc = subprocess.call(cmd, env=child_env())
-    if rc != 0:
-        raise HvdtrainError(f"{what} failed (exit code {rc}); see the messages above")
+    outcome = console.run(cmd, console.child_env(child_env(), tty), console.View(tty))
+    if outcome.returncode != 0:
+        exc = console.failure(outcome, what)
+        if spark_log and outcome.error is None and os.path.exists(spark_log):  # it crashed before saying so
+            exc.add_note(console.spark_log_note(spark_log))
+        raise exc
+    return outcome
 
 
 def cmd_etl(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
-    _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite), "ETL")
+    _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite,
+                     verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)  # fail on a bad config before launching ranks
-    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    outcome = _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
+    print(json.dumps(result, indent=2) if args.json else train_summary(result))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     if cfg.source.sample is None:
-        raise HvdtrainError(f"{args.config} has no source.sample block; the demo generates its data from it")
-    _run(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True),
-         "ETL")
+        raise ConfigError("source.sample", None, f"is needed by the demo, which generates its data from it; "
+                          f"{args.config} has no source.sample block")
+    _run(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
+                     verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     if cfg.checkpoint.enabled and fs.exists(cfg.checkpoint.dir):  # new data: a new run, not a resume
         print(f"demo: removing the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
         fs.delete(cfg.checkpoint.dir)
     _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
     return 0
+
+
+def table(rows: Sequence[tuple[str, Any]], title: str) -> str:
+    """A titled two-column summary, keys aligned (pure)."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["", title] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def train_summary(result: dict[str, Any]) -> str:
+    """The closing table of ``hvdtrain train``: how well it did and where everything is (pure)."""
+    exports = result.get("exports", {})
+    rows = [
+        ("test accuracy", f"{result['test_accuracy']:.4f}"),
+        ("test macro F1", f"{result['test_macro_f1']:.4f}"),
+        ("validation accuracy", f"{result['validation_accuracy']:.4f}"),
+        ("epochs", result.get("epochs_run")),
+        ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
+        ("eval report", result.get("report")),
+        ("exported model", exports.get("keras")),
+        ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
+    ]
+    return table(rows, "training finished (the full result: --json):")
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
@@ -115,14 +155,13 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
          + (f" (best possible ~{ceiling:.4f} with {m.source['sample']['label_noise']:.0%} label noise)"
             if ceiling else "")),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["", "demo finished:"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+    return table(rows, "demo finished:")
 
 
 def cmd_yarn(args: argparse.Namespace) -> int:
     """``hvdtrain yarn submit ...``: the launcher lives in yarn/ (which imports hvdtrain), so run it."""
     if not args.rest or args.rest[0] != "submit":
-        raise HvdtrainError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
+        raise UsageError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
                             "[--principal P --keytab K] [--master M] [--dry-run]")
     return subprocess.call([sys.executable, "-m", "yarn.submit", *args.rest[1:]], env=child_env())
 
@@ -139,7 +178,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     infos = checkpoint.scan(args.dir, verify=args.action == "verify")
     if not infos:
-        raise HvdtrainError(f"no checkpoints (ckpt-*) under {args.dir}")
+        raise DataError(f"no checkpoints (ckpt-*) under {args.dir}")
     print(checkpoint.to_json(infos) if args.json else checkpoint.describe(infos, args.metric))
     return 0 if args.action == "list" or all(i.valid for i in infos) else 1
 
@@ -150,56 +189,86 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvdtrain", description="Hive/Spark ETL and Horovod training on Hadoop.")
+    """Every subcommand; options and ``key=value`` overrides may come in any order (see :func:`parse_args`)."""
+    p = argparse.ArgumentParser(prog="hvdtrain", description="Hive/Spark ETL and Horovod training on Hadoop.",
+                                epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-
-    def with_config(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
-        sp.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
-        return sp
-
-    demo = with_config("demo", "sample Hive table -> ETL -> horovodrun -> MLflow, on embedded defaults")
-    demo.add_argument("--np", type=int, default=2, help="local ranks (default 2)")
-    demo.set_defaults(fn=cmd_demo)
-    etl = with_config("etl", "run the Spark/Hive ETL locally (same entry point as spark-submit etl/job.py)")
+    demo = _command(sub, "demo", cmd_demo, "sample Hive table -> ETL -> horovodrun -> MLflow, on embedded defaults")
+    _np_option(demo)
+    _verbose_option(demo)
+    etl = _command(sub, "etl", cmd_etl, "run the Spark/Hive ETL locally (same entry point as spark-submit etl/job.py)")
     etl.add_argument("--master", help="Spark master (default: spark.master from the config)")
     etl.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-    etl.set_defaults(fn=cmd_etl)
-    train = with_config("train", "train locally under horovodrun with Gloo")
-    train.add_argument("--np", type=int, default=2, help="local ranks (default 2; 1 runs without horovodrun)")
-    train.set_defaults(fn=cmd_train)
-    show = with_config("config", "print the resolved config (after overrides and path resolution)")
-    show.set_defaults(fn=cmd_config_show)
-    yarn = sub.add_parser("yarn", help="train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
-                          add_help=False)
+    _verbose_option(etl)
+    train = _command(sub, "train", cmd_train, "train locally under horovodrun with Gloo")
+    _np_option(train, "local ranks (default 2; 1 runs without horovodrun)")
+    train.add_argument("--json", action="store_true", help="end with the result document (JSON) on stdout "
+                                                           "instead of the summary table")
+    _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
+    yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
+                    config=False, add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
-    yarn.set_defaults(fn=cmd_yarn)
-    ckpt = sub.add_parser("checkpoints", help="list or verify checkpoints in a folder (local or hdfs://)")
+    ckpt = _command(sub, "checkpoints", cmd_checkpoints, "list or verify checkpoints in a folder (local or hdfs://)",
+                    config=False)
     ckpt.add_argument("action", choices=["list", "verify"], help="verify also checks every checksum")
     ckpt.add_argument("dir", help="checkpoint folder, e.g. work/demo/checkpoints/demo")
     ckpt.add_argument("--metric", default="validation_accuracy", help="metric column to show")
     ckpt.add_argument("--json", action="store_true", help="machine-readable output")
-    ckpt.set_defaults(fn=cmd_checkpoints)
-    env = sub.add_parser("env", help="diagnose this host: hvdtrain env check")
+    env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
-    env.set_defaults(fn=cmd_env_check)
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def _command(sub: Any, name: str, fn: Callable[[argparse.Namespace], int], help_: str, config: bool = True,
+             **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand running ``fn``; with ``config``, it takes CONFIG and ``key=value`` overrides."""
+    sp = sub.add_parser(name, help=help_, description=help_, **kwargs)
+    if config:
+        sp.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
+        sp.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, section.key=value (before, between or after the options)")
+    sp.set_defaults(fn=fn, parser=sp)
+    return sp
+
+
+def _np_option(sp: argparse.ArgumentParser, help_: str = "local ranks (default 2)") -> None:
+    sp.add_argument("--np", type=int, default=2, help=help_)
+
+
+def _verbose_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-v", "--verbose", action="store_true",
+                    help="show Spark's own log and stage progress bars (else Spark's log goes to a file "
+                         "under the job's workdir, named when a step fails)")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse a command line where options and ``key=value`` overrides come in any order.
+
+    argparse stops filling the ``overrides`` positional at the first option, so what
+    follows comes back unparsed: words are more overrides (in order: later ones win),
+    anything starting with ``-`` is an unknown option and an error naming it.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if getattr(args, "np", 1) < 1:
-        print(f"hvdtrain: error: --np must be >= 1 (got {args.np})", file=sys.stderr)
-        return 2
+        args.parser.error(f"--np must be >= 1 (got {args.np})")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return console.print_error(exc, "hvdtrain")
     except KeyboardInterrupt:
         print("hvdtrain: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

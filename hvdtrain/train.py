@@ -55,8 +55,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import (data, distributed, evaluation, fs, plots, progress, resume, steps as steps_lib, tracking,
-                      watchdog)
+from hvdtrain import (console, data, distributed, evaluation, fs, plots, progress, resume, steps as steps_lib,
+                      tracking, watchdog)
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.errors import DataError, HvdtrainError
@@ -224,7 +224,7 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
 def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
              stage_dir: str, tracker: tracking.Tracker, model: keras.Model, optimizer: Any,
              stopper: Optional[EarlyStopper], dog: watchdog.Watchdog) -> EpochMonitor:
-    mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
+    mode = progress.mode_for(cfg.train.progress, rank.is_chief)
     bar = progress.Progress(mode, cfg.train.epochs, steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
     every = cfg.tracking.log_every_steps if rank.is_chief and tracker.active else 0
@@ -459,14 +459,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.train", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="job config YAML")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=2")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return console.report_error(exc, "hvdtrain")
     if distributed.info().is_chief:
-        print(json.dumps(result, indent=2))
+        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
+            console.emit("result", result=result)
+        else:
+            print(json.dumps(result, indent=2))
     return 0
 
 
