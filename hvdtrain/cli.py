@@ -180,7 +180,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if not infos:
         raise DataError(f"no checkpoints (ckpt-*) under {args.dir}")
     print(checkpoint.to_json(infos) if args.json else checkpoint.describe(infos, args.metric))
-    return 0 if args.action == "list" or all(i.valid for i in infos) else 1
+    return 0 if args.action == "list" or all(i.valid for i in infos) else DataError.exit_code
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
