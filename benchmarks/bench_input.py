@@ -19,11 +19,11 @@ CHUNK = 8 << 20
 
 
 def make_dataset(root: str, records: int):
-    from hvdtrain.synthetic import make_text_dataset
+    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
     per_split = {"train": records, "validation": 64, "test": 64}
-    return make_text_dataset(root, n_per_split=per_split, num_classes=4, max_length=128, vocab_size=30000,
-                             shards_per_split=8, seed=1)
+    return make_text_dataset(root, TextSpec(layout=Layout(n_per_split=per_split, shards_per_split=8), num_classes=4,
+                                            max_length=128, vocab_size=30000, seed=1))
 
 
 def python_read(paths: list[str]) -> int:
@@ -51,6 +51,8 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     import tensorflow as tf
 
     from hvdtrain import data
+    from hvdtrain.data import contract
+    from hvdtrain.data import pipeline
 
     records = 20_000 if quick else 200_000
     root = tempfile.mkdtemp(prefix="bench-input-")
@@ -68,8 +70,8 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         # What training reads (the model's inputs and the label), in steady state: training keeps one
         # iterator for the whole run, so each repetition times the next pass-worth of batches of the same
         # stream (pass boundaries included); building the iterator and filling the first window is warm-up.
-        batches = iter(data.train_dataset(m, rank=0, size=1, batch_size=batch, shuffle_buffer=10_000, seed=1,
-                                          features=[*data.MODEL_INPUTS["transformer"], m.label_feature]))
+        batches = iter(data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=batch, shuffle_buffer=10_000,
+                                                              seed=1), features=[*contract.MODEL_INPUTS["transformer"], m.label_feature]))
 
         def pipeline() -> None:
             for _ in range(steps):
@@ -77,7 +79,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
         pipe_sec = median_time(pipeline)
         del batches
-        parser = data.Parser(m)
+        parser = pipeline.Parser(m)
         serialized = list(tf.data.TFRecordDataset(paths[:2]).take(4096).as_numpy_iterator())
         src = tf.data.Dataset.from_tensor_slices(serialized)
 
@@ -133,7 +135,7 @@ def _staging_overlap(m, batch: int, quick: bool) -> list[Entry]:
         return tf.reduce_sum(tf.matmul(x, w))
 
     def loop(stage_dir) -> float:
-        ds = data.train_dataset(m, rank=0, size=1, batch_size=batch, shuffle_buffer=1024, seed=2,
+        ds = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=batch, shuffle_buffer=1024, seed=2),
                                 stage_dir=stage_dir, force_staging=stage_dir is not None)
         batches = iter(ds)
         for _ in range(warm):
@@ -156,4 +158,5 @@ def _staging_overlap(m, batch: int, quick: bool) -> list[Entry]:
         shutil.rmtree(stage_root, ignore_errors=True)
     return [Entry("staging_overlap", staged_sec / steps * 1e3, "ms/step", "local shards read in place",
                   local_sec / steps * 1e3, 1.1, lower_is_better=True,
-                  notes={"steps": steps, "warmup_steps": warm, "batch_size": batch, "shards": len(m.split("train").shards)})]
+                  notes={"steps": steps, "warmup_steps": warm, "batch_size": batch,
+                         "shards": len(m.split("train").shards)})]

@@ -30,14 +30,14 @@ def median_of(fn, reps: int) -> dict:
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain.synthetic import make_text_dataset
+    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
     steps = "20" if quick else "100"
     reps = 1 if quick else 5
     root = tempfile.mkdtemp(prefix="bench-train-")
     try:
-        make_text_dataset(root, n_per_split={"train": 8192, "validation": 64, "test": 64}, num_classes=4,
-                          max_length=64, vocab_size=2000, shards_per_split=4, seed=3)
+        make_text_dataset(root, TextSpec(layout=Layout(n_per_split={"train": 8192, "validation": 64, "test": 64},
+                                                       shards_per_split=4), num_classes=4, max_length=64, vocab_size=2000, seed=3))
         keras_fit = median_of(lambda: plain([root, "keras", steps]), reps)
         np1 = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps]), reps)
         one_thread = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps,

@@ -1,4 +1,4 @@
-"""Kill drill: SIGKILL a rank at random steps, resume, and compare with an uninterrupted run.
+"""Kill drill: SIGKILL a rank at random steps under automatic restart, and compare with an uninterrupted run.
 
     python -m benchmarks.kill_drill [--kills 5] [--seed S] [--out benchmarks/results/kill_drill.json]
 
@@ -7,16 +7,17 @@ dropout, checkpoints every few steps, every batch's record keys traced) is run
 twice from the same seed:
 
 * uninterrupted;
-* interrupted: a random rank is SIGKILLed at a random step after a
-  checkpoint, ``--kills`` times, each time restarting the same command
-  (``checkpoint.resume: auto``), then left to finish.
+* interrupted: ONE command, ``hvdtrain train CONFIG --np 2 --max-restarts
+  K``; a random rank is SIGKILLed at a random step after a checkpoint,
+  ``--kills`` times, and the supervisor relaunches the job each time
+  (``checkpoint.resume: auto``) until it finishes.
 
-Figures: resumes that succeeded, seconds from the kill to ``horovodrun``'s
-exit (the surviving rank torn down, the lost rank named), the final weight
-difference between the two runs, and the records lost or repeated (the
-interrupted run's batches, segment by segment up to where the next run
-resumed, against the uninterrupted run's batches). ``tests/test_resume_mp.py``
-runs the same drill with one kill.
+Figures: resumes that succeeded, seconds from each kill to the job's teardown
+(the lost rank named) and to the resumed job's first step (median and max),
+the final weight difference between the two runs, and the records lost or
+repeated (the interrupted run's batches, segment by segment up to where the
+next run resumed, against the uninterrupted run's batches).
+``tests/test_resume_mp.py`` runs the same drill with one kill.
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -64,8 +67,9 @@ class Kill:
     target_step: int
     killed_after_batch: int = -1  # the dead rank's last traced batch (0-based)
     resumed_from_step: Optional[int] = None  # the step the next run continued from
-    seconds_to_exit: float = 0.0
-    exit_code: Optional[int] = None
+    seconds_to_exit: float = 0.0  # from the kill to the job's teardown (the supervisor's restart line)
+    seconds_to_resumed_step: float = 0.0  # from the kill to the relaunched job's first traced batch
+    exit_code: Optional[int] = None  # the lost rank's, as horovodrun reports it
     lost_rank_named: bool = False
     run_id: Optional[str] = None  # the MLflow run the killed job logged to
 
@@ -80,6 +84,8 @@ class Report:
     records_repeated: int = -1
     batches_equal: bool = False
     same_mlflow_run: bool = False
+    restarts_reported: int = -1  # result.json's count
+    seconds_to_resumed_step: dict[str, float] = field(default_factory=dict)  # median and max over kills
     test_accuracy: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,10 +93,10 @@ class Report:
 
 
 def make_dataset(drill: Drill) -> None:
-    from hvdtrain.synthetic import make_text_dataset
+    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
-    make_text_dataset(drill.data_dir, n_per_split={"train": drill.train_records, "validation": 64, "test": 64},
-                      shards_per_split=4, class_rate=0.35, seed=21)
+    make_text_dataset(drill.data_dir, TextSpec(layout=Layout(n_per_split={"train": drill.train_records,
+                                                                          "validation": 64, "test": 64}, shards_per_split=4), class_rate=0.35, seed=21))
     drill.steps_per_epoch = drill.train_records // (drill.batch_size * NP)
 
 
@@ -103,7 +109,7 @@ def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -
         "train": {"epochs": drill.epochs, "batch_size": drill.batch_size, "learning_rate": 0.003,
                   "shuffle_buffer": 64, "progress": "log", "record_trace": os.path.join(drill.workdir, name, "trace")},
         "checkpoint": {"every_steps": drill.every_steps, "keep_last": 2},
-        "fault": {"peer_timeout": 30, "stall_timeout": 120, **fault},
+        "fault": {"peer_timeout": 30, "stall_timeout": 120, "restart_backoff": 1, **fault},
         "tracking": {"enabled": tracking},
     }, base_dir=drill.workdir)
     path = os.path.join(drill.workdir, f"{name}.yaml")
@@ -123,6 +129,12 @@ def command(config_path: str) -> list[str]:
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return [hr, "-np", str(NP), "-H", f"localhost:{NP}", "--gloo", sys.executable, "-m", "hvdtrain.train",
             config_path]
+
+
+def supervised_command(config_path: str, max_restarts: int) -> list[str]:
+    """The one command a user runs: ``hvdtrain train CONFIG --np 2 --max-restarts K``."""
+    return [sys.executable, "-m", "hvdtrain.cli", "train", config_path, "--np", str(NP),
+            "--max-restarts", str(max_restarts)]
 
 
 def run_to_end(config_path: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -262,6 +274,84 @@ def kill_targets(drill: Drill, kills: int, rng: random.Random) -> list[Kill]:
     return out
 
 
+class _Lines:
+    """A process's output lines with their arrival times, read in the background (the pipe never fills)."""
+
+    def __init__(self, stream: Any):
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line))
+
+    def after(self, t: float, pattern: str) -> Optional[tuple[float, re.Match]]:
+        for at, line in list(self.lines):
+            found = re.search(pattern, line)
+            if at >= t and found:
+                return at, found
+        return None
+
+    def text_since(self, t: float) -> str:
+        return "".join(line for at, line in list(self.lines) if at >= t)
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        return "".join(line for _, line in self.lines)
+
+
+def _wait_for(what: str, check: Any, proc: subprocess.Popen, lines: _Lines, deadline: float) -> Any:
+    while True:
+        found = check()
+        if found is not None:
+            return found
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job ended (exit {proc.returncode}) before {what}:\n{lines.text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not reached in time")
+        time.sleep(0.01)
+
+
+def kill_under_supervisor(drill: Drill, name: str, config_path: str, kills: list[Kill],
+                          timeout: float = 1800) -> str:
+    """One supervised command; each kill SIGKILLs its rank at its step, and the supervisor relaunches the job.
+    Measures each kill's teardown and the time to the resumed job's first batch; returns the output."""
+    proc = subprocess.Popen(supervised_command(config_path, len(kills)), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, deadline = _Lines(proc.stdout), time.monotonic() + timeout
+    try:
+        for i, kill in enumerate(kills):
+            path = trace_path(drill, name, kill.rank)
+            pid, _ = _wait_for(f"step {kill.target_step} of try {i + 1}", lambda: (
+                lambda now: now if now is not None and now[1] >= kill.target_step else None)(_current_pid(path, i)),
+                proc, lines, deadline)
+            os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            at, found = _wait_for("the supervisor's restart", lambda: lines.after(
+                killed_at, rf"restart {i + 1}/\d+ .*after (.+?)(?: on rank (\d+))?: resuming"), proc, lines, deadline)
+            kill.seconds_to_exit = at - killed_at
+            kill.lost_rank_named = found.group(2) == str(kill.rank) and "lost rank" in found.group(1)
+            code = re.search(rf"Process name: {kill.rank}\s+Exit code: (-?\d+)", lines.text_since(killed_at))
+            kill.exit_code = int(code.group(1)) if code else None
+            runs = segments(path)
+            kill.killed_after_batch = max(runs[i][2]) if runs[i][2] else -1
+            _wait_for(f"the first step of try {i + 2}", lambda: (lambda r: True if len(r) > i + 1 and r[i + 1][2]
+                                                                   else None)(segments(path)), proc, lines, deadline)
+            kill.seconds_to_resumed_step = time.monotonic() - killed_at
+            found_run = lines.after(0, r"MLflow run ([0-9a-f]{32})")
+            kill.run_id = found_run[1].group(1) if found_run else None
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        out = lines.text()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the supervised job failed (exit {proc.returncode}):\n{out[-4000:]}")
+        return out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print) -> Report:
     drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"))
     make_dataset(drill)
@@ -271,19 +361,21 @@ def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print) -> 
     log(f"drill: {drill.total_steps} steps, checkpoint every {drill.every_steps}; kills at "
         f"{[(k.rank, k.target_step) for k in report.kills]}")
     run_to_end(baseline)
-    for i, kill in enumerate(report.kills):
-        kill_once(drill, "interrupted", interrupted, kill, runs_before=i)
-        log(f"drill: killed rank {kill.rank} after batch {kill.killed_after_batch}; job exited "
-            f"{kill.exit_code} {kill.seconds_to_exit:.1f}s later (lost rank named: {kill.lost_rank_named})")
-    run_to_end(interrupted)
+    kill_under_supervisor(drill, "interrupted", interrupted, report.kills)
     for i, kill in enumerate(report.kills):
         runs = segments(trace_path(drill, "interrupted", kill.rank))
         if i + 1 < len(runs):
             kill.resumed_from_step = runs[i + 1][1]  # batch number = step with accumulation 1
             report.resumes_ok += 1
+        log(f"drill: killed rank {kill.rank} after batch {kill.killed_after_batch}; torn down "
+            f"{kill.seconds_to_exit:.1f}s later (lost rank named: {kill.lost_rank_named}), resumed from step "
+            f"{kill.resumed_from_step}, first step {kill.seconds_to_resumed_step:.1f}s after the kill")
+    seconds = [k.seconds_to_resumed_step for k in report.kills]
+    report.seconds_to_resumed_step = {"median": statistics.median(seconds), "max": max(seconds)}
     with open(os.path.join(drill.workdir, "runs", "interrupted", "result.json")) as fh:
-        final_run_id = json.load(fh)["run_id"]
-    report.same_mlflow_run = bool(final_run_id) and report.kills[0].run_id == final_run_id
+        result = json.load(fh)
+    report.restarts_reported = result.get("restarts", -1)
+    report.same_mlflow_run = bool(result["run_id"]) and report.kills[0].run_id == result["run_id"]
     compare(drill, report, "uninterrupted", "interrupted")
     return report
 

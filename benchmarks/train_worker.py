@@ -37,6 +37,8 @@ def main() -> None:
     import keras
 
     from hvdtrain import config, data, distributed, manifest, train
+    from hvdtrain import steps as steps_lib
+    from hvdtrain.data import contract
 
     rank = distributed.init() if args.mode == "hvd" else distributed.RankInfo(0, 1, 0, 1, "localhost", "single")
     m = manifest.read(args.dataset)
@@ -45,8 +47,8 @@ def main() -> None:
                             "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
     shape = data.check_manifest(m, cfg.model)
     model, optimizer = train.build_state(cfg, shape, rank.size)
-    ds = data.train_dataset(m, rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024, seed=1,
-                            features=[*data.MODEL_INPUTS["transformer"], "label"])
+    ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024,
+                                                seed=1), features=[*contract.MODEL_INPUTS["transformer"], "label"])
     if args.threads:  # the input pipeline gets the same budget as the model: no idle core to borrow
         options = tf.data.Options()
         options.threading.private_threadpool_size = args.threads
@@ -54,7 +56,7 @@ def main() -> None:
         ds = ds.with_options(options)
     if args.mode == "hvd":
         distributed.broadcast_state(model, optimizer)
-        step = train.make_train_step(model, optimizer, "label")
+        step = steps_lib.make_train_step(model, optimizer, "label")
         batches = iter(ds)
 
         def run(n: int) -> None:
@@ -83,7 +85,7 @@ def main() -> None:
             def on_epoch_end(self, epoch, logs=None):
                 marks[f"end{epoch}"] = time.perf_counter()
 
-        xy = ds.map(lambda b: ({k: b[k] for k in data.MODEL_INPUTS["transformer"]}, b["label"]))
+        xy = ds.map(lambda b: ({k: b[k] for k in contract.MODEL_INPUTS["transformer"]}, b["label"]))
         model.fit(xy, steps_per_epoch=args.steps, epochs=2, verbose=0, callbacks=[Clock()])
         first_step_at, seconds = marks["first"], marks["end1"] - marks["begin1"]
     if rank.rank == 0:

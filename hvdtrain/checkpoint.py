@@ -32,7 +32,7 @@ import google_crc32c
 import numpy as np
 
 from hvdtrain import fs
-from hvdtrain.errors import DataError
+from hvdtrain.errors import DataError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class CheckpointInfo:
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     bytes: int = 0
-    status: str = "ok"  # ok | uncommitted | corrupt | unreadable
+    status: str = "ok"  # ok | uncommitted | corrupt | missing | unreadable (a storage error: proves nothing)
     detail: str = ""
 
     @property
@@ -161,6 +161,13 @@ def inspect(uri: str, name: str, step: int, verify: bool = True) -> CheckpointIn
     info = CheckpointInfo(name=name, uri=uri, step=step)
     try:
         files = set(fs.listdir(uri))
+    except FileNotFoundError:
+        info.status, info.detail = "missing", "no such folder"
+        return info
+    except OSError as exc:
+        info.status, info.detail = "unreadable", _first_line(exc)
+        return info
+    try:
         if COMMIT not in files:
             info.status, info.detail = "uncommitted", "no COMMIT marker (an interrupted publish)"
             return info
@@ -173,20 +180,52 @@ def inspect(uri: str, name: str, step: int, verify: bool = True) -> CheckpointIn
                 if checksum(fs.read_buffer(fs.join(uri, f))) != sums.get(f):
                     info.status, info.detail = "corrupt", f"{f} does not match its checksum"
                     return info
-    except (OSError, ValueError, KeyError, DataError) as exc:
-        info.status, info.detail = "unreadable", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except (StorageError, PermissionError) as exc:  # the storage failed (after fs's retries): proves nothing
+        info.status, info.detail = "unreadable", _first_line(exc)
+    except (FileNotFoundError, ValueError, KeyError, DataError) as exc:  # committed, but a file is missing or bad
+        info.status, info.detail = "corrupt", _first_line(exc)
+    except OSError as exc:
+        info.status, info.detail = "unreadable", _first_line(exc)
     return info
 
 
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+
+
+def _refuse_to_go_back(info: CheckpointInfo) -> None:
+    """A committed checkpoint that cannot be read is not skipped: an older one would silently undo training."""
+    raise StorageError(f"checkpoint {info.uri} could not be read ({info.detail}); it may be the newest committed "
+                       "one, and resuming from an older checkpoint would silently go back in time, so the job "
+                       "stops: fix the storage and rerun "
+                       f"(the same checkpoint is then used), or move {info.name} out of the checkpoint folder to "
+                       "resume from the one before it")
+
+
 def latest_valid(root: str) -> Optional[CheckpointInfo]:
-    """The newest checkpoint that verifies; each one skipped on the way is named in a warning."""
+    """The newest checkpoint that verifies; each one skipped on the way is named in a warning.
+
+    Only provably bad checkpoints are skipped (no COMMIT marker, a checksum or
+    content mismatch); a committed one the storage cannot read stops with an error.
+    """
     for info in reversed(scan(root, verify=False)):
         if info.status == "ok":
             info = inspect(info.uri, info.name, info.step, verify=True)
         if info.valid:
             return info
+        if info.status == "unreadable":
+            _refuse_to_go_back(info)
         log.warning("skipping checkpoint %s: %s (%s)", info.uri, info.status, info.detail)
     return None
+
+
+def newest_step(root: str) -> Optional[int]:
+    """The step of the newest committed checkpoint (checksums not read: for reports, not for resuming)."""
+    try:
+        committed = [i.step for i in scan(root, verify=False) if i.valid]
+    except (OSError, DataError):
+        return None
+    return committed[-1] if committed else None
 
 
 def load(info: CheckpointInfo) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -201,14 +240,25 @@ def load(info: CheckpointInfo) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
 
 def restore_latest(root: str) -> Optional[tuple[CheckpointInfo, dict[str, np.ndarray], dict[str, Any]]]:
-    """The newest committed checkpoint that verifies, loaded; each one skipped is named in a warning."""
+    """The newest committed checkpoint that verifies, loaded; each one skipped is named in a warning.
+
+    Raises:
+        DataError: when a committed checkpoint newer than any usable one cannot be read (storage error
+            after retries): the job stops rather than silently resume from an older one.
+    """
     for info in reversed(scan(root, verify=False)):
         if info.valid:
             try:
                 arrays, meta = load(info)
                 return info, arrays, meta
-            except (OSError, ValueError, DataError) as exc:
-                info.status, info.detail = "corrupt", str(exc)
+            except (StorageError, PermissionError) as exc:
+                info.status, info.detail = "unreadable", _first_line(exc)
+            except (FileNotFoundError, ValueError, DataError) as exc:
+                info.status, info.detail = "corrupt", _first_line(exc)
+            except OSError as exc:
+                info.status, info.detail = "unreadable", _first_line(exc)
+        if info.status == "unreadable":
+            _refuse_to_go_back(info)
         log.warning("skipping checkpoint %s: %s (%s)", info.uri, info.status, info.detail)
     return None
 
@@ -223,6 +273,7 @@ class CheckpointWriter:
                  publish_fn: Optional[Callable[[str, str], None]] = None):
         self.root = root
         self.keep_last, self.keep_best, self.metric, self.mode = keep_last, keep_best, metric, mode
+        self.prune_failures = 0
         self.background = background
         self._publish_fn = publish_fn or publish
         self._thread: Optional[threading.Thread] = None
@@ -266,11 +317,18 @@ class CheckpointWriter:
         try:
             self._publish_fn(staging, dest)
             self.published.append(dest)
-            self.prune()
         except BaseException as exc:  # noqa: BLE001 - raised in the training thread by wait()
             self._error = exc
+            return
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        try:
+            self.prune()
+        except Exception as exc:  # noqa: BLE001 - the new checkpoint is safe; old ones just stay a while
+            self.prune_failures += 1
+            log.warning("checkpoint %s is published, but pruning older checkpoints under %s failed (%s: %s); "
+                        "they stay until a later save prunes them, or delete them by hand", dest, self.root,
+                        type(exc).__name__, exc)
 
     def wait(self) -> None:
         """Block until the in-flight publish is done; re-raise its error."""

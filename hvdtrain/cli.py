@@ -13,11 +13,13 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs
-from hvdtrain.errors import EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, UsageError
+from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
+                             UsageError)
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
@@ -62,15 +64,20 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
             "--start-timeout", str(start_timeout), *train]
 
 
-def _run(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
-    """Run one step in a child process; its reported error (or how it died) becomes ours.
+def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> console.Outcome:
+    """One try of a step in a child process, shown through :mod:`hvdtrain.console`.
 
-    On a terminal the child's output is tidied and rank 0's progress drawn
-    (:mod:`hvdtrain.console`); elsewhere its lines pass unchanged.
+    On a terminal the child's output is tidied and rank 0's progress drawn; elsewhere
+    its lines pass unchanged. The outcome keeps the last lines for :func:`supervise.classify`.
     """
     tty = sys.stderr.isatty()
     print(f"$ {shlex.join(cmd)}", flush=True)
-    outcome = console.run(cmd, console.child_env(child_env(), tty), console.View(tty))
+    return console.run(cmd, console.child_env({**child_env(), **(extra_env or {})}, tty), console.View(tty))
+
+
+def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
+    """Run a step once; its reported error (or how it died) becomes ours, with Spark's log named."""
+    outcome = _run(cmd)
     if outcome.returncode != 0:
         exc = console.failure(outcome, what)
         if spark_log and outcome.error is None and os.path.exists(spark_log):  # it crashed before saying so
@@ -79,19 +86,58 @@ def _run(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.
     return outcome
 
 
+def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.Outcome:
+    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``)."""
+    if cfg.fault.max_restarts == 0:
+        return _step(cmd, "training")
+    tries: list[console.Outcome] = []
+
+    def once(env: Mapping[str, str]) -> tuple[int, str]:
+        tries.append(_run(cmd, env))
+        return tries[-1].returncode, tries[-1].tail
+
+    outcome = supervise.run_with_restarts(
+        once, cfg.fault.max_restarts,
+        resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
+        wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
+    if outcome.code == 0:
+        return tries[-1]
+    if tries[-1].error is not None:  # a rank said what was wrong (a config, data or environment error)
+        raise console.failure(tries[-1], "training")
+    failure = outcome.failure
+    code = failure.code if failure.code in EXIT_CODES and failure.code != 0 else StepFailed.exit_code
+    raise StepFailed(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
+                     f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"
+                     f" (exit code {outcome.code}); see the messages above", code)
+
+
 def cmd_etl(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
-    _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite,
-                     verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
+    _step(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite,
+                      verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = config_mod.load(args.config, args.overrides)  # fail on a bad config before launching ranks
-    outcome = _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
+    cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
+    outcome = _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
     print(json.dumps(result, indent=2) if args.json else train_summary(result))
     return 0
+
+
+def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
+    """The config overrides ``--max-restarts`` and ``--principal/--keytab`` stand for (pure); a relative
+    keytab is relative to where the command runs."""
+    out = []
+    if getattr(args, "max_restarts", None) is not None:
+        out.append(f"fault.max_restarts={args.max_restarts}")
+    if getattr(args, "principal", None):
+        out.append(f"yarn.principal={json.dumps(args.principal)}")
+    if getattr(args, "keytab", None):
+        out.append(f"yarn.keytab={json.dumps(os.path.join(cwd, os.path.expanduser(args.keytab)))}")
+    return out
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -99,12 +145,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if cfg.source.sample is None:
         raise ConfigError("source.sample", None, f"is needed by the demo, which generates its data from it; "
                           f"{args.config} has no source.sample block")
-    _run(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
-                     verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
+    _step(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
+                      verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     if cfg.checkpoint.enabled and fs.exists(cfg.checkpoint.dir):  # new data: a new run, not a resume
         print(f"demo: removing the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
         fs.delete(cfg.checkpoint.dir)
-    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    _step(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
     return 0
 
@@ -204,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     _np_option(train, "local ranks (default 2; 1 runs without horovodrun)")
     train.add_argument("--json", action="store_true", help="end with the result document (JSON) on stdout "
                                                            "instead of the summary table")
+    train.add_argument("--max-restarts", type=int, metavar="K",
+                       help="relaunch after a lost rank, a stall or a storage failure up to K times, resuming from "
+                            "the newest checkpoint (fault.max_restarts)")
+    train.add_argument("--principal", help="Kerberos principal; with --keytab the ticket is renewed during the job")
+    train.add_argument("--keytab", help="keytab for --principal (kinit -kt before the ticket expires)")
     _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
     yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
                     config=False, add_help=False)

@@ -29,6 +29,12 @@ from hvdtrain.errors import ConfigError
 SPLITS = ("train", "validation", "test")
 
 
+def path_field(default: Optional[str]) -> Any:
+    """A config field holding a path: relative values resolve against the YAML file's folder,
+    ``{workdir}`` and ``{name}`` expand (see :func:`path_fields`)."""
+    return field(default=default, metadata={"path": True})
+
+
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
         raise ConfigError(name, value, expected)
@@ -69,7 +75,7 @@ class SourceConfig:
     """Where the raw rows come from: a Hive table or files at a URI."""
 
     table: Optional[str] = None
-    path: Optional[str] = None
+    path: Optional[str] = path_field(None)
     format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
     schema: Optional[str] = None  # Spark DDL for files, e.g. "id STRING, text STRING, label STRING"
     text_column: Optional[str] = "text"  # null for a tabular-only dataset
@@ -148,8 +154,8 @@ class HiveConfig:
     hive-site.xml is on Spark's classpath and ``embedded: false``."""
 
     embedded: bool = True
-    warehouse_dir: str = "{workdir}/hive/warehouse"
-    metastore_dir: str = "{workdir}/hive/metastore"
+    warehouse_dir: str = path_field("{workdir}/hive/warehouse")
+    metastore_dir: str = path_field("{workdir}/hive/metastore")
 
 
 @dataclass
@@ -163,11 +169,11 @@ class SparkConfig:
 class EtlConfig:
     """How raw rows become TFRecord shards and a manifest."""
 
-    output: str = "{workdir}/data"
+    output: str = path_field("{workdir}/data")
     splits: dict[str, float] = field(default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1})
     max_length: int = 64
     vocab_size: int = 2000
-    vocab_file: Optional[str] = None
+    vocab_file: Optional[str] = path_field(None)
     lowercase: bool = True
     unicode_nfkc: bool = True
     strip_control_chars: bool = True
@@ -272,9 +278,9 @@ class TrainConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 0
-    shuffle_buffer: int = 2048  # records per shuffle window (hvdtrain.data.shuffled_windows)
+    shuffle_buffer: int = 2048  # records per shuffle window (hvdtrain.data.pipeline.shuffled_windows)
     seed: int = 1234
-    output: str = "{workdir}/runs/{name}"
+    output: str = path_field("{workdir}/runs/{name}")
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, to epochs x steps
     min_lr_ratio: float = 0.0  # cosine/linear decay ends at learning rate x this
     clip_norm: Optional[float] = None  # clip gradients by global norm (after the all-reduce)
@@ -286,9 +292,12 @@ class TrainConfig:
     progress: Literal["auto", "bar", "log", "off"] = "auto"  # auto: a bar on a terminal, else log lines
     progress_every_steps: int = 50
     progress_every_seconds: float = 30.0
+    # TensorFlow op determinism (tf.config.experimental.enable_op_determinism): the same results run to run on
+    # GPU too, at some speed. On CPU, runs and mid-epoch resumes are bit-exact without it.
+    deterministic: bool = False
     # Audit the data order: each rank appends the record keys of every batch it trains on to
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
-    record_trace: Optional[str] = None
+    record_trace: Optional[str] = path_field(None)
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
@@ -314,13 +323,14 @@ class TrainConfig:
 class CheckpointConfig:
     """Checkpoints: atomic on any filesystem, published in the background, resumed exactly."""
 
-    dir: str = "{workdir}/checkpoints/{name}"
+    dir: str = path_field("{workdir}/checkpoints/{name}")
     every_steps: int = 0  # 0: only at epoch ends
     at_epoch_end: bool = True
     keep_last: int = 3
     keep_best: int = 1
-    best_metric: str = "validation_accuracy"
-    best_mode: Literal["max", "min"] = "max"
+    # auto: validation_accuracy when the run validates every epoch, else train_loss (see JobConfig)
+    best_metric: str = "auto"
+    best_mode: Literal["auto", "max", "min"] = "auto"  # auto: min for a loss, max otherwise
     resume: str = "auto"  # auto (newest valid), never, or a checkpoint folder
     enabled: bool = True
 
@@ -340,23 +350,30 @@ class FaultConfig:
     stall_check_warning: int = 60  # Horovod's own stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)
     checkpoint_timeout: int = 1800  # seconds a checkpoint publish or restore may take (slow storage) before the
     # watchdog calls it a stall; every rank waits for rank 0 under this limit
+    max_restarts: int = 0  # relaunch a failed job (lost rank, stall, storage) up to this many times; it resumes
+    restart_backoff: float = 10.0  # seconds before the first relaunch, doubling each time (at most 300)
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "peer_timeout", "start_timeout", "stall_check_warning", "checkpoint_timeout"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0 seconds")
+        _require(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0 (0: never relaunch)")
+        _require(self.restart_backoff >= 0, "restart_backoff", self.restart_backoff, "must be >= 0 seconds")
 
 
 @dataclass
 class TrackingConfig:
     """MLflow. ``uri`` falls back to $MLFLOW_TRACKING_URI, then a local store."""
 
-    uri: Optional[str] = None
+    uri: Optional[str] = path_field(None)
     experiment: str = "hvdtrain-{name}"
     enabled: bool = True
     log_every_steps: int = 50  # per-step metrics (loss, samples/s, step time, data wait); 0 = off
     registered_model_name: Optional[str] = None  # also register the logged model under this name
+    max_outage_seconds: float = 600.0  # a server outage is ridden out (metrics buffered) this long, then tracking
+    # is given up for the run; training never waits on it
 
     def __post_init__(self) -> None:
+        _require(self.max_outage_seconds >= 0, "max_outage_seconds", self.max_outage_seconds, "must be >= 0")
         _require(self.log_every_steps >= 0, "log_every_steps", self.log_every_steps,
                  "must be >= 0 (0 turns per-step metrics off)")
         _require(self.registered_model_name is None or bool(self.registered_model_name.strip()),
@@ -375,26 +392,35 @@ class YarnConfig:
     queue: Optional[str] = None
     deploy_mode: Literal["client", "cluster"] = "client"
     principal: Optional[str] = None
-    keytab: Optional[str] = None
-    env_archive: Optional[str] = None  # a packed env to use as is; built with venv-pack when unset
-    env_cache: str = "{workdir}/envs"  # where packed envs are uploaded once per content hash (an HDFS folder)
+    keytab: Optional[str] = path_field(None)
+    env_archive: Optional[str] = path_field(None)  # a packed env to use as is; built with venv-pack when unset
+    env_cache: str = path_field("{workdir}/envs")  # where packed envs are uploaded once per content hash (an HDFS folder)
     start_timeout: int = 600
     spark_conf: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # passed to every rank (NCCL_*, GLOO_*, HOROVOD_*)
 
     def __post_init__(self) -> None:
-        _require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
+        _require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1 (pass --num-workers N)")
         _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, "must be >= 0")
         _require(self.executor_cores >= 1, "executor_cores", self.executor_cores, "must be >= 1")
         _require(self.start_timeout > 0, "start_timeout", self.start_timeout, "must be > 0 seconds")
         _require((self.principal is None) == (self.keytab is None), "principal", self.principal,
-                 "and yarn.keytab must be set together (Kerberos login for the job)")
+                 "and yarn.keytab must be set together, for the job's Kerberos login "
+                 "(pass --principal user@REALM --keytab /path/user.keytab)")
+
+
+def checkpoint_metrics(train: TrainConfig) -> set[str]:
+    """The metric names an epoch-end checkpoint records (``validation_roc_auc`` only for two classes)."""
+    names = {"train_loss", "train_accuracy"}
+    if train.validates_each_epoch:
+        names |= {f"validation_{m}" for m in ("accuracy", "macro_f1", "loss", "roc_auc")}
+    return names
 
 
 @dataclass
 class JobConfig:
     name: str = "job"
-    workdir: str = "work/{name}"
+    workdir: str = path_field("work/{name}")
     source: SourceConfig = field(default_factory=lambda: SourceConfig(table="default.rows"))
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     hive: HiveConfig = field(default_factory=HiveConfig)
@@ -410,6 +436,21 @@ class JobConfig:
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
                  "must be letters, digits, '_' or '-'")
+        self._resolve_best_metric()
+
+    def _resolve_best_metric(self) -> None:
+        """Pick ``checkpoint.best_metric``/``best_mode`` when auto; refuse a metric this run never records."""
+        ck, produced = self.checkpoint, checkpoint_metrics(self.train)
+        if ck.best_metric == "auto":
+            ck.best_metric = "validation_accuracy" if self.train.validates_each_epoch else "train_loss"
+        if ck.best_mode == "auto":
+            ck.best_mode = "min" if ck.best_metric.endswith("loss") else "max"
+        if ck.enabled and ck.keep_best > 0 and ck.best_metric not in produced:
+            how = ("record validation metrics with train.validate_every_epoch: true (or train.early_stopping), "
+                   if not self.train.validates_each_epoch else "")
+            raise ConfigError("checkpoint.best_metric", ck.best_metric,
+                              f"is never recorded by this run, so keep_best {ck.keep_best} would keep nothing: "
+                              f"{how}use one of {', '.join(sorted(produced))}, or set checkpoint.keep_best: 0")
 
     # -- derived values -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -430,11 +471,18 @@ class JobConfig:
 
 # -- loading ------------------------------------------------------------
 
-PATH_FIELDS = {
-    "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output",
-    "etl.vocab_file", "train.output", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
-    "checkpoint.dir", "train.record_trace",
-}
+def path_fields(cls: Optional[type] = None, prefix: str = "") -> list[str]:
+    """Dotted names of every field marked with :func:`path_field`, derived from the dataclasses."""
+    cls = cls or JobConfig
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}{f.name}"
+        if f.metadata.get("path"):
+            out.append(dotted)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out += path_fields(hints[f.name], dotted + ".")
+    return out
 
 
 def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -552,8 +600,10 @@ def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
             return value
         return os.path.normpath(os.path.join(base_dir, value))
 
-    cfg.workdir = resolve(cfg.workdir)
-    for dotted in sorted(PATH_FIELDS - {"workdir"}):
+    cfg.workdir = resolve(cfg.workdir)  # first: the other paths expand {workdir}
+    for dotted in path_fields():
+        if dotted == "workdir":
+            continue
         section, attr = dotted.split(".")
         block = getattr(cfg, section)
         setattr(block, attr, resolve(getattr(block, attr)))

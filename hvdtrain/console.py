@@ -26,11 +26,13 @@ import re
 import subprocess
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional, Sequence, TextIO
 
 from hvdtrain import errors
 
+TAIL_LINES = 400  # kept for telling a lost rank from a stall or a user error
 CONSOLE_ENV = "HVDTRAIN_CONSOLE"  # set by the launcher for its children: "tty" or "pipe"
 EVENT_MARK = "@hvdtrain-event "
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")  # horovodrun's, per line of each rank
@@ -155,6 +157,12 @@ class Outcome:
     error: Optional[dict[str, Any]] = None  # the first error event
     result: Optional[dict[str, Any]] = None  # the result event's document
     rank_exit: Optional[tuple[int, int]] = None  # the first failed rank and its exit code (horovodrun)
+    lines: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # the last lines, as received
+
+    @property
+    def tail(self) -> str:
+        """The last lines as one text, for :func:`hvdtrain.supervise.classify`."""
+        return "\n".join(self.lines)
 
 
 @dataclass
@@ -169,6 +177,7 @@ class View:
     _reporter: Optional[int] = None  # the rank whose error came first
 
     def feed(self, line: Line) -> None:
+        self.outcome.lines.append(line.raw)
         if line.event is not None:
             self._event(line.event, line.rank)
             return

@@ -15,6 +15,7 @@ Horovod.
 """
 from __future__ import annotations
 
+import datetime
 import glob
 import importlib.util
 import json
@@ -26,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from hvdtrain import kerberos
 from hvdtrain.errors import EnvironmentProblem
 
 Which = Callable[[str], Optional[str]]
@@ -272,7 +274,10 @@ def check_kerberos(which: Which, run: Runner) -> Check:
         return Check("Kerberos ticket", True, "klist not found: skipped (only Kerberized clusters need a ticket)",
                      scope="cluster")
     if run([klist, "-s"]).returncode == 0:
-        return Check("Kerberos ticket", True, "valid ticket in the credential cache", scope="cluster")
+        listing = run([klist])
+        ticket = kerberos.parse_klist(listing.output) if listing.returncode == 0 else None
+        detail = kerberos.describe(ticket, datetime.datetime.now()) if ticket else "valid ticket in the credential cache"
+        return Check("Kerberos ticket", True, detail, scope="cluster")
     return Check("Kerberos ticket", False, "no valid ticket (klist -s failed)",
                  "kinit user@REALM, or kinit -kt user.keytab user@REALM; YARN jobs can pass --principal/--keytab",
                  scope="cluster")

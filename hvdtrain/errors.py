@@ -14,6 +14,7 @@ code  meaning
 4     environment problem: Java, Hadoop client, Horovod build, cluster settings
 5     a job step failed without a hvdtrain error (a rank, a Spark task, a YARN
       application); the messages above it say why
+74    storage (HDFS, the local disk) failed after retries (a retry may succeed)
 75    a rank stalled and was ended by the watchdog (a retry may succeed)
 130   interrupted (Ctrl-C)
 ====  ======================================================================
@@ -33,6 +34,7 @@ EXIT_CODES: dict[int, str] = {
     3: "data error",
     4: "environment problem",
     5: "a job step failed",
+    74: "storage failed after retries",
     75: "a rank stalled",
     130: "interrupted",
 }
@@ -74,6 +76,12 @@ class DataError(HvdtrainError):
     """A dataset (source table, shards, manifest) does not meet its contract."""
 
     exit_code = 3
+
+
+class StorageError(DataError):
+    """The storage (HDFS, the local disk) failed after retries: not the user's data, and worth a restart."""
+
+    exit_code = 74  # EX_IOERR: hvdtrain.supervise relaunches the job
 
 
 class EnvironmentProblem(HvdtrainError):

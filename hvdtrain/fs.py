@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from hvdtrain.errors import DataError, EnvironmentProblem
+from hvdtrain.errors import DataError, EnvironmentProblem, StorageError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +74,7 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
         except Exception as exc:  # noqa: BLE001 - classified below
             if not is_transient(exc) or attempt == policy.attempts:
                 if is_transient(exc):
-                    raise DataError(f"{what}: failed after {attempt} attempts; last error: {exc}") from exc
+                    raise StorageError(f"{what}: failed after {attempt} attempts; last error: {exc}") from exc
                 raise
             delay = policy.delay(attempt, rng)
             log.warning("%s: transient error (%s), retry %d/%d in %.1fs", what, exc, attempt,

@@ -23,7 +23,7 @@ from keras import layers, ops
 from hvdtrain.config import ModelConfig
 
 if TYPE_CHECKING:
-    from hvdtrain.data import InputShape
+    from hvdtrain.data.contract import InputShape
 
 # train.mixed_precision -> Keras dtype policy (variables stay float32 under both mixed policies).
 POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}

@@ -21,9 +21,13 @@ after ``n`` optimizer steps of one layout each rank has read ``n *
 grad_accum_steps * batch_size`` records. A resumed run reads exactly the batches an
 uninterrupted run would have read next.
 
-Resuming is a collective: rank 0 reads the newest valid checkpoint (every rank
-may not see a local checkpoint folder), sets its model and optimizer, and
-broadcasts the small state (meta, RNG states); the caller then broadcasts the
+Resuming is planned, then applied. :func:`find` (a collective) has rank 0
+read the newest valid checkpoint (every rank may not see a local checkpoint
+folder), check it against this run (:func:`plan_resume`, pure: a
+:class:`ResumePlan` with the step offset, the optimizer counter's shift, the
+first record per rank and the warnings) and broadcast the small state (meta,
+plan, RNG states). :func:`apply` (a collective) then puts it back: rank 0 sets
+its model and optimizer, every rank its RNG state; the caller broadcasts the
 variables from rank 0 as at any start.
 """
 from __future__ import annotations
@@ -35,11 +39,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import checkpoint, data, distributed
+from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
-from hvdtrain.errors import DataError
+from hvdtrain.context import TrainContext
+from hvdtrain.data.pipeline import INPUT_ORDER
+from hvdtrain.errors import DataError, StorageError
 from hvdtrain.evaluation import scalar_metrics
-from hvdtrain.loop import EarlyStopper, EpochStats, LoopState, Start
+from hvdtrain.hooks import EarlyStopper, Hook
+from hvdtrain.loop import EpochStats, LoopState, Start
 
 log = logging.getLogger("hvdtrain.train")
 FORMAT = 1
@@ -100,7 +107,8 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
-            "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": data.INPUT_ORDER,
+            "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
+            "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
 
 
@@ -153,6 +161,13 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with {', '.join(reordered)}: training continues from step {step}, "
                         "but the data order is not the one an uninterrupted run would have seen (records of "
                         "the interrupted epoch may be skipped or repeated)")
+    if "epochs" in saved and saved["epochs"] != now["epochs"]:
+        horizon = f"{int(saved['epochs']) * int(now['steps_per_epoch'])} -> {now['epochs'] * now['steps_per_epoch']}"
+        effect = ("the learning-rate schedule's horizon moves with it" if now.get("lr_schedule", "constant") !=
+                  "constant" else "train.lr_schedule is constant, so only the run's length changes")
+        warnings.append(f"resuming {where} with train.epochs {saved['epochs']} -> {now['epochs']}: {effect} "
+                        f"(decay steps {horizon}, train.lr_schedule {now.get('lr_schedule')}); from step {step} "
+                        "the learning rate is not the one either run alone would have used")
     if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "
@@ -160,42 +175,64 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
     return warnings, offset
 
 
-def records_read(step: int, cfg: JobConfig) -> int:
-    """Records each rank has read after ``step`` optimizer steps (pure)."""
-    return step * cfg.train.grad_accum_steps * cfg.train.batch_size
+@dataclass(frozen=True)
+class ResumePlan:
+    """How this run continues from a checkpoint (see :func:`plan_resume`)."""
+
+    step: int  # the checkpoint's global step
+    step_offset: int  # global step = step_offset + layout step, in this run
+    optimizer_shift: int  # added to the optimizer's step counter (another layout moves the schedule); else 0
+    first_record: int  # records each rank has read: where its input stream restarts
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def layout_step(self) -> int:
+        """Optimizer steps done in this run's layout (whole epochs of its steps_per_epoch, then the rest)."""
+        return self.step - self.step_offset
+
+
+def plan_resume(saved: dict[str, Any], now: dict[str, Any], where: str) -> ResumePlan:
+    """Check a checkpoint's meta against this run's layout and say how to continue (pure).
+
+    Raises what cannot resume (:func:`check_layout`). In another layout the
+    optimizer's step counter moves by as many steps as the layout step moved,
+    so the learning-rate schedule is at the same fraction of training and the
+    steps the optimizer skipped (float16 overflow) stay skipped.
+    """
+    warnings, offset = check_layout(saved, now, where)
+    step, saved_offset = int(saved["step"]), int(saved.get("step_offset", 0))
+    layout_step = step - offset
+    shift = layout_step - (step - saved_offset) if offset != saved_offset else 0
+    return ResumePlan(step, offset, shift, layout_step * now["grad_accum_steps"] * now["batch_size"], tuple(warnings))
 
 
 # -- saving ----------------------------------------------------------------------------
 
-class Checkpointer:
-    """The loop's ``after_step`` hook: saves when :func:`checkpoint.save_due` says so (a collective)."""
+class Checkpointer(Hook):
+    """The hook that saves checkpoints when :func:`checkpoint.save_due` says so (a collective)."""
 
-    def __init__(self, cfg: CheckpointConfig, rank: distributed.RankInfo, steps_per_epoch: int, model: Any,
-                 optimizer: Any, layout_: dict[str, Any], run_id: Optional[str] = None,
-                 stopper: Optional[EarlyStopper] = None, phase: Any = None, wait_timeout: Optional[float] = None,
-                 step_offset: int = 0):
-        self.cfg, self.rank, self.steps = cfg, rank, steps_per_epoch
-        self.model, self.optimizer, self.layout, self.run_id = model, optimizer, layout_, run_id
-        self.stopper, self.step_offset, self.wait_timeout = stopper, step_offset, wait_timeout
-        self._phase = phase or (lambda what, timeout=None: None)
-        self.writer = (checkpoint.CheckpointWriter(cfg.dir, cfg.keep_last, cfg.keep_best, cfg.best_metric,
-                                                   cfg.best_mode) if rank.is_chief else None)
+    def __init__(self, ctx: TrainContext, model: Any, optimizer: Any, stopper: Optional[EarlyStopper] = None):
+        self.ctx, self.cfg = ctx, ctx.cfg.checkpoint
+        self.model, self.optimizer, self.stopper = model, optimizer, stopper
+        self.wait_timeout = ctx.cfg.fault.checkpoint_timeout
+        self.writer = (checkpoint.CheckpointWriter(self.cfg.dir, self.cfg.keep_last, self.cfg.keep_best,
+                                                   self.cfg.best_metric, self.cfg.best_mode)
+                       if ctx.rank.is_chief else None)
         self.saved: list[int] = []
 
     def due(self, state: LoopState) -> bool:
         if not self.cfg.enabled:
             return False
-        return checkpoint.save_due(state.step - self.step_offset, self.steps, self.cfg.every_steps,
-                                   self.cfg.at_epoch_end)
+        return checkpoint.save_due(state.layout_step, self.ctx.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
 
     def after_step(self, state: LoopState) -> None:
         if not self.due(state):
             return
         what = f"saving the checkpoint of step {state.step}"
-        self._phase(what, self.wait_timeout)  # the others wait for rank 0's previous publish, on slow storage
+        self.ctx.phase(what, self.wait_timeout)  # the others wait for rank 0's previous publish, on slow storage
         if self.writer is not None:
             self.writer.wait()
-            self._phase(what)  # back to the stall timeout: rank 0 catches a peer frozen in the collectives
+            self.ctx.phase(what)  # back to the stall timeout: rank 0 catches a peer frozen in the collectives
         carried = distributed.allreduce_sum(state.partial(), name=f"hvdtrain.ckpt{state.step}.sums")
         rng = distributed.allgather_object(to_numpy(seed_variables(self.model)), name=f"hvdtrain.ckpt{state.step}.rng")
         if self.writer is not None:
@@ -219,16 +256,16 @@ class Checkpointer:
                 "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "metrics": metrics, "carried": [float(x) for x in carried],
                 "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
-                "stopped": state.stopped, "run_id": self.run_id,
+                "stopped": state.stopped, "run_id": self.ctx.run_id,
                 "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                "step_offset": self.step_offset, **self.layout}
+                "step_offset": state.step - state.layout_step, **self.ctx.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
-        self._phase("publishing the last checkpoint", self.wait_timeout)
+        self.ctx.phase("publishing the last checkpoint", self.wait_timeout)
         if self.writer is not None:
             self.writer.wait()
-            self._phase("publishing the last checkpoint")
+            self.ctx.phase("publishing the last checkpoint")
         distributed.barrier()
 
 
@@ -236,25 +273,25 @@ class Checkpointer:
 
 @dataclass
 class Resumed:
-    """A checkpoint to continue from, on every rank (arrays on rank 0 only)."""
+    """A checkpoint to continue from and how (on every rank; arrays on rank 0 only)."""
 
     uri: str
     meta: dict[str, Any]
     rng: list[list[np.ndarray]]
+    plan: ResumePlan
     arrays: Optional[dict[str, np.ndarray]] = None
 
     @property
     def step(self) -> int:
-        return int(self.meta["step"])
+        return self.plan.step
 
     @property
     def step_offset(self) -> int:
-        return int(self.meta.get("step_offset", 0))
+        return self.plan.step_offset
 
     @property
     def layout_step(self) -> int:
-        """Optimizer steps done in this run's layout (whole epochs of its steps_per_epoch, then the rest)."""
-        return self.step - self.step_offset
+        return self.plan.layout_step
 
     @property
     def run_id(self) -> Optional[str]:
@@ -270,41 +307,36 @@ class Resumed:
 
 
 def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any]) -> Optional[Resumed]:
-    """The checkpoint to resume from per ``checkpoint.resume`` (a collective: every rank calls it).
+    """The checkpoint to resume from per ``checkpoint.resume``, with its plan (a collective: every rank calls it).
 
     Raises on every rank (never only on rank 0, which would leave the others
     waiting) when an explicit checkpoint is invalid or the dataset changed.
     """
     found: Optional[Resumed] = None
     error: Optional[str] = None
+    kind = "data"
     if rank.is_chief and cfg.enabled and cfg.resume != "never":
         try:
-            found = _load(cfg)
-            if found is not None:
-                warnings, offset = check_layout(found.meta, now, found.uri)
-                for warning in warnings:
-                    log.warning(warning)
-                if offset != found.step_offset:  # another layout: the optimizer's counter moves in apply()
-                    found.meta = {**found.meta, "step_offset": offset, "saved_layout_step": found.layout_step}
+            found = _load(cfg, now)
         except DataError as exc:
-            error = str(exc)
+            error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
     small = distributed.broadcast_object(
-        {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng} if found else {"error": error},
-        name="hvdtrain.resume")
+        {"error": error, "uri": found.uri, "meta": found.meta, "rng": found.rng, "plan": found.plan}
+        if found else {"error": error, "kind": kind}, name="hvdtrain.resume")
     if small["error"]:
-        raise DataError(small["error"])
+        raise (StorageError if small.get("kind") == "storage" else DataError)(small["error"])
     if "uri" not in small:
         return None
     if not rank.is_chief:
-        found = Resumed(small["uri"], small["meta"], small["rng"])
+        found = Resumed(small["uri"], small["meta"], small["rng"], small["plan"])
     return found
 
 
-def _load(cfg: CheckpointConfig) -> Optional[Resumed]:
+def _load(cfg: CheckpointConfig, now: dict[str, Any]) -> Optional[Resumed]:
     if cfg.resume == "auto":
         loaded = checkpoint.restore_latest(cfg.dir)
         if loaded is None:
@@ -329,25 +361,27 @@ def _load(cfg: CheckpointConfig) -> Optional[Resumed]:
     ranks = sorted({k.split("/")[1] for k in arrays if k.startswith("rng/")}, key=lambda r: int(r[4:]))
     rng = [group(arrays, f"rng/{r}") for r in ranks]
     log.info("resuming from %s (step %d, epoch %d)", info.uri, meta["step"], meta.get("epoch", 0))
-    return Resumed(info.uri, meta, rng, arrays)
+    return Resumed(info.uri, meta, rng, plan_resume(meta, now, info.uri), arrays)
 
 
 def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankInfo,
           stopper: Optional[EarlyStopper]) -> None:
-    """Put the checkpoint back (a collective): rank 0 sets model and optimizer (broadcast them after
-    this); every rank sets its own dropout RNG state and the early-stopping history.
+    """Carry out a resume plan (a collective): rank 0 sets model and optimizer (broadcast them after
+    this) and reports the plan's warnings; every rank sets its own dropout RNG state and the
+    early-stopping history.
 
     A checkpoint that does not fit the model raises on every rank, not on rank 0 alone.
     """
     error = None
     if resumed.arrays is not None:
+        for warning in resumed.plan.warnings:
+            log.warning(warning)
         try:
             assign(model.weights, group(resumed.arrays, "model"), "model", resumed.uri)
             assign(optimizer.variables, group(resumed.arrays, "optimizer"), "optimizer", resumed.uri)
-            if "saved_layout_step" in resumed.meta:  # another layout: the schedule moves to its step, keeping
-                # the steps the optimizer skipped (float16 overflow) skipped
-                skipped = int(resumed.meta["saved_layout_step"]) - int(to_numpy([optimizer.iterations])[0])
-                optimizer.iterations.assign(max(0, resumed.layout_step - skipped))
+            if resumed.plan.optimizer_shift:  # another layout: the schedule moves with the layout step
+                iterations = int(to_numpy([optimizer.iterations])[0])
+                optimizer.iterations.assign(max(0, iterations + resumed.plan.optimizer_shift))
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
             error = str(exc) if isinstance(exc, DataError) else (
                 f"restoring checkpoint {resumed.uri} failed: {type(exc).__name__}: {exc}")

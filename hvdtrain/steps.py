@@ -22,6 +22,12 @@ all-reduced gradients, so every rank skips the same steps. A skipped step does
 not advance the optimizer's step counter, so the learning-rate schedule waits
 for it too (the first few float16 steps are usually skipped while the scale
 comes down from 2**15).
+
+Float16 on the wire (``train.fp16_allreduce``) without loss scaling: a
+gradient beyond float16's range arrives as inf. A :class:`FiniteGuard` then
+skips the update: the check runs on the all-reduced gradients, which are the
+same on every rank, so every rank skips the same step, and NaN never reaches
+the weights. Skipped steps are counted (:meth:`FiniteGuard.count`).
 """
 from __future__ import annotations
 
@@ -59,9 +65,43 @@ def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_f
     return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), correct
 
 
+class FiniteGuard:
+    """Applies all-reduced gradients only when every value is finite; counts the steps it skipped."""
+
+    def __init__(self) -> None:
+        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+
+    def apply(self, optimizer: keras.optimizers.Optimizer, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+        """Inside a tf.function: ``optimizer.apply`` or, on inf/NaN anywhere, count a skip instead."""
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+
+        def update() -> tf.Tensor:
+            optimizer.apply(grads, variables)
+            return tf.constant(True)
+
+        def skip() -> tf.Tensor:
+            self.skipped.assign_add(1)
+            return tf.constant(False)
+
+        tf.cond(finite, update, skip)
+
+    def count(self) -> int:
+        """Optimizer steps skipped so far in this process."""
+        return int(self.skipped.numpy())
+
+
+def _apply(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any], variables: Sequence[Any],
+           guard: Optional[FiniteGuard]) -> None:
+    if guard is None:
+        optimizer.apply(grads, variables)
+    else:
+        guard.apply(optimizer, grads, variables)
+
+
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
-                    inputs: Optional[Sequence[str]] = None,
-                    allreduce: Allreduce = distributed.allreduce_grads) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+                    inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
+                    guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
     names = tuple(inputs) if inputs is not None else _input_names(model)
     loss_fn = _loss_fn()
@@ -69,7 +109,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     @tf.function
     def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         grads, loss_sum, correct = _gradients(model, optimizer, loss_fn, batch, names, label_feature)
-        optimizer.apply(allreduce(grads), model.trainable_variables)
+        _apply(optimizer, allreduce(grads), model.trainable_variables, guard)
         return loss_sum, correct
 
     return train_step
@@ -80,11 +120,11 @@ class AccumulatingStep:
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                  accum_steps: int, inputs: Optional[Sequence[str]] = None,
-                 allreduce: Allreduce = distributed.allreduce_grads):
+                 allreduce: Allreduce = distributed.allreduce_grads, guard: Optional[FiniteGuard] = None):
         if accum_steps < 1:
             raise ValueError(f"train.grad_accum_steps must be >= 1 (got {accum_steps})")
         self.accum_steps = accum_steps
-        self._model, self._optimizer, self._allreduce = model, optimizer, allreduce
+        self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
         self._names = tuple(inputs) if inputs is not None else _input_names(model)
         self._label, self._loss_fn = label_feature, _loss_fn()
         self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
@@ -102,7 +142,7 @@ class AccumulatingStep:
 
     def _apply_step(self) -> None:
         mean = [total / float(self.accum_steps) for total in self._sums]
-        self._optimizer.apply(self._allreduce(mean), self._model.trainable_variables)
+        _apply(self._optimizer, self._allreduce(mean), self._model.trainable_variables, self._guard)
         for total in self._sums:
             total.assign(tf.zeros_like(total))
 
@@ -115,15 +155,17 @@ class AccumulatingStep:
 
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
-                        inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False) -> OptimizerStep:
-    """The step the training loop calls with ``accum_steps`` batches at a time."""
+                        inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False,
+                        guard: Optional[FiniteGuard] = None) -> OptimizerStep:
+    """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
+    ``fp16_allreduce`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
     def allreduce(grads: Sequence[Any]) -> list[Any]:
         return distributed.allreduce_grads(grads, fp16=fp16_allreduce)
 
     if accum_steps == 1:
-        fused = make_train_step(model, optimizer, label_feature, inputs, allreduce)
+        fused = make_train_step(model, optimizer, label_feature, inputs, allreduce, guard)
         return lambda batches: fused(batches[0])
-    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, allreduce)
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, allreduce, guard)
 
 
 def make_eval_step(model: keras.Model, label_feature: str,

@@ -15,6 +15,7 @@ depend on the ETL.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -64,63 +65,91 @@ def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], c
     return Shard(path=rel, records=stats.records, bytes=stats.bytes, sha256=stats.sha256, class_counts=counts)
 
 
-def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], labels: list[str],
-                  n_per_split: Union[int, dict[str, int]], shards_per_split: int,
-                  shard_sizes: Optional[dict[str, list[int]]], compression: str,
+@dataclass(frozen=True)
+class Layout:
+    """How many records each split gets, in how many shards, stored how."""
+
+    n_per_split: Union[int, dict[str, int]] = 200  # one number for all splits, or per split
+    shards_per_split: int = 2  # near-equal shards per split
+    shard_sizes: Optional[dict[str, list[int]]] = None  # explicit records per shard for some splits (overrides both)
+    compression: str = "none"
+
+    def sizes(self, split: str) -> list[int]:
+        if self.shard_sizes and split in self.shard_sizes:
+            return list(self.shard_sizes[split])
+        total = self.n_per_split[split] if isinstance(self.n_per_split, dict) else self.n_per_split
+        return _sizes(total, self.shards_per_split)
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """A separable text dataset: documents draw ``class_rate`` of their tokens from their class's words."""
+
+    layout: Layout = Layout()
+    num_classes: int = 3
+    max_length: int = 16
+    vocab_size: int = 64
+    seed: int = 0
+    class_rate: float = 0.5
+    packed: bool = True  # token features packed, as the ETL stores them by default (false: int64 lists)
+
+
+@dataclass(frozen=True)
+class TabularSpec:
+    """A tabular dataset: class-dependent numeric means and category preferences."""
+
+    layout: Layout = Layout()
+    num_classes: int = 3
+    num_numeric: int = 6  # width of ``numeric`` (0: no numeric feature)
+    cardinalities: Optional[tuple[int, ...]] = None  # per categorical column, unknown bucket included
+    # (default (5, 8, 3); (): no categorical feature)
+    seed: int = 0
+    signal: float = 1.5  # spread of the per-class numeric means, in standard deviations
+    label_noise: float = 0.0  # fraction of labels replaced by another class
+
+
+def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], labels: list[str], layout: Layout,
                   features: dict[str, FeatureSpec]) -> dict[str, Split]:
     """Generate each split's rows and write them as shards, stored as ``features`` say; keys are ``<split>-<index>``."""
     encodings = manifest_lib.encodings(features)
     splits = {}
     for split in SPLITS:
-        if shard_sizes and split in shard_sizes:
-            sizes = list(shard_sizes[split])
-        else:
-            total = n_per_split[split] if isinstance(n_per_split, dict) else n_per_split
-            sizes = _sizes(total, shards_per_split)
+        sizes = layout.sizes(split)
         table = make_rows(sum(sizes))
         keys = [f"{split}-{i:06d}".encode() for i in range(sum(sizes))]
         shards, start = [], 0
         for i, n in enumerate(sizes):
             part = {name: values[start:start + n] for name, values in table.items()}
             part["key"] = keys[start:start + n]
-            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, compression, encodings))
+            shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, layout.compression,
+                                        encodings))
             start += n
         splits[split] = Split(shards)
     return splits
 
 
-def make_text_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, num_classes: int = 3,
-                      max_length: int = 16, vocab_size: int = 64, shards_per_split: int = 2, seed: int = 0,
-                      shard_sizes: Optional[dict[str, list[int]]] = None, class_rate: float = 0.5,
-                      compression: str = "none", packed: bool = True) -> Manifest:
-    """Write a separable dataset under ``root`` and return its manifest (as read back).
-
-    Args:
-        n_per_split: records per split (one number for all, or per split).
-        shards_per_split: shards per split, of near-equal size.
-        shard_sizes: explicit records per shard for some splits (overrides the two above).
-        class_rate: fraction of tokens drawn from the document's class.
-        packed: store the token features packed, as the ETL does by default (false: int64 lists).
-    """
-    rng = np.random.default_rng(seed)
-    labels = [f"class{i}" for i in range(num_classes)]
+def make_text_dataset(root: str, spec: TextSpec = TextSpec()) -> Manifest:
+    """Write a separable text dataset under ``root`` and return its manifest (as read back)."""
+    s = spec
+    rng = np.random.default_rng(s.seed)
+    labels = [f"class{i}" for i in range(s.num_classes)]
 
     def rows(n: int) -> dict[str, np.ndarray]:
-        ids, mask, y = _documents(rng, n, num_classes, max_length, vocab_size, class_rate)
+        ids, mask, y = _documents(rng, n, s.num_classes, s.max_length, s.vocab_size, s.class_rate)
         return {"input_ids": ids, "attention_mask": mask, "label": y}
 
-    features = {**manifest_lib.text_features(max_length, vocab_size, packed),
+    features = {**manifest_lib.text_features(s.max_length, s.vocab_size, s.packed),
                 "label": FeatureSpec("int64", []), "key": FeatureSpec("bytes", [])}
-    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression, features)
+    splits = _write_splits(root, rows, labels, s.layout, features)
     manifest = Manifest(
         features=features,
         label_feature="label",
         labels=labels,
         splits=splits,
-        compression=compression,
-        vocab={"path": "vocab.txt", "size": vocab_size, "sha256": ""},
-        preprocessing={"text": {"tokenizer": "synthetic", "max_length": max_length, "lowercase": True}},
-        source={"synthetic": True, "seed": seed},
+        compression=s.layout.compression,
+        vocab={"path": "vocab.txt", "size": s.vocab_size, "sha256": ""},
+        preprocessing={"text": {"tokenizer": "synthetic", "max_length": s.max_length, "lowercase": True}},
+        source={"synthetic": True, "seed": s.seed},
         etl_config_hash="synthetic",
         versions={"hvdtrain": "test"},
         created_at="1970-01-01T00:00:00Z",
@@ -160,29 +189,19 @@ def tabular_preprocessing(num_numeric: int, cardinalities: list[int]) -> dict[st
     }
 
 
-def make_tabular_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 200, num_classes: int = 3,
-                         num_numeric: int = 6, cardinalities: Optional[list[int]] = None,
-                         shards_per_split: int = 2, seed: int = 0, signal: float = 1.5, label_noise: float = 0.0,
-                         shard_sizes: Optional[dict[str, list[int]]] = None, compression: str = "none") -> Manifest:
-    """Write a tabular classification dataset under ``root`` and return its manifest (as read back).
-
-    Args:
-        num_numeric: width of ``numeric`` (0: no numeric feature).
-        cardinalities: sizes per categorical column including the unknown bucket
-            (default ``[5, 8, 3]``; ``[]``: no categorical feature).
-        signal: spread of the per-class numeric means (in standard deviations).
-        label_noise: fraction of labels replaced by another class.
-    """
-    cards = [5, 8, 3] if cardinalities is None else list(cardinalities)
+def make_tabular_dataset(root: str, spec: TabularSpec = TabularSpec()) -> Manifest:
+    """Write a tabular classification dataset under ``root`` and return its manifest (as read back)."""
+    s, num_numeric = spec, spec.num_numeric
+    cards = [5, 8, 3] if s.cardinalities is None else list(s.cardinalities)
     if num_numeric <= 0 and not cards:
         raise ValueError("a tabular dataset needs num_numeric > 0 or some cardinalities")
     if any(c < 2 for c in cards):
         raise ValueError(f"cardinalities include the unknown bucket, so each must be >= 2 (got {cards})")
-    rng = np.random.default_rng(seed)
-    labels = [f"class{i}" for i in range(num_classes)]
+    rng = np.random.default_rng(s.seed)
+    labels = [f"class{i}" for i in range(s.num_classes)]
 
     def rows(n: int) -> dict[str, np.ndarray]:
-        table = _tabular_rows(rng, n, num_classes, max(num_numeric, 1), cards or [2], signal, label_noise)
+        table = _tabular_rows(rng, n, s.num_classes, max(num_numeric, 1), cards or [2], s.signal, s.label_noise)
         return {name: table[name] for name in ("numeric", "categorical", "label")
                 if (name != "numeric" or num_numeric > 0) and (name != "categorical" or cards)}
 
@@ -192,12 +211,12 @@ def make_tabular_dataset(root: str, n_per_split: Union[int, dict[str, int]] = 20
     if cards:
         features["categorical"] = FeatureSpec("int64", [len(cards)])
     features["label"], features["key"] = FeatureSpec("int64", []), FeatureSpec("bytes", [])
-    splits = _write_splits(root, rows, labels, n_per_split, shards_per_split, shard_sizes, compression, features)
+    splits = _write_splits(root, rows, labels, s.layout, features)
     manifest = Manifest(
         features=features,
-        label_feature="label", labels=labels, splits=splits, compression=compression,
+        label_feature="label", labels=labels, splits=splits, compression=s.layout.compression,
         preprocessing={"tabular": tabular_preprocessing(num_numeric, cards)},
-        source={"synthetic": True, "seed": seed, "kind": "tabular"}, etl_config_hash="synthetic",
+        source={"synthetic": True, "seed": s.seed, "kind": "tabular"}, etl_config_hash="synthetic",
         versions={"hvdtrain": "test"}, created_at="1970-01-01T00:00:00Z",
     )
     manifest_lib.write(manifest, root)

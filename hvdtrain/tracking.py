@@ -1,7 +1,13 @@
 """MLflow tracking for rank 0: the only module that imports mlflow (lazily).
 
-Tracking never breaks training: the first MLflow error is logged as a warning
-and the tracker turns into a no-op for the rest of the run.
+Tracking never breaks training. A transient MLflow error (the server
+restarting, a 5xx, a timeout) starts an *outage*: metrics are buffered with
+their original steps and timestamps and flushed when the server answers again
+(probed cheaply on ``/health`` for an HTTP server, at most every
+:data:`RETRY_SECONDS`), and other calls wait for it. Tracking is given up only
+after ``tracking.max_outage_seconds`` of outage, and :meth:`Tracker.summary`
+says what was not logged. Any other MLflow error is logged as a warning and
+the tracker turns into a no-op for the rest of the run.
 
 Where runs go (:func:`resolve_store`): ``tracking.uri``, else
 ``$MLFLOW_TRACKING_URI``, else a local store under the job's workdir,
@@ -25,6 +31,8 @@ import contextlib
 import logging
 import os
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
@@ -40,6 +48,20 @@ PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
 # here; values already in the environment win.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+RETRY_SECONDS = 5.0  # during an outage: how often to look whether the server is back
+# What an MLflow error says when a later try of the same call may succeed.
+TRANSIENT_MARKS = ("connection refused", "connection reset", "max retries exceeded", "timed out", "timeout",
+                   "temporarily", "unavailable", "bad gateway", "internal_error", "502", "503", "504",
+                   "remote end closed", "connection aborted", "name or service not known")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an MLflow failure may pass (server restart, 5xx, timeout) rather than be a bad request (pure)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    names = " ".join(c.__name__ for c in type(exc).__mro__)
+    text = f"{names} {exc}".lower()
+    return "connectionerror" in text or any(mark in text for mark in TRANSIENT_MARKS)
 
 
 @dataclass(frozen=True)
@@ -113,27 +135,87 @@ def _read_head(git_dir: str) -> Optional[str]:
 class Tracker:
     """One MLflow run. Every method swallows MLflow failures (warn once, then no-op)."""
 
-    def __init__(self, cfg: JobConfig, enabled: bool = True):
+    def __init__(self, cfg: JobConfig, enabled: bool = True, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
         self.cfg = cfg
         self.run_id: Optional[str] = None
         self.tracking_uri: Optional[str] = None
         self._mlflow: Any = None
         self._active = enabled and cfg.tracking.enabled
+        self._clock, self._sleep = clock, sleep
+        self._pending: list[tuple[dict[str, float], int, int]] = []  # buffered metrics: values, step, time (ms)
+        self._down_since: Optional[float] = None  # an outage in progress
+        self._next_try = 0.0
+        self.not_logged: list[str] = []  # what an outage or an error kept out of MLflow (the run's summary)
 
     @property
     def active(self) -> bool:
         return self._active
 
     def _guard(self, what: str, fn: Callable[[], T]) -> Optional[T]:
-        if not self._active:
-            return None
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+        """Run an MLflow call; through an outage, wait for the server (up to the outage budget) and retry."""
+        while self._active:
+            try:
+                result = fn()
+            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+                if not self._failed(what, exc):
+                    return None
+                self._sleep(max(0.0, self._next_try - self._clock()))
+                continue
+            self._recovered()
+            return result
+        if self.run_id is not None:
+            self.not_logged.append(what)
+        return None
+
+    def _failed(self, what: str, exc: BaseException) -> bool:
+        """Count a failure in; True to try again later (a transient error within the outage budget)."""
+        now = self._clock()
+        if self.run_id is not None and is_transient(exc):
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("MLflow %s failed (%s: %s); buffering metrics and retrying for up to %.0fs "
+                            "(tracking.max_outage_seconds), training goes on", what, type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "", self.cfg.tracking.max_outage_seconds)
+            self._next_try = now + RETRY_SECONDS
+            if now - self._down_since <= self.cfg.tracking.max_outage_seconds:
+                return True
+            log.warning("MLflow has been unreachable for %.0fs (tracking.max_outage_seconds %.0f); tracking is off "
+                        "for the rest of this run, training goes on", now - self._down_since,
+                        self.cfg.tracking.max_outage_seconds)
+        else:
             log.warning("MLflow %s failed (%s: %s); tracking is off for the rest of this run, training goes on",
                         what, type(exc).__name__, exc)
-            self._active = False
-            return None
+        self._give_up()
+        return False
+
+    def _give_up(self) -> None:
+        self._active = False
+        if self._pending:
+            steps = sorted({step for _, step, _ in self._pending})
+            self.not_logged.append(f"{len(self._pending)} metric batches (steps {steps[0]}..{steps[-1]})")
+            self._pending.clear()
+
+    def _recovered(self) -> None:
+        if self._down_since is not None:
+            log.info("MLflow answers again after %.0fs; flushing %d buffered metric batches",
+                     self._clock() - self._down_since, len(self._pending))
+            self._down_since = None
+
+    def _reachable(self) -> bool:
+        """During an outage, a cheap look at an HTTP server's /health (no MLflow retries); else assume yes."""
+        uri = self.tracking_uri or ""
+        if not uri.startswith(("http://", "https://")):
+            return True
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def summary(self) -> dict[str, Any]:
+        """What this run's tracking missed: for the report and the end-of-run log."""
+        return {"active": self._active, "not_logged": list(self.not_logged)}
 
     def start(self, tags: Mapping[str, str], resume_run_id: Optional[str] = None) -> Optional[str]:
         """Open the run (creating the experiment if needed), or continue ``resume_run_id``; returns the run id."""
@@ -167,8 +249,36 @@ class Tracker:
         self._guard("log_params", log_all)
 
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
-        self._guard("log_metrics", lambda: self._mlflow.log_metrics(
-            {k: float(v) for k, v in metrics.items()}, step=step))
+        """Buffered: sent now, or after an outage with their step and time (never blocks training)."""
+        if not self._active or self._mlflow is None:
+            return
+        self._pending.append(({k: float(v) for k, v in metrics.items()}, step or 0, int(time.time() * 1000)))
+        self.flush(wait=False)
+
+    def flush(self, wait: bool = True) -> None:
+        """Send buffered metrics; with ``wait``, ride out an outage (up to its budget) instead of returning."""
+        while self._active and self._pending:
+            if self._down_since is not None and (self._clock() < self._next_try or not self._reachable()):
+                if not wait:
+                    return
+                if not self._failed("log_metrics", ConnectionError("the server is still unreachable")):
+                    return
+                self._sleep(max(0.0, self._next_try - self._clock()))
+                continue
+            values, step, ms = self._pending[0]
+            try:
+                self._log_batch(values, step, ms)
+            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+                if not self._failed("log_metrics", exc) or not wait:
+                    return
+                continue
+            self._pending.pop(0)
+            self._recovered()
+
+    def _log_batch(self, values: Mapping[str, float], step: int, ms: int) -> None:
+        from mlflow.entities import Metric
+
+        self._mlflow.MlflowClient().log_batch(self.run_id, metrics=[Metric(k, v, ms, step) for k, v in values.items()])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self._guard("set_tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
@@ -203,6 +313,9 @@ class Tracker:
         """Close the run; status is FINISHED, FAILED or KILLED."""
         if self.run_id is None or self._mlflow is None:
             return
+        self.flush(wait=True)
+        if self.not_logged:
+            log.warning("MLflow run %s misses: %s", self.run_id, "; ".join(self.not_logged))
         self._active = True  # one last attempt even after a failure, so the run is not left RUNNING
         with contextlib.redirect_stdout(sys.stderr):  # MLflow prints "View run ..." links: keep stdout for results
             self._guard("end_run", lambda: self._mlflow.end_run(status=status))

@@ -40,8 +40,8 @@ Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
-import functools
 import hashlib
 import json
 import logging
@@ -55,17 +55,18 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import (console, data, distributed, evaluation, fs, plots, progress, resume, steps as steps_lib,
-                      tracking, watchdog)
+from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
+from hvdtrain import console, kerberos, supervise, tracking
 from hvdtrain import manifest as manifest_lib
+from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
-from hvdtrain.errors import DataError, HvdtrainError
-from hvdtrain.loop import EarlyStopper, EpochMonitor, EpochStats, epoch_stats, fit  # noqa: F401 (re-exported)
+from hvdtrain.context import TrainContext
+from hvdtrain.errors import DataError, HvdtrainError, StorageError
+from hvdtrain.hooks import EarlyStopper
+from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
 from hvdtrain.models import build_model
-from hvdtrain.schedules import (WarmupDecay, WarmupSchedule, learning_rate_at,  # noqa: F401 (re-exported)
-                                scaled_learning_rate, warmup_learning_rate)
-from hvdtrain.steps import make_train_step  # noqa: F401 (re-exported: benchmarks use it)
+from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
 
 log = logging.getLogger("hvdtrain.train")
 EVAL_SPLITS = ("validation", "test")
@@ -130,8 +131,8 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
     rank = distributed.init()
     _configure_logging(rank)
-    _configure_tf(rank, cfg.train.seed)
-    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog:
+    threads = _configure_tf(rank, cfg.train)
+    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, _kerberos(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
@@ -146,19 +147,34 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
-            model, history, stopping = _train(cfg, manifest, shape, rank, steps, stage_dir, tracker, dog, layout,
-                                              resumed)
-            evaluated = _evaluate_splits(model, manifest, shape, cfg, rank, stage_dir, dog)
+            restarts = supervise.restarts_from_env()
+            if restarts:  # one MLflow run throughout: this try counts the restarts before it
+                tracker.log_metrics({"restarts": float(len(restarts))})
+                tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
+            ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
+            model, history, stopping = _train(ctx, resumed)
+            evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
-            report = build_report(cfg, manifest, rank, steps, history, evaluated, _rank_digests(model, rank), stopping)
+            report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
+            report["restarts"] = restarts
             if not rank.is_chief:
-                return result_record(tracker.run_id, report, cfg.train.output, exported=False)
-            dog.phase("exporting the model and logging it to MLflow")
-            result = publish(cfg, manifest, shape, model, report, tracker)
+                return result_record(tracker.run_id, report, cfg.train.output)
+            # Export, the MLflow upload and the output upload can take long on slow storage: they run under
+            # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
+            dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
+            result = publish(ctx, model, report)
     log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
              evaluated["test"]["macro_f1"], cfg.train.output)
     return result
+
+
+def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+    """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
+    y = cfg.yarn
+    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
+        return kerberos.Renewer(y.principal, y.keytab)
+    return contextlib.nullcontext()
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
@@ -178,37 +194,26 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     return manifest, shape, steps
 
 
-def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-           stage_dir: str, tracker: tracking.Tracker, dog: watchdog.Watchdog, layout: dict[str, Any],
-           resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
+def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats],
+                                                                          Optional[dict]]:
     """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
-    model, optimizer = build_state(cfg, shape, rank.size, total_steps=steps * cfg.train.epochs)
+    cfg, rank = ctx.cfg, ctx.rank
+    model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epochs)
     stopping = cfg.train.early_stopping
     stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
     if resumed is not None:
         resume.apply(resumed, model, optimizer, rank, stopper)
     distributed.broadcast_state(model, optimizer)
-    start_record = resume.records_read(resumed.layout_step, cfg) if resumed else 0
-    trace = cfg.train.record_trace
-    batches = iter(data.train_dataset(
-        manifest, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
-        shuffle_buffer=cfg.train.shuffle_buffer, seed=cfg.train.seed,
-        features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])], stage_dir=stage_dir,
-        start_record=start_record))
-    if trace:
-        batches = data.trace_batches(batches, fs.local_path(trace), rank.rank, start_record // cfg.train.batch_size)
-    step_fn = steps_lib.make_optimizer_step(model, optimizer, shape.label_feature, shape.inputs,
-                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce)
-    monitor = _monitor(cfg, manifest, shape, rank, steps, stage_dir, tracker, model, optimizer, stopper, dog)
-    offset = resumed.step_offset if resumed else 0
-    monitor.step_offset = offset
-    monitor.checkpointer = resume.Checkpointer(cfg.checkpoint, rank, steps, model, optimizer, layout,
-                                               tracker.run_id, stopper, dog.phase, cfg.fault.checkpoint_timeout,
-                                               offset)
-    history = fit(step_fn, batches, epochs=cfg.train.epochs, steps=steps, accum_steps=cfg.train.grad_accum_steps,
-                  batch_size=cfg.train.batch_size, hooks=monitor,
-                  start=resumed.start(rank) if resumed else None, phase=dog.phase)
-    monitor.checkpointer.close()
+    guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
+    step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
+                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce, guard)
+    checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
+    plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
+    skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
+    history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
+                  hooks=[*_hooks(ctx, model, optimizer, stopper, skips), checkpointer],
+                  start=resumed.start(rank) if resumed else None, phase=ctx.phase)
+    checkpointer.close()
     if stopper is None:
         return model, history, None
     restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
@@ -221,21 +226,35 @@ def _train(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: dis
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
 
 
-def _monitor(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, rank: distributed.RankInfo, steps: int,
-             stage_dir: str, tracker: tracking.Tracker, model: keras.Model, optimizer: Any,
-             stopper: Optional[EarlyStopper], dog: watchdog.Watchdog) -> EpochMonitor:
+def _train_batches(ctx: TrainContext, start_record: int) -> Any:
+    """This rank's endless training batches from ``start_record`` on, traced when asked."""
+    train, shape = ctx.cfg.train, ctx.shape
+    trace = train.record_trace
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
+    batches = iter(data.with_threads(data.train_dataset(
+        ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
+        stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))
+    if trace:
+        batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)
+    return batches
+
+
+def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optional[EarlyStopper],
+           before_report: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
+    """Progress, per-step metrics, validation and early stopping, ``before_report``, the epoch report."""
+    cfg, rank = ctx.cfg, ctx.rank
     mode = progress.mode_for(cfg.train.progress, rank.is_chief)
-    bar = progress.Progress(mode, cfg.train.epochs, steps, cfg.train.progress_every_steps,
+    bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
-    every = cfg.tracking.log_every_steps if rank.is_chief and tracker.active else 0
-    step_metrics = progress.MetricsLogger(tracker.log_metrics, every)
-    validate = None
+    every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
+    out: list[hooks.Hook] = [hooks.ProgressHook(bar, rank.size),
+                             hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
     if cfg.train.validates_each_epoch:
-        eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-        validate = functools.partial(evaluate_split, eval_step, manifest, "validation", shape, cfg, rank, stage_dir,
-                                     dog.phase)
-    return EpochMonitor(cfg.train.epochs, steps, rank.size, bar, step_metrics, tracker.log_metrics,
-                        lambda: current_learning_rate(optimizer), validate, stopper)
+        eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+        out.append(hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper))
+    out += before_report
+    out.append(hooks.EpochReport(cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer)))
+    return out
 
 
 def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[str, Any]]:
@@ -244,34 +263,32 @@ def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[s
     return distributed.allgather_object({"rank": rank.rank, "host": rank.hostname, **mine}, name="hvdtrain.digests")
 
 
-def evaluate_split(eval_step: Any, manifest: Manifest, split: str, shape: data.InputShape, cfg: JobConfig,
-                   rank: distributed.RankInfo, stage_dir: str,
-                   phase: Callable[[str], None] = lambda what: None) -> dict[str, Any]:
+def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
     """One split's report from counts summed over ranks (a collective: every rank calls it)."""
-    batches = data.eval_dataset(manifest, split, rank=rank.rank, size=rank.size, batch_size=cfg.train.batch_size,
-                                features=[*shape.inputs, shape.label_feature], stage_dir=stage_dir)
+    shape, rank = ctx.shape, ctx.rank
+    batches = data.with_threads(data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
+                                                  batch_size=ctx.cfg.train.batch_size,
+                                                  features=[*shape.inputs, shape.label_feature],
+                                                  stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
-                                   on_batch=lambda: phase(f"evaluating the {split} split"))
-    phase(f"all-reducing the {split} split's counts")
+                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
+    ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
-    expected = manifest.split(split).records
+    expected = ctx.manifest.split(split).records
     if counts.records != expected:
         log.warning("%s: evaluated %d records but the manifest lists %d", split, counts.records, expected)
-    return evaluation.split_report(counts, manifest.labels, expected)
+    return evaluation.split_report(counts, ctx.manifest.labels, expected)
 
 
-def _evaluate_splits(model: keras.Model, manifest: Manifest, shape: data.InputShape, cfg: JobConfig,
-                     rank: distributed.RankInfo, stage_dir: str,
-                     dog: watchdog.Watchdog) -> dict[str, dict[str, Any]]:
-    eval_step = steps_lib.make_eval_step(model, shape.label_feature, shape.inputs)
-    return {split: evaluate_split(eval_step, manifest, split, shape, cfg, rank, stage_dir, dog.phase)
-            for split in EVAL_SPLITS}
+def _evaluate_splits(ctx: TrainContext, model: keras.Model) -> dict[str, dict[str, Any]]:
+    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    return {split: evaluate_split(ctx, eval_step, split) for split in EVAL_SPLITS}
 
 
-def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo, steps: int,
-                 history: list[EpochStats], evaluated: dict[str, Any], digests: list[dict[str, Any]],
-                 stopping: Optional[dict[str, Any]] = None) -> dict:
+def build_report(ctx: TrainContext, history: list[EpochStats], evaluated: dict[str, Any],
+                 digests: list[dict[str, Any]], stopping: Optional[dict[str, Any]] = None) -> dict:
     """The eval_report.json document (pure)."""
+    cfg, manifest = ctx.cfg, ctx.manifest
     return {
         "job": cfg.name,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -279,7 +296,7 @@ def build_report(cfg: JobConfig, manifest: Manifest, rank: distributed.RankInfo,
                     "records": {name: split.records for name, split in manifest.splits.items()}},
         "labels": manifest.labels,
         "model": {"kind": cfg.model.kind, "mixed_precision": cfg.train.mixed_precision},
-        "training": training_summary(cfg.train, rank, steps, history),
+        "training": training_summary(cfg.train, ctx.rank, ctx.steps, history),
         "early_stopping": stopping,
         "evaluation": evaluated,
         "rank_digest": rank_agreement(digests),
@@ -298,14 +315,19 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
         "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "skipped_steps": sum(h.skipped_steps for h in history),
         "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
         "history": [h.to_dict() for h in history],
     }
 
 
-def result_record(run_id: Optional[str], report: dict[str, Any], output: str, exported: bool,
+EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labels.json",
+           "confusion_matrix": CONFUSION_PNG}
+
+
+def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),
                   model_uri: Optional[str] = None, tracking_uri: Optional[str] = None) -> dict[str, Any]:
-    """The result.json document (pure)."""
+    """The result.json document (pure); ``exports`` lists only the exports in ``written`` (names in the output)."""
     test = report["evaluation"]["test"]
     return {
         "run_id": run_id,
@@ -318,30 +340,30 @@ def result_record(run_id: Optional[str], report: dict[str, Any], output: str, ex
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
+        "skipped_steps": report["training"].get("skipped_steps", 0),
+        "restarts": len(report.get("restarts", [])),
         "report": fs.join(output, "eval_report.json"),
-        "exports": {"keras": fs.join(output, "model.keras"), "saved_model": fs.join(output, "saved_model"),
-                    "labels": fs.join(output, "labels.json"),
-                    "confusion_matrix": fs.join(output, CONFUSION_PNG)} if exported else {},
+        "exports": {key: fs.join(output, name) for key, name in EXPORTS.items() if name in written},
     }
 
 
 # -- rank 0: files and tracking ----------------------------------------------------------------
 
-def publish(cfg: JobConfig, manifest: Manifest, shape: data.InputShape, model: keras.Model,
-            report: dict[str, Any], tracker: tracking.Tracker) -> dict[str, Any]:
+def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> dict[str, Any]:
     """Write report, chart, exports and result to ``train.output`` and log them to MLflow."""
-    output = cfg.train.output
+    output, tracker = ctx.cfg.train.output, ctx.tracker
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
-        _dump_json(os.path.join(local, "labels.json"), labels_document(manifest, shape))
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape))
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
-        model_uri = _log_run_end(tracker, cfg, manifest, shape, model, report, local, png)
-        result = result_record(tracker.run_id, report, output, exported=True, model_uri=model_uri,
-                               tracking_uri=tracker.tracking_uri)
+        model_uri = _log_run_end(ctx, model, report, local, png)
+        tracker.flush()  # ride out an outage before saying what MLflow has
+        result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
+                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, "result.json"), result)
-        upload_dir(local, output)
+        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
 
 
@@ -375,39 +397,69 @@ def final_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _log_run_end(tracker: tracking.Tracker, cfg: JobConfig, manifest: Manifest, shape: data.InputShape,
-                 model: keras.Model, report: dict[str, Any], local: str, png: Optional[str]) -> Optional[str]:
+def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], local: str,
+                 png: Optional[str]) -> Optional[str]:
+    tracker = ctx.tracker
     tracker.log_metrics(final_metrics(report))
     tags: dict[str, Any] = {"ranks_agree": report["rank_digest"]["agree"]}
     if report["early_stopping"] is not None:
         tags.update(best_epoch=report["early_stopping"]["best_epoch"],
                     stopped_early=report["early_stopping"]["stopped_early"])
     tracker.set_tags(tags)
-    tracker.log_text(cfg.to_yaml(), "config.yaml")
-    tracker.log_text(manifest.to_json(), "manifest.json")
+    tracker.log_text(ctx.cfg.to_yaml(), "config.yaml")
+    tracker.log_text(ctx.manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
     if png is not None:
         tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
-    return tracker.log_keras_model(model, shape.input_specs(), shape.num_classes,
-                                   cfg.tracking.registered_model_name)
+    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_classes,
+                                   ctx.cfg.tracking.registered_model_name)
 
 
-def upload_dir(local: str, output: str) -> None:
-    """Copy a local folder's files into ``output`` (local or remote); each file lands atomically.
+def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None) -> None:
+    """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
 
-    ``saved_model/`` is replaced as a whole so no file of an older export survives.
+    Files go to a sibling folder first (``progress`` hears each one, so a slow
+    storage restarts the stall clock per file, and the log shows where it is);
+    only when every file is there does that folder take ``output``'s place. A
+    failed upload names the file, and ``output`` is as it was.
     """
-    if fs.exists(fs.join(output, "saved_model")):
-        fs.delete(fs.join(output, "saved_model"))
-    fs.makedirs(output)
-    for root, _, files in os.walk(local):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, local).replace(os.sep, "/")
-            with open(path, "rb") as fh:
-                fs.write_bytes_atomic(fs.join(output, *rel.split("/")), fh.read())
+    files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
+                   for root, _, names in os.walk(local) for name in names)
+    parent, base = output.rstrip("/").rsplit("/", 1) if "/" in output.rstrip("/") else (".", output)
+    incoming = fs.join(parent, f".{base}.incoming-{os.getpid()}")
+    if fs.exists(incoming):
+        fs.delete(incoming)
+    for i, rel in enumerate(files, start=1):
+        what = f"uploading {rel} ({i}/{len(files)}) to {output}"
+        progress(what)
+        log.info(what)
+        try:
+            fs.copy_from_local(os.path.join(local, *rel.split("/")), fs.join(incoming, *rel.split("/")))
+        except Exception as exc:  # noqa: BLE001 - one line naming the file; the old outputs stay
+            _discard(incoming)
+            raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
+                               f"outputs in {output} are unchanged: fix the storage and rerun") from exc
+    progress(f"replacing {output} with the new outputs")
+    _swap_in(incoming, output)
+
+
+def _swap_in(incoming: str, output: str) -> None:
+    """``incoming`` becomes ``output``; a previous ``output`` is moved aside first, then deleted."""
+    previous = f"{incoming}.previous"
+    if fs.exists(output):
+        fs.move(output, previous)
+    fs.move(incoming, output)
+    _discard(previous)
+
+
+def _discard(uri: str) -> None:
+    try:
+        if fs.exists(uri):
+            fs.delete(uri)
+    except Exception as exc:  # noqa: BLE001 - a leftover folder is not worth failing over
+        log.warning("could not delete %s (%s); delete it by hand", uri, exc)
 
 
 def _dump_json(path: str, doc: Any) -> None:
@@ -441,15 +493,25 @@ def _configure_logging(rank: distributed.RankInfo) -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # e.g. "Assets written to" on export
 
 
-def _configure_tf(rank: distributed.RankInfo, seed: int) -> None:
-    """Share the host's cores among its ranks; seed each rank differently (weights come from rank 0)."""
-    threads = max(1, (os.cpu_count() or 1) // rank.local_size)
+def _configure_tf(rank: distributed.RankInfo, train: TrainConfig) -> int:
+    """Size TensorFlow's thread pools from this rank's CPU budget, seed each rank differently (weights come
+    from rank 0), and turn on op determinism when asked; returns the budget (tf.data's private pool too)."""
+    found = cpus.detect()
+    threads = cpus.per_rank(found, rank.local_size)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
     except RuntimeError:  # TensorFlow already started (run() called twice in one process)
         pass
-    keras.utils.set_random_seed(seed + rank.rank)
+    log.info("CPU budget %d for this rank (%s: %d%s); TensorFlow intra-op threads %d, inter-op %d, tf.data "
+             "private pool %d", threads, found.source, found.cpus,
+             f" shared by {rank.local_size} ranks on this host" if found.shared and rank.local_size > 1 else "",
+             tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads(), threads)
+    keras.utils.set_random_seed(train.seed + rank.rank)
+    if train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return threads
 
 
 # -- command line ---------------------------------------------------------------------------

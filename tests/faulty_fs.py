@@ -2,7 +2,7 @@
 
 Used only to inject faults (the thing under test is real code on a real
 filesystem): the first ``fail_first`` calls raise a transient error,
-``truncate`` names files whose writes lose their second half, and reads of
+``fail`` names (operation, path part) pairs that always raise it, ``truncate`` names files whose writes lose their second half, and reads of
 paths containing a ``hang`` string never return.
 """
 from __future__ import annotations
@@ -19,15 +19,15 @@ from hvdtrain import fs
 
 class FaultyHandler(pafs.FileSystemHandler):
     def __init__(self, fail_first: int = 0, truncate: tuple[str, ...] = (), error: Optional[Exception] = None,
-                 hang: tuple[str, ...] = ()):
+                 hang: tuple[str, ...] = (), fail: tuple[tuple[str, str], ...] = ()):
         self.local = pafs.LocalFileSystem()
-        self.fail_first, self.truncate, self.hang = fail_first, truncate, hang
+        self.fail_first, self.truncate, self.hang, self.fail = fail_first, truncate, hang, fail
         self.error = error or ConnectionResetError("connection reset by peer (injected)")
         self.calls: list[tuple[str, str]] = []
 
     def _call(self, op: str, path: str) -> None:
         self.calls.append((op, path))
-        if len(self.calls) <= self.fail_first:
+        if len(self.calls) <= self.fail_first or any(op == o and part in path for o, part in self.fail):
             raise self.error
 
     def __eq__(self, other): return self is other

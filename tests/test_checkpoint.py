@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrain import checkpoint as ck
 from hvdtrain import fs
-from hvdtrain.errors import DataError
+from hvdtrain.errors import DataError, StorageError
 from tests import faulty_fs
 
 
@@ -111,6 +111,41 @@ def test_truncated_write_is_caught_and_never_committed(tmp_path):
         faulty_fs.uninstall()
     assert ck.latest_valid(str(tmp_path / "c")) is None
     assert [i.status for i in ck.scan(str(tmp_path / "c"))] == ["uncommitted"]
+
+
+def test_a_committed_checkpoint_the_storage_cannot_read_stops_the_resume(tmp_path, monkeypatch):
+    """Never silently go back in time: only provably bad checkpoints are skipped."""
+    monkeypatch.setattr(fs, "with_retries", _fast_retries(fs.with_retries))
+    root = tmp_path / "c"
+    w = ck.CheckpointWriter(str(root), keep_last=10, background=False)
+    for step in (1, 2):
+        w.save(step, state(step), {"epoch": 0})
+    faulty_fs.install(faulty_fs.FaultyHandler(fail=(("read", f"{ck.checkpoint_name(2)}/{ck.STATE}"),)))
+    try:
+        with pytest.raises(StorageError, match=r"checkpoint faulty://.*ckpt-0000000002 could not be read .*"
+                                               r"failed after 5 attempts.*go back in time.*move ckpt-0000000002 out"):
+            ck.restore_latest(f"faulty://{root}")
+        with pytest.raises(StorageError, match="ckpt-0000000002 could not be read"):
+            ck.latest_valid(f"faulty://{root}")
+    finally:
+        faulty_fs.uninstall()
+    assert ck.restore_latest(str(root))[0].step == 2  # the storage is back: the same, newest checkpoint
+
+
+def test_a_failed_prune_after_a_good_publish_is_a_warning(tmp_path, caplog):
+    faulty_fs.install(faulty_fs.FaultyHandler(fail=(("rmdir", ck.checkpoint_name(1)),),
+                                              error=PermissionError(13, "Permission denied (injected)")))
+    try:
+        w = ck.CheckpointWriter(f"faulty://{tmp_path}/c", keep_last=1, keep_best=0, background=True)
+        with caplog.at_level(logging.WARNING):
+            for step in (1, 2):
+                w.save(step, state(step), {"epoch": step})
+            w.wait()  # raises nothing: the new checkpoint is safe
+    finally:
+        faulty_fs.uninstall()
+    assert [i.step for i in ck.scan(str(tmp_path / "c"))] == [1, 2] and w.prune_failures == 1
+    assert "ckpt-0000000002 is published, but pruning older checkpoints" in caplog.text
+    assert "Permission denied (injected)" in caplog.text
 
 
 def test_writer_prunes_to_retention(tmp_path):

@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 
 from hvdtrain import data
+from hvdtrain.data import contract
+from hvdtrain.data import pipeline
+from hvdtrain.data import plan as read_plan
+from hvdtrain.data import staging
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import FeatureSpec
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_text_dataset
 
 ALL = ["input_ids", "attention_mask", "label", "key"]
 
@@ -24,19 +28,19 @@ ALL = ["input_ids", "attention_mask", "label", "key"]
 
 def test_assign_shards_balances_records_largest_first() -> None:
     records = [100, 90, 50, 40, 30, 10, 5]
-    plan = data.assign_shards(records, 2)
+    plan = read_plan.assign_shards(records, 2)
     loads = [sum(records[i] for i in shards) for shards in plan]
     assert sorted(i for shards in plan for i in shards) == list(range(len(records)))
     assert plan == [[0, 3, 4], [1, 2, 5, 6]]  # 100+40+30 = 170 vs 90+50+10+5 = 155
     assert max(loads) - min(loads) <= max(records)
-    assert data.assign_shards(records, 2) == plan  # deterministic
+    assert read_plan.assign_shards(records, 2) == plan  # deterministic
 
 
 def test_assign_shards_with_more_ranks_than_shards_leaves_ranks_empty() -> None:
-    assert data.assign_shards([7, 7], 3) == [[0], [1], []]
-    assert data.assign_shards([], 2) == [[], []]
+    assert read_plan.assign_shards([7, 7], 3) == [[0], [1], []]
+    assert read_plan.assign_shards([], 2) == [[], []]
     with pytest.raises(ValueError):
-        data.assign_shards([1], 0)
+        read_plan.assign_shards([1], 0)
 
 
 def test_steps_per_epoch_counts_whole_global_batches() -> None:
@@ -48,18 +52,18 @@ def test_steps_per_epoch_counts_whole_global_batches() -> None:
 
 
 def test_train_plan_falls_back_to_record_level_when_unbalanced() -> None:
-    assert data.plan_train_reads([50, 50, 40, 60], 1, 2) == data.ReadPlan((0, 1))  # 100 vs 100
+    assert read_plan.plan_train_reads([50, 50, 40, 60], 1, 2) == read_plan.ReadPlan((0, 1))  # 100 vs 100
     # fewer shards than ranks
-    assert data.plan_train_reads([100], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+    assert read_plan.plan_train_reads([100], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
     # whole shards would leave rank 1 with 30 records against rank 0's 500
-    lopsided = data.plan_train_reads([500, 20, 10], 0, 2)
+    lopsided = read_plan.plan_train_reads([500, 20, 10], 0, 2)
     assert lopsided.record_level and lopsided.shards == (0, 1, 2)
-    assert data.plan_train_reads([500, 20, 10], 0, 1) == data.ReadPlan((0, 1, 2))
+    assert read_plan.plan_train_reads([500, 20, 10], 0, 1) == read_plan.ReadPlan((0, 1, 2))
 
 
 def test_eval_plan_uses_whole_shards_when_it_can() -> None:
-    assert data.plan_eval_reads(3, [500, 20, 10], 1, 2) == data.ReadPlan((1, 2))
-    assert data.plan_eval_reads(1, [9], 1, 2) == data.ReadPlan((0,), stride=2, offset=1)
+    assert read_plan.plan_eval_reads(3, [500, 20, 10], 1, 2) == read_plan.ReadPlan((1, 2))
+    assert read_plan.plan_eval_reads(1, [9], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
 
 
 # -- pipelines ---------------------------------------------------------------------------------
@@ -67,8 +71,8 @@ def test_eval_plan_uses_whole_shards_when_it_can() -> None:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
     root = tmp_path_factory.mktemp("ds")
-    return make_text_dataset(str(root), n_per_split={"train": 90, "validation": 31, "test": 29},
-                             shards_per_split=3, max_length=12, seed=3)
+    return make_text_dataset(str(root), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 31,
+                                                                            "test": 29}, shards_per_split=3), max_length=12, seed=3))
 
 
 def _keys(batches) -> list[str]:
@@ -76,7 +80,8 @@ def _keys(batches) -> list[str]:
 
 
 def test_train_stream_parses_with_the_manifest_spec(dataset: manifest_lib.Manifest) -> None:
-    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=8, shuffle_buffer=16, seed=1, features=ALL)
+    ds = data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=16, seed=1),
+                            features=ALL)
     batch = next(iter(ds))
     assert set(batch) == set(ALL)
     assert batch["input_ids"].shape == (8, 12) and batch["input_ids"].dtype.name == "int64"
@@ -86,14 +91,15 @@ def test_train_stream_parses_with_the_manifest_spec(dataset: manifest_lib.Manife
 
 
 def test_train_stream_repeats_reshuffles_and_covers_every_record(dataset: manifest_lib.Manifest) -> None:
-    ds = data.train_dataset(dataset, rank=0, size=1, batch_size=10, shuffle_buffer=32, seed=1, features=ALL)
+    ds = data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=10, shuffle_buffer=32, seed=1),
+                            features=ALL)
     keys = _keys(itertools.islice(iter(ds), 27))  # three passes of 90 records
     counts = collections.Counter(keys)
     assert set(counts) == {f"train-{i:06d}" for i in range(90)}
     assert max(counts.values()) <= 5  # no record starved or hogged across pass boundaries
     assert keys[:90] != keys[90:180]  # a new order each pass
-    again = _keys(itertools.islice(iter(data.train_dataset(dataset, rank=0, size=1, batch_size=10,
-                                                            shuffle_buffer=32, seed=1, features=ALL)), 27))
+    again = _keys(itertools.islice(iter(data.train_dataset(dataset, data.TrainStream(rank=0, size=1, batch_size=10,
+                                                                                     shuffle_buffer=32, seed=1), features=ALL)), 27))
     assert again == keys  # deterministic for a seed
 
 
@@ -101,8 +107,10 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     # One shard of 90 records in key order, windows of 30: each pass is a permutation of the shard in
     # which a record moves less than two windows, and the boundaries move, so records 0 and 31 share
     # the first batches in some passes and not in others.
-    m = make_text_dataset(str(tmp_path), n_per_split={"train": 90, "validation": 4, "test": 4}, shards_per_split=1)
-    ds = data.train_dataset(m, rank=0, size=1, batch_size=10, shuffle_buffer=30, seed=3, features=["key"])
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 4, "test": 4},
+                                                                shards_per_split=1)))
+    ds = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=10, shuffle_buffer=30, seed=3),
+                            features=["key"])
     keys = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 9 * 12))]
     passes = [keys[i:i + 90] for i in range(0, len(keys), 90)]
     assert all(sorted(p) == list(range(90)) for p in passes)
@@ -112,32 +120,33 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     assert len({frozenset(w) for w in first_window}) > 1
     assert len({tuple(p) for p in passes}) == len(passes)
     # A window smaller than a read chunk still spans every file of the cycle (2 shards, windows of 8).
-    two = make_text_dataset(str(tmp_path / "two"), n_per_split={"train": 90, "validation": 4, "test": 4},
-                            shards_per_split=2)
-    ds = data.train_dataset(two, rank=0, size=1, batch_size=8, shuffle_buffer=8, seed=3, features=["key"])
+    two = make_text_dataset(str(tmp_path / "two"), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 4,
+                                                                                       "test": 4}, shards_per_split=2)))
+    ds = data.train_dataset(two, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=8, seed=3),
+                            features=["key"])
     first = [int(k.split("-")[1]) for k in _keys(itertools.islice(iter(ds), 1))]
     assert min(first) < 45 <= max(first)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])  # whole shards, and record-level reading (3 shards, 4 ranks)
 def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> None:
-    kw = dict(n_per_split=40, num_classes=3, max_length=12, vocab_size=300, shards_per_split=3, seed=4)
-    packed = make_text_dataset(str(tmp_path / "packed"), packed=True, **kw)
-    plain = make_text_dataset(str(tmp_path / "plain"), packed=False, **kw)
+    kw = dict(layout=Layout(n_per_split=40, shards_per_split=3), num_classes=3, max_length=12, vocab_size=300, seed=4)
+    packed = make_text_dataset(str(tmp_path / "packed"), TextSpec(packed=True, **kw))
+    plain = make_text_dataset(str(tmp_path / "plain"), TextSpec(packed=False, **kw))
     assert packed.features["input_ids"].encoding == "u16le" and packed.features["attention_mask"].encoding == "u8"
     assert plain.features["input_ids"].encoding == ""
     for rank in range(size):
         a, b = (list(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=7, features=ALL))
                 for m in (packed, plain))
-        b_train, a_train = (next(iter(data.train_dataset(m, rank=rank, size=size, batch_size=5, shuffle_buffer=8,
-                                                          seed=2, features=ALL))) for m in (plain, packed))
+        b_train, a_train = (next(iter(data.train_dataset(m, data.TrainStream(rank=rank, size=size, batch_size=5,
+                                                                             shuffle_buffer=8, seed=2), features=ALL))) for m in (plain, packed))
         for x, y in [*zip(a, b), (a_train, b_train)]:
             for name in ALL:
                 assert x[name].dtype == y[name].dtype
                 assert x[name].numpy().tolist() == y[name].numpy().tolist()
     import tensorflow as tf
 
-    parser = data.Parser(packed)
+    parser = pipeline.Parser(packed)
     records = next(iter(tf.data.TFRecordDataset(packed.shard_uri(packed.split("test").shards[0])).batch(3)))
     one, three = parser.single(records[1]), parser.batch(records)
     assert all(np.asarray(one[name]).tolist() == np.asarray(three[name][1]).tolist() for name in ALL)
@@ -163,20 +172,20 @@ def test_manifest_formats_and_encodings(dataset: manifest_lib.Manifest) -> None:
 
 def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.Manifest) -> None:
     # 3 shards of 30: rank 0 gets two, rank 1 one; each rank's first pass holds only its own records.
-    first = [set(_keys(itertools.islice(iter(data.train_dataset(
-        dataset, rank=r, size=2, batch_size=10, shuffle_buffer=4, seed=5, features=["key"])), 3)))
+    first = [set(_keys(itertools.islice(iter(data.train_dataset(dataset, data.TrainStream(rank=r, size=2,
+                                                                                          batch_size=10, shuffle_buffer=4, seed=5), features=["key"])), 3)))
         for r in range(2)]
     assert first[0] and first[1] and not first[0] & first[1]
 
 
 def test_records_per_pass_and_resume_point() -> None:
-    assert data.records_per_pass(data.ReadPlan((0, 2)), [30, 10, 20]) == 50
-    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
-    assert data.records_per_pass(data.ReadPlan((0,), stride=2, offset=0), [9]) == 5
-    assert data.resume_point(0, 50) == (0, 0)
-    assert data.resume_point(130, 50) == (2, 30)
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0, 2)), [30, 10, 20]) == 50
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
+    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=0), [9]) == 5
+    assert read_plan.resume_point(0, 50) == (0, 0)
+    assert read_plan.resume_point(130, 50) == (2, 30)
     with pytest.raises(ValueError):
-        data.resume_point(5, 0)
+        read_plan.resume_point(5, 0)
 
 
 @pytest.mark.parametrize("rank,size", [(0, 1), (1, 2), (0, 4)])  # whole shards; record-level (3 shards, 4 ranks)
@@ -184,8 +193,8 @@ def test_records_per_pass_and_resume_point() -> None:
 def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, rank: int, size: int,
                                                                        batches_done: int) -> None:
     def stream(start_record: int):
-        return data.train_dataset(dataset, rank=rank, size=size, batch_size=5, shuffle_buffer=16, seed=7,
-                                  features=["key"], start_record=start_record)
+        return data.train_dataset(dataset, data.TrainStream(rank=rank, size=size, batch_size=5, shuffle_buffer=16,
+                                                            seed=7), features=["key"], start_record=start_record)
 
     full = _keys(itertools.islice(iter(stream(0)), batches_done + 12))
     resumed = _keys(itertools.islice(iter(stream(batches_done * 5)), 12))
@@ -194,7 +203,8 @@ def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, 
 
 @pytest.mark.parametrize("shards,size", [(3, 2), (1, 2), (2, 3), (3, 3)])
 def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int, size: int) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=23, shards_per_split=shards, max_length=6, seed=shards)
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=23, shards_per_split=shards),
+                                                  max_length=6, seed=shards))
     keys = []
     for rank in range(size):
         keys += _keys(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=4, features=["key"]))
@@ -202,13 +212,14 @@ def test_eval_reads_every_record_exactly_once_across_ranks(tmp_path, shards: int
 
 
 def test_gzip_shards_are_read(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6, compression="gzip")
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=10, shards_per_split=2,
+                                                                compression="gzip"), max_length=6))
     keys = _keys(data.eval_dataset(m, "validation", rank=0, size=1, batch_size=3, features=["key"]))
     assert len(keys) == 10
 
 
 def test_missing_shard_is_named(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path), n_per_split=10, shards_per_split=2, max_length=6)
+    m = make_text_dataset(str(tmp_path), TextSpec(layout=Layout(n_per_split=10, shards_per_split=2), max_length=6))
     os.remove(os.path.join(str(tmp_path), "test", "part-00001.tfrecord"))
     with pytest.raises(DataError, match=r"shard test/part-00001.tfrecord of split 'test' is missing"):
         data.eval_dataset(m, "test", rank=0, size=1, batch_size=3)
@@ -227,17 +238,18 @@ def _remote(tmp_path, m):
 
 
 def test_remote_shards_are_staged_ahead_and_released_after_their_last_record(tmp_path) -> None:
-    m = make_text_dataset(str(tmp_path / "ds"), n_per_split=40, shards_per_split=4, max_length=6)
+    m = make_text_dataset(str(tmp_path / "ds"), TextSpec(layout=Layout(n_per_split=40, shards_per_split=4),
+                                                         max_length=6))
     remote, copied, copy = _remote(tmp_path, m)
     stage = tmp_path / "stage"
     stage.mkdir()
-    source = data.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), copy=copy)
+    source = staging.file_paths(remote, "test", lambda: iter([3, 1, 0, 2]), str(stage), copy=copy)
     got = list(source.paths())
     assert copied == [f"hdfs://namenode:8020/data/ds/test/part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
     assert [os.path.basename(p).split("-", 1)[1] for p in got] == [f"part-0000{i}.tfrecord" for i in (3, 1, 0, 2)]
     assert os.listdir(stage) == []  # the folder goes when the reader is done
     with pytest.raises(DataError, match="remote shards .* pass a local stage_dir"):
-        data.file_paths(remote, "test", lambda: iter([0]), None, copy=copy)
+        staging.file_paths(remote, "test", lambda: iter([0]), None, copy=copy)
 
 
 def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_path) -> None:
@@ -245,16 +257,18 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
 
     from hvdtrain import fs
 
-    m = make_text_dataset(str(tmp_path / "data" / "ds"), n_per_split=80, shards_per_split=8, max_length=6)
+    m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=80, shards_per_split=8),
+                                                                  max_length=6))
     remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
     # hdfs:// served from a local folder: the real staging path, no cluster needed.
     fs.register_scheme("hdfs", lambda netloc: pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
     stage = tmp_path / "stage"
     stage.mkdir()
     try:
-        ds = data.train_dataset(remote, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
-                                stage_dir=str(stage), cycle_length=2)
-        local = data.train_dataset(m, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3, cycle_length=2)
+        ds = data.train_dataset(remote, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
+                                                         cycle_length=2), stage_dir=str(stage))
+        local = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3,
+                                                       cycle_length=2))
         most = 0
         staged_keys, local_keys = [], []
         for a, b in zip(ds.take(30), local.take(30)):  # three passes over 80 records
@@ -264,11 +278,11 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
     finally:
         fs.register_scheme("hdfs", None)
     assert staged_keys == local_keys  # staging changes where bytes come from, never the data order
-    assert 0 < most <= data.STAGE_AHEAD + 2 * 2 + 2, most
+    assert 0 < most <= staging.STAGE_AHEAD + 2 * 2 + 2, most
 
 
 def test_stager_reports_copy_failures_naming_the_shard(tmp_path) -> None:
-    from hvdtrain.staging import ShardStager
+    from hvdtrain.data.staging import ShardStager
 
     def broken(uri: str, local: str) -> None:
         raise ConnectionError("namenode went away")
@@ -323,16 +337,17 @@ MLP = ModelConfig(kind="mlp")
 def tabular(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
     from hvdtrain.synthetic import make_tabular_dataset
 
-    return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), n_per_split=20, num_numeric=4,
-                                cardinalities=[3, 6], seed=1)
+    return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), TabularSpec(layout=Layout(n_per_split=20),
+                                                                                 num_numeric=4, cardinalities=[3,
+                                                                                                               6], seed=1))
 
 
 def test_model_inputs_per_kind() -> None:
-    assert data.MODEL_INPUTS["transformer"] == ("input_ids", "attention_mask")
-    assert data.model_inputs("mlp", ["numeric", "label"]) == ("numeric",)
-    assert data.model_inputs("mlp", ["categorical", "numeric"]) == ("numeric", "categorical")
+    assert contract.MODEL_INPUTS["transformer"] == ("input_ids", "attention_mask")
+    assert contract.model_inputs("mlp", ["numeric", "label"]) == ("numeric",)
+    assert contract.model_inputs("mlp", ["categorical", "numeric"]) == ("numeric", "categorical")
     with pytest.raises(DataError, match="model.kind 'cnn' has no input contract"):
-        data.model_inputs("cnn", [])
+        contract.model_inputs("cnn", [])
 
 
 def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest) -> None:
@@ -349,7 +364,8 @@ def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest
 def test_numeric_only_tabular_dataset(tmp_path) -> None:
     from hvdtrain.synthetic import make_tabular_dataset
 
-    m = make_tabular_dataset(str(tmp_path), n_per_split=8, num_numeric=3, cardinalities=[], seed=2)
+    m = make_tabular_dataset(str(tmp_path), TabularSpec(layout=Layout(n_per_split=8), num_numeric=3, cardinalities=[],
+                                                        seed=2))
     shape = data.check_manifest(m, MLP)
     assert shape.inputs == ("numeric",) and shape.cardinalities == ()
 

@@ -5,6 +5,9 @@ arguments, so these tests describe hosts with fakes instead of changing this one
 """
 from __future__ import annotations
 
+import datetime
+import re
+
 from typing import Sequence
 
 import pytest
@@ -118,7 +121,55 @@ def test_kerberos_ticket() -> None:
     assert skipped.ok and skipped.detail.startswith("klist not found: skipped")
     expired = envcheck.check_kerberos(which_of("klist"), runner({"/usr/bin/klist -s": CommandResult(1, "")}))
     assert not expired.ok and expired.detail == "no valid ticket (klist -s failed)" and "kinit" in expired.fix
-    assert envcheck.check_kerberos(which_of("klist"), runner({"/usr/bin/klist -s": CommandResult(0, "")})).ok
+    listing = CommandResult(0, KLIST.replace("11/24/26 02:00:00", (datetime.datetime.now() + datetime.timedelta(
+        hours=7, minutes=30)).strftime("%m/%d/%y %H:%M:%S")))
+    valid = envcheck.check_kerberos(which_of("klist"), runner({"/usr/bin/klist -s": CommandResult(0, ""),
+                                                               "/usr/bin/klist": listing}))
+    assert valid.ok and re.match(r"ml@EXAMPLE\.COM, expires in 7h (29|30)m", valid.detail), valid.detail
+
+
+KLIST = """Ticket cache: FILE:/tmp/krb5cc_1000
+Default principal: ml@EXAMPLE.COM
+
+Valid starting     Expires            Service principal
+11/23/26 16:00:00  11/24/26 02:00:00  krbtgt/EXAMPLE.COM@EXAMPLE.COM
+	renew until 11/30/26 16:00:00
+"""
+
+
+def test_klist_parsing_and_when_to_renew() -> None:
+    from hvdtrain import kerberos
+
+    ticket = kerberos.parse_klist(KLIST)
+    assert ticket.principal == "ml@EXAMPLE.COM" and ticket.expires == datetime.datetime(2026, 11, 24, 2, 0)
+    assert kerberos.parse_klist("klist: No credentials cache found") is None
+    assert not kerberos.renew_due(ticket, datetime.datetime(2026, 11, 23, 20, 0))  # 6 h of 10 left
+    assert kerberos.renew_due(ticket, datetime.datetime(2026, 11, 24, 1, 1))  # under an hour left
+    short = kerberos.Ticket("a@B", datetime.datetime(2026, 1, 1, 0, 0), datetime.datetime(2026, 1, 1, 0, 30))
+    assert not kerberos.renew_due(short, datetime.datetime(2026, 1, 1, 0, 19))
+    assert kerberos.renew_due(short, datetime.datetime(2026, 1, 1, 0, 21))  # a third of 30 min left
+    assert kerberos.renew_due(None, datetime.datetime(2026, 1, 1))
+
+
+def test_the_renewer_kinits_from_the_keytab_only_when_due() -> None:
+    import subprocess
+
+    from hvdtrain import kerberos
+
+    calls, now, cache = [], datetime.datetime(2026, 11, 24, 1, 30), [KLIST]  # 30 min left of a 10 h ticket
+
+    def run(cmd):  # klist reads the cache; kinit puts a ticket valid a day longer in it
+        calls.append(list(cmd))
+        if cmd[0] == "kinit":
+            cache[0] = KLIST.replace("11/24/26 02:00:00", "11/25/26 02:00:00")
+        return subprocess.CompletedProcess(cmd, 0, cache[0] if cmd[0] == "klist" else "", "")
+
+    renewer = kerberos.Renewer("ml@EXAMPLE.COM", "/k/ml.keytab", run=run, now=lambda: now)
+    renewer.check()
+    assert ["kinit", "-kt", "/k/ml.keytab", "ml@EXAMPLE.COM"] in calls and renewer.renewals == 1
+    calls.clear()
+    renewer.check()  # the new ticket lasts another day: nothing to do
+    assert calls == [["klist"]] and renewer.renewals == 1
 
 
 def test_hadoop_conf_dir() -> None:

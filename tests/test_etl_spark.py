@@ -43,8 +43,9 @@ def read_back(m, split):
     import tensorflow as tf
 
     from hvdtrain import data
+    from hvdtrain.data import pipeline
 
-    parser = data.Parser(m)
+    parser = pipeline.Parser(m)
     files = [m.shard_uri(s) for s in m.split(split).shards]
     ds = tf.data.TFRecordDataset(files, compression_type="GZIP" if m.compression == "gzip" else "")
     out = {k: [] for k in m.features}

@@ -46,7 +46,7 @@ def test_early_stopping_config_names_a_contradictory_mode() -> None:
 
 
 def test_early_stopper_keeps_the_best_epochs_weights() -> None:
-    from hvdtrain.loop import EarlyStopper
+    from hvdtrain.hooks import EarlyStopper
 
     weights = [np.zeros(2)]
     stopper = EarlyStopper(EarlyStoppingConfig(metric="accuracy", patience=1), lambda: weights)
@@ -69,8 +69,8 @@ class RecordingHooks:
     def start_epoch(self, epoch: int) -> None:
         self.events.append(("start", epoch))
 
-    def on_step(self, epoch: int, step: int, data_seconds: float, loss_sum: Any, examples: int) -> None:
-        self.events.append(("step", epoch, step, examples))
+    def on_step(self, info: Any) -> None:
+        self.events.append(("step", info.epoch, info.step, info.examples))
 
     def end_epoch(self, stats: Any) -> bool:
         self.events.append(("end", stats.epoch, stats.examples, stats.loss))
@@ -82,7 +82,7 @@ class RecordingHooks:
 
 def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
     from hvdtrain import distributed
-    from hvdtrain.loop import fit
+    from hvdtrain.loop import LoopPlan, fit
 
     distributed.init(use_horovod=False)
     seen: list[list[int]] = []
@@ -92,7 +92,7 @@ def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
         return float(2 * len(batches) * 4), 1.0  # loss sum 2 per example, 4 examples per batch
 
     hooks = RecordingHooks(stop_after=2)
-    history = fit(step, itertools.count(), epochs=5, steps=3, accum_steps=2, batch_size=4, hooks=hooks)
+    history = fit(step, itertools.count(), LoopPlan(epochs=5, steps=3, accum_steps=2, batch_size=4), hooks=[hooks])
     assert len(history) == 2  # stopped after epoch 2
     assert seen[:2] == [[0, 1], [2, 3]] and len(seen) == 6  # 2 batches per optimizer step, stream shared
     assert history[0].examples == 3 * 2 * 4 and history[0].loss == 2.0
@@ -103,7 +103,7 @@ def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
 def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> None:
     """A run resumed after step 4 (mid epoch 2) sees the batches and epoch sums of the uninterrupted run."""
     from hvdtrain import distributed
-    from hvdtrain.loop import Start, fit
+    from hvdtrain.loop import LoopPlan, Start, fit
 
     distributed.init(use_horovod=False)
 
@@ -111,19 +111,19 @@ def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> Non
         return float(sum(batches)), float(len(batches))
 
     full_hooks = RecordingHooks()
-    full = fit(step, itertools.count(), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=full_hooks)
+    full = fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4), hooks=[full_hooks])
     # the state the checkpointer would have saved after step 4: epoch 1 done, 1 step of epoch 2
     after4 = [e for e in full_hooks.events if e[0] == "after" and e[1] == 4][0]
     assert after4[2] is False and after4[3] == (3.0, 1.0, 4.0)  # batch 3's loss, 1 correct, 4 examples
     hooks = RecordingHooks()
-    resumed = fit(step, itertools.count(4), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=hooks,
+    resumed = fit(step, itertools.count(4), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4), hooks=[hooks],
                   start=Start(4, full[:1], np.array(after4[3]), 0.0))
     assert [(h.epoch, h.examples, h.loss, h.accuracy) for h in resumed] == \
         [(h.epoch, h.examples, h.loss, h.accuracy) for h in full]
     assert [e for e in hooks.events if e[0] == "step"] == [("step", 2, 2, 4), ("step", 2, 3, 4)] + \
         [("step", 3, s, 4) for s in (1, 2, 3)]
     assert [e[1] for e in hooks.events if e[0] == "after" and e[2]] == [6, 9]  # epoch-end saves
-    assert fit(step, itertools.count(), epochs=3, steps=3, accum_steps=1, batch_size=4, hooks=RecordingHooks(),
+    assert fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4), hooks=[RecordingHooks()],
                start=Start(9, full, None, 0.0, stopped=True)) == full  # a finished run has nothing left to do
 
 
@@ -213,7 +213,7 @@ def test_metrics_logger_logs_every_n_global_steps() -> None:
 # -- gradient accumulation: k micro-batches and one all-reduce equal one big batch -------------
 
 def _tiny_mlp():
-    from hvdtrain.data import InputShape
+    from hvdtrain.data.contract import InputShape
     from hvdtrain.models import build_model
 
     shape = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric",), numeric_features=5)

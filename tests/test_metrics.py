@@ -77,15 +77,17 @@ def test_out_of_range_labels_are_refused() -> None:
 # -- training-side reductions (hvdtrain.train's pure helpers) ---------------------------------
 
 def test_epoch_stats_are_global_means_of_summed_totals() -> None:
-    train = pytest.importorskip("hvdtrain.train")
+    from hvdtrain.loop import epoch_stats
+
     rank_totals = [np.array([10.0, 8, 16]), np.array([2.0, 16, 16])]  # [loss sum, correct, examples]
-    stats = train.epoch_stats(1, 4, sum(rank_totals), seconds=2.0)
+    stats = epoch_stats(1, 4, sum(rank_totals), seconds=2.0)
     assert (stats.loss, stats.accuracy, stats.examples) == (12 / 32, 24 / 32, 32)
     assert stats.samples_per_sec == 16.0
 
 
 def test_warmup_ramps_linearly_to_the_scaled_rate() -> None:
-    train = pytest.importorskip("hvdtrain.train")
+    from hvdtrain import schedules as train  # the schedules' owner
+
     peak = train.scaled_learning_rate(1e-3, 4)
     assert peak == pytest.approx(4e-3)
     assert [train.warmup_learning_rate(s, peak, 4) for s in (0, 1, 3, 10)] == pytest.approx(

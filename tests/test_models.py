@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.config import ModelConfig
-from hvdtrain.data import InputShape
+from hvdtrain.data.contract import InputShape
 
 keras = pytest.importorskip("keras")
 from hvdtrain.models import build_model  # noqa: E402

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from hvdtrain import checkpoint, config, data, distributed, resume
-from hvdtrain.data import InputShape
+from hvdtrain.context import TrainContext
+from hvdtrain.data.contract import InputShape
 from hvdtrain.errors import DataError
 from hvdtrain.loop import EpochStats, LoopState
 
@@ -20,13 +21,13 @@ def _cfg(tmp_path, **checkpoint_cfg) -> config.JobConfig:
                              "checkpoint": {"every_steps": 2, **checkpoint_cfg}}, base_dir=str(tmp_path))
 
 
-def _trained(cfg: config.JobConfig, steps: int = 3):
-    from hvdtrain import train
+def _trained(cfg: config.JobConfig, n: int = 3):
+    from hvdtrain import steps, train
 
     model, optimizer = train.build_state(cfg, SHAPE, 1, total_steps=10)
-    step = train.make_train_step(model, optimizer, "label", ["input_ids", "attention_mask"])
+    step = steps.make_train_step(model, optimizer, "label", ["input_ids", "attention_mask"])
     rng = np.random.default_rng(0)
-    for _ in range(steps):  # dropout draws advance the seed generators, Adam fills its moments
+    for _ in range(n):  # dropout draws advance the seed generators, Adam fills its moments
         batch = {"input_ids": rng.integers(1, 50, (4, 8)), "attention_mask": np.ones((4, 8), np.int64),
                  "label": rng.integers(0, 2, 4)}
         step(batch)
@@ -37,13 +38,24 @@ def _layout(cfg, digest="d1", world=1):
     return resume.layout(cfg, world, 5, digest)
 
 
+class _Tracker:  # what the checkpointer reads of the MLflow run
+    def __init__(self, run_id=None):
+        self.run_id = run_id
+
+
+def _saver(cfg, rank, model, optimizer, layout, run_id=None) -> resume.Checkpointer:
+    """A checkpointer for 5 steps per epoch, in a run context without data (it reads none)."""
+    ctx = TrainContext(cfg, None, SHAPE, rank, 5, "", _Tracker(run_id), layout)
+    return resume.Checkpointer(ctx, model, optimizer)
+
+
 def test_a_saved_state_comes_back_exactly_in_a_fresh_model(tmp_path) -> None:
     from hvdtrain import train
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
     model, optimizer = _trained(cfg)
-    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg), run_id="abc")
+    saver = _saver(cfg, rank, model, optimizer, _layout(cfg), run_id="abc")
     history = [EpochStats(1, 5, 20, 0.7, 0.5, 1.0)]
     saver.after_step(LoopState(8, 2, False, lambda: np.array([1.5, 3.0, 8.0]), 2.5, history))
     saver.after_step(LoopState(9, 2, False, lambda: np.zeros(3), 0.0, history))  # not due: no save
@@ -115,9 +127,9 @@ def test_a_resume_in_another_layout_moves_the_schedule_to_its_step(tmp_path) -> 
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
-    model, optimizer = _trained(cfg, steps=10)
+    model, optimizer = _trained(cfg, n=10)
     optimizer.iterations.assign(8)  # as if float16 loss scaling had skipped 2 of the 10 steps
-    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    saver = _saver(cfg, rank, model, optimizer, _layout(cfg))
     saver.after_step(LoopState(10, 2, True, lambda: np.zeros(3), 0.0, []))
     saver.close()
     found = resume.find(cfg.checkpoint, rank, resume.layout(cfg, 1, 3, "d1"))  # batch size changed: 3 steps/epoch
@@ -133,8 +145,8 @@ def test_a_resume_in_another_layout_moves_the_schedule_to_its_step(tmp_path) -> 
 def test_an_older_explicit_checkpoint_is_refused_while_newer_ones_exist(tmp_path) -> None:
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
-    model, optimizer = _trained(cfg, steps=1)
-    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    model, optimizer = _trained(cfg, n=1)
+    saver = _saver(cfg, rank, model, optimizer, _layout(cfg))
     for step in (2, 4):
         saver.after_step(LoopState(step, 1, False, lambda: np.zeros(3), 0.0, []))
         saver.close()
@@ -165,12 +177,12 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path, resume=str(tmp_path / "nope" / "ckpt-0000000003"))
-    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable)"):
+    with pytest.raises(DataError, match=r"checkpoint.resume=.*ckpt-0000000003: (uncommitted|unreadable|missing)"):
         resume.find(cfg.checkpoint, rank, _layout(cfg))
 
     cfg = _cfg(tmp_path)
-    model, optimizer = _trained(cfg, steps=1)
-    saver = resume.Checkpointer(cfg.checkpoint, rank, 5, model, optimizer, _layout(cfg))
+    model, optimizer = _trained(cfg, n=1)
+    saver = _saver(cfg, rank, model, optimizer, _layout(cfg))
     saver.after_step(LoopState(2, 1, False, lambda: np.zeros(3), 0.0, []))
     saver.close()
     found = resume.find(cfg.checkpoint, rank, _layout(cfg))
@@ -181,3 +193,17 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
         resume.apply(found, other, other_opt, rank, None)
     for x, y in zip(before, resume.to_numpy(other.weights)):  # nothing was half-assigned
         np.testing.assert_array_equal(x, y)
+
+
+def test_more_epochs_on_resume_moves_the_schedule_horizon_with_a_warning(tmp_path) -> None:
+    cfg = _cfg(tmp_path)
+    saved = {**_layout(cfg), "step": 10}
+    longer = config.from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "epochs": 6,
+                                                          "lr_schedule": "cosine"}}, base_dir=str(tmp_path))
+    plan = resume.plan_resume(saved, _layout(longer), "ckpt-10")
+    assert plan.step_offset == 0 and plan.optimizer_shift == 0 and plan.first_record == 10 * 64
+    [warning] = plan.warnings
+    assert f"train.epochs {cfg.train.epochs} -> 6" in warning and "horizon moves" in warning
+    assert f"decay steps {cfg.train.epochs * 5} -> 30" in warning
+    older = {k: v for k, v in saved.items() if k not in ("epochs", "lr_schedule")}  # saved before the field
+    assert resume.plan_resume(older, _layout(longer), "ckpt-10").warnings == ()

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from hvdtrain import config
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 MLFLOW = Path(sys.executable).parent / "mlflow"
@@ -54,47 +54,64 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     pytest.fail(f"mlflow server did not answer {url} within {timeout}s")
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def _start_server(root: Path, port: int) -> subprocess.Popen:
+    """``mlflow server`` on 127.0.0.1:port over a SQLite store in ``root``; returns once it answers /health."""
     if not MLFLOW.exists():
-        pytest.skip(f"mlflow not installed next to {sys.executable}")
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+        pytest.fail(f"mlflow is not installed next to {sys.executable}: run `make env`")
     cmd = [str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
            "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
            "--artifacts-destination", str(root / "artifacts"), "--default-artifact-root", "mlflow-artifacts:/"]
     env = {**_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(root / "server.log", "a") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=120)
+    except BaseException:
+        _stop_server(proc)
+        raise
+    return proc
+
+
+def _stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: uvicorn and its workers
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root, port = tmp_path_factory.mktemp("mlflow-server"), _free_port()
+    proc = _start_server(root, port)
+    try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: uvicorn and its workers
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=20)
-        log.close()
+        _stop_server(proc)
 
 
-def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180) -> tuple[subprocess.CompletedProcess,
-                                                                                       dict[str, Any], float]:
+def _write_job(tmp: Path, name: str, tracking: dict[str, Any], epochs: int = 2) -> Path:
     data = tmp / "data"
     if not (data / "manifest.json").exists():
-        make_text_dataset(str(data), n_per_split={"train": 320, "validation": 40, "test": 40}, num_classes=2,
-                          class_rate=0.5, seed=9)
+        make_text_dataset(str(data), TextSpec(layout=Layout(n_per_split={"train": 320, "validation": 40, "test": 40}),
+                                              num_classes=2, class_rate=0.5, seed=9))
     cfg = config.from_dict({
         "name": name, "workdir": str(tmp / name), "source": {"table": "demo.reviews"}, "etl": {"output": str(data)},
         "model": {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1},
-        "train": {"epochs": 2, "batch_size": 16, "learning_rate": 0.003, "shuffle_buffer": 64,
+        "train": {"epochs": epochs, "batch_size": 16, "learning_rate": 0.003, "shuffle_buffer": 64,
                   "validate_every_epoch": True, "progress": "off"},
         "tracking": tracking,
     })
     path = tmp / f"{name}.yaml"
     path.write_text(cfg.to_yaml())
+    return path
+
+
+def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180) -> tuple[subprocess.CompletedProcess,
+                                                                                       dict[str, Any], float]:
+    path = _write_job(tmp, name, tracking)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
@@ -145,3 +162,51 @@ def test_a_tracking_outage_warns_and_training_finishes(tmp_path: Path) -> None:
     assert (tmp_path / "outage" / "runs" / "outage" / "model.keras").is_file()
     # MLflow's retries are bounded (tracking.HTTP_DEFAULTS): seconds, not the minutes of its defaults.
     assert seconds < 120, seconds
+
+
+def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> None:
+    """The real server is stopped for about 20 s after epoch 1, then restarted on the same port and store:
+    the run buffers what it could not send, flushes it when the server is back, and misses nothing."""
+    from mlflow import MlflowClient
+
+    root, port = tmp_path / "server", _free_port()
+    root.mkdir()
+    uri = f"http://127.0.0.1:{port}"
+    server = _start_server(root, port)
+    path = _write_job(tmp_path, "restart", {"uri": uri, "log_every_steps": 0, "max_outage_seconds": 300}, epochs=6)
+    job = subprocess.Popen([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        for line in job.stderr:  # rank 0's log lines
+            seen += line
+            if "epoch 1/6" in line:
+                break
+        _stop_server(server)
+        time.sleep(20)
+        server = _start_server(root, port)
+        out, err = job.communicate(timeout=600)
+        seen += err
+    finally:
+        if job.poll() is None:
+            job.kill()
+        _stop_server(server)
+    assert job.returncode == 0, seen[-4000:]
+    assert "buffering metrics and retrying for up to 300s" in seen and "MLflow answers again after" in seen
+    result = json.loads(out)
+    assert result["tracking"] == {"active": True, "not_logged": []}
+    client = MlflowClient(tracking_uri=uri)
+    for key in ("train_loss", "val_accuracy", "learning_rate"):
+        assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == [1, 2, 3, 4, 5, 6], key
+    assert client.get_run(result["run_id"]).info.status == "FINISHED"
+    assert "test_accuracy" in client.get_run(result["run_id"]).data.metrics
+
+
+def test_which_mlflow_failures_are_worth_waiting_for() -> None:
+    from hvdtrain import tracking
+
+    assert tracking.is_transient(ConnectionRefusedError(111, "Connection refused"))
+    assert tracking.is_transient(RuntimeError("API request to endpoint /api/2.0/mlflow/runs/log-batch failed with "
+                                              "exception HTTPConnectionPool: Max retries exceeded"))
+    assert tracking.is_transient(RuntimeError("response code 503: service unavailable"))
+    assert not tracking.is_transient(RuntimeError("INVALID_PARAMETER_VALUE: Param value too long"))

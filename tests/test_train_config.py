@@ -1,6 +1,8 @@
 """Config fields of the training loop, model kinds and tracking: defaults, YAML, errors naming field/value/fix."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hvdtrain import config
@@ -62,3 +64,23 @@ def test_config_import_stays_light() -> None:
 
     code = "import sys, hvdtrain.config; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_keep_best_needs_a_metric_the_run_records(tmp_path) -> None:
+    base = {"name": "j", "source": {"table": "db.t"}}
+    with pytest.raises(ConfigError, match=r"^checkpoint.best_metric is never recorded by this run, so keep_best 1 "
+                                          r"would keep nothing: record validation metrics with "
+                                          r"train.validate_every_epoch: true .*use one of train_accuracy, train_loss"):
+        config.from_dict({**base, "checkpoint": {"best_metric": "validation_accuracy"}})
+    with pytest.raises(ConfigError, match=r"best_metric is never recorded .*use one of .*validation_macro_f1"):
+        config.from_dict({**base, "checkpoint": {"best_metric": "val_acc"}, "train": {"validate_every_epoch": True}})
+    assert config.from_dict({**base, "checkpoint": {"best_metric": "val_acc", "keep_best": 0}})  # nothing to keep
+    plain = config.from_dict(base).checkpoint  # auto: what the run records
+    assert (plain.best_metric, plain.best_mode) == ("train_loss", "min")
+    validated = config.from_dict({**base, "train": {"early_stopping": {"metric": "loss"}}}).checkpoint
+    assert (validated.best_metric, validated.best_mode) == ("validation_accuracy", "max")
+
+
+def test_the_demo_keeps_its_best_checkpoint_by_validation_accuracy() -> None:
+    demo = config.load(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")).checkpoint
+    assert demo.keep_best >= 1 and (demo.best_metric, demo.best_mode) == ("validation_accuracy", "max")

@@ -15,7 +15,7 @@ import pytest
 from hvdtrain import checkpoint as ck
 from hvdtrain import data, fs
 from hvdtrain.errors import DataError
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 from tests.webhdfs_server import WebHdfsServer
 
 
@@ -110,14 +110,15 @@ def test_checkpoints_publish_verify_and_restore(server):
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_training_stream_staged_from_webhdfs_equals_the_local_one(server, tmp_path, compression):
-    m = make_text_dataset(os.path.join(server.root, "data", "ds"), n_per_split=48, shards_per_split=4, max_length=6,
-                          compression=compression)
+    m = make_text_dataset(os.path.join(server.root, "data", "ds"), TextSpec(layout=Layout(n_per_split=48,
+                                                                                          shards_per_split=4, compression=compression), max_length=6))
     remote = dataclasses.replace(m, location=server.uri("/data/ds/manifest.json"))
     stage = tmp_path / "stage"
     stage.mkdir()
-    staged = data.train_dataset(remote, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=5,
-                                stage_dir=str(stage), cycle_length=2)
-    local = data.train_dataset(m, rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=5, cycle_length=2)
+    staged = data.train_dataset(remote, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=5,
+                                                         cycle_length=2), stage_dir=str(stage))
+    local = data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=5,
+                                                   cycle_length=2))
     got = [b["key"].numpy().tolist() for b in staged.take(12)]  # two passes
     want = [b["key"].numpy().tolist() for b in local.take(12)]
     assert got == want

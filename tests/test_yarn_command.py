@@ -182,16 +182,12 @@ def test_principal_without_keytab_and_bad_worker_counts(tmp_path: Path) -> None:
     path.write_text(job().to_yaml())
     with pytest.raises(ConfigError, match=r"^yarn.principal and yarn.keytab must be set together"):
         config.load(path, ["yarn.principal=ml@EXAMPLE.COM"])
-    cfg = job()
-    cfg.yarn.principal = "ml@EXAMPLE.COM"  # built around the config's own check
-    with pytest.raises(ConfigError, match="pass --principal user@REALM --keytab"):
-        submit.build_plan(cfg, "yarn", inputs())
+    with pytest.raises(ConfigError, match="pass --principal user@REALM --keytab"):  # the config names the flags
+        job(principal="ml@EXAMPLE.COM")
     with pytest.raises(ConfigError, match=r"^--num-workers must be >= 1 \(got 0\)$"):
         submit.check_flags(submit.parse_args([str(path), "--num-workers", "0"]))
-    cfg = job()
-    cfg.yarn.num_workers = 0
-    with pytest.raises(ConfigError, match=r"yarn.num_workers must be >= 1"):
-        submit.build_plan(cfg, "yarn", inputs())
+    with pytest.raises(ConfigError, match=r"^yarn.num_workers must be >= 1 \(pass --num-workers N\) \(got 0\)$"):
+        job(num_workers=0)
 
 
 def test_spark_submit_not_found_names_where_it_looked() -> None:
@@ -523,6 +519,18 @@ def test_driver_summary_takes_rank_0s_result_and_collects_errors() -> None:
     bad = driver.summarize([{"rank": 0, "result": None, "error": "no manifest at hdfs://x"}, ok[1]])
     assert not bad["ok"] and bad["errors"] == ["rank 0: no manifest at hdfs://x"]
     assert json.loads(json.dumps(bad)) == bad
+
+
+def test_max_restarts_is_a_fault_override_and_a_ranks_error_code_decides_the_restart(job_file: Path) -> None:
+    args = submit.parse_args([str(job_file), "--max-restarts", "3"])
+    assert submit.flag_overrides(args, "/work") == ["fault.max_restarts=3"]
+    assert config.load(job_file, submit.flag_overrides(args, "/work")).fault.max_restarts == 3
+    with pytest.raises(ConfigError, match=r"^--max-restarts must be >= 0"):
+        submit.check_flags(submit.parse_args([str(job_file), "--max-restarts", "-1"]))
+    ok = [{"rank": 0, "error": None}, {"rank": 1, "error": None}]
+    assert driver.records_exit_code(ok) == 0 and driver.records_exit_code([]) == 1
+    storage = [{"rank": 0, "error": "read hdfs://x failed after 5 attempts", "exit_code": 74}, ok[1]]
+    assert driver.records_exit_code(storage) == 74  # restartable; a data error (3) would not be
 
 
 def test_launcher_imports_stay_light() -> None:

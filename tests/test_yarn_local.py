@@ -20,7 +20,7 @@ from typing import Any, Optional
 import pytest
 
 from hvdtrain import config, fs
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.spark]
 
@@ -104,8 +104,8 @@ def printed_result(stdout: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("yarn-data")
-    make_text_dataset(str(root), n_per_split={"train": 480, "validation": 61, "test": 67}, shards_per_split=4,
-                      class_rate=0.35, seed=11)
+    make_text_dataset(str(root), TextSpec(layout=Layout(n_per_split={"train": 480, "validation": 61, "test": 67},
+                                                        shards_per_split=4), class_rate=0.35, seed=11))
     return root
 
 

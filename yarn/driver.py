@@ -30,7 +30,7 @@ import logging  # noqa: E402
 from typing import Any, Optional, Sequence  # noqa: E402
 
 from hvdtrain import config as config_mod  # noqa: E402
-from hvdtrain import console, fs  # noqa: E402
+from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
 
@@ -66,8 +66,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_job(cfg: JobConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Start Spark, run the ranks, stop Spark."""
+def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome]:
+    """Start Spark, run the ranks (relaunched inside this application after a restartable failure, up to
+    ``fault.max_restarts`` times), stop Spark; returns the last try's rank records and the outcome."""
     from pyspark.sql import SparkSession
 
     import horovod.spark
@@ -77,12 +78,32 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     print(f"hvdtrain: Spark application {spark.sparkContext.applicationId}: {args.num_proc} ranks", flush=True)
+    last: dict[str, list[dict[str, Any]]] = {"records": []}
+
+    def once(env: dict[str, str]) -> tuple[int, str]:
+        try:
+            last["records"] = horovod.spark.run(
+                executor.run_rank, args=(cfg.to_dict(),), num_proc=args.num_proc, start_timeout=args.start_timeout,
+                use_gloo=True, env={**horovod_env(cfg), **env}, verbose=args.verbose, executable=args.executable)
+        except RuntimeError as exc:  # a rank process failed, was lost or never started
+            print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
+            return 1, str(exc)
+        return records_exit_code(last["records"]), ""
+
     try:
-        return horovod.spark.run(executor.run_rank, args=(cfg.to_dict(),), num_proc=args.num_proc,
-                                 start_timeout=args.start_timeout, use_gloo=True, env=horovod_env(cfg),
-                                 verbose=args.verbose, executable=args.executable)
+        outcome = supervise.run_with_restarts(
+            once, cfg.fault.max_restarts,
+            resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
+            wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
+        return last["records"], outcome
     finally:
         spark.stop()
+
+
+def records_exit_code(records: Sequence[dict[str, Any]]) -> int:
+    """0 when every rank succeeded, else the exit code of the first rank's error (pure)."""
+    failed = [r for r in records if r.get("error")]
+    return int(failed[0].get("exit_code", 2)) if failed else (0 if records else 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -92,20 +113,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.config)
-        records = run_job(cfg, args)
-        summary = summarize(records)
+        records, outcome = run_job(cfg, args)
+        summary = {**summarize(records), "restarts": [vars(r) for r in outcome.restarts]}
         fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
     except HvdtrainError as exc:
         return console.print_error(exc, "hvdtrain")
-    except RuntimeError as exc:  # horovod.spark.run: a rank process failed or never started
-        return console.print_error(StepFailed(f"the Horovod job failed: {exc}; the ranks' messages above say why"),
-                                   "hvdtrain")
+    if outcome.failure is not None and not records:
+        return console.print_error(StepFailed(f"the Horovod job failed: {outcome.failure.cause}; the ranks' messages "
+                                              "above say why"), "hvdtrain")
     if summary["result"] is not None:
         print(RESULT_MARK, json.dumps(summary["result"], indent=2), sep="\n")
     print(f"hvdtrain: every rank's record: {args.result}", flush=True)
     for error in summary["errors"]:
         print(f"hvdtrain: error: {error}", file=sys.stderr)
-    return 0 if summary["ok"] else 2
+    return 0 if summary["ok"] else records_exit_code(records)
 
 
 if __name__ == "__main__":

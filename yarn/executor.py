@@ -27,6 +27,7 @@ import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
+from hvdtrain import cpus  # no TensorFlow import either
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
@@ -107,6 +108,9 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     tf_preloaded = "tensorflow" in sys.modules
     gpus = assigned_gpus()
     os.environ.update(gpu_env(gpus))  # before TensorFlow initializes CUDA
+    # On YARN each rank is one task of spark.task.cpus = yarn.executor_cores CPUs (yarn/submit.py): TensorFlow's
+    # pools are sized from that, not from the host (hvdtrain.cpus takes the smallest limit that applies).
+    os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     if uses_hdfs(cfg_dict):
         os.environ.update(hdfs_client_env(os.environ, _hadoop_classpath))
 
@@ -114,15 +118,16 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     from hvdtrain import config, distributed, train
     from hvdtrain.errors import HvdtrainError
 
-    result, error = None, None
+    result, error, code = None, None, 0
     try:
         result = train.run(config.from_dict(cfg_dict))
     except HvdtrainError as exc:
-        error = str(exc)
+        error, code = str(exc), exc.exit_code
     rank = distributed.info().rank if _initialized(distributed) else int(os.environ.get("HOROVOD_RANK", "-1"))
     if error:  # also here: if the others then fail in a collective, the driver gets no records
         print(f"hvdtrain: error: rank {rank}: {error}", file=sys.stderr, flush=True)
-    return rank_record(rank, gpus, result, error, tf_preloaded, os.path.dirname(hvdtrain.__file__))
+    return {**rank_record(rank, gpus, result, error, tf_preloaded, os.path.dirname(hvdtrain.__file__)),
+            "exit_code": code}
 
 
 def _initialized(distributed: Any) -> bool:

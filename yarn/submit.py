@@ -27,6 +27,7 @@ Spark with this interpreter (no archive): a rehearsal of the cluster job.
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import re
@@ -119,12 +120,15 @@ def local_slots(master: str) -> Optional[int]:
 
 def validate(cfg: JobConfig, master: str, build: HorovodBuild,
              is_file: Callable[[str], bool] = os.path.isfile) -> None:
-    """Refuse a submission that cannot work, with one line naming the value and the fix."""
+    """Refuse a submission that cannot work, with one line naming the value and the fix.
+
+    Only what the config cannot know is checked here (the master, the Horovod
+    build, files on this host); :class:`~hvdtrain.config.YarnConfig` checks its
+    own values when it is built.
+    """
     y = cfg.yarn
     if master != "yarn" and not is_local_master(master):
         raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
-    if y.num_workers < 1:
-        raise ConfigError("yarn.num_workers", y.num_workers, "must be >= 1 (pass --num-workers N)")
     if build.version is None:
         raise EnvironmentProblem(f"Horovod does not import in this environment ({build.error}); the driver "
                                  "runs horovod.spark.run: build it with `make env`, check with `make check-build`")
@@ -139,9 +143,6 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
                           f"needs Horovod built with NCCL, but this build has none ({build.describe()}); "
                           "rebuild on a CUDA host with HOROVOD_GPU_OPERATIONS=NCCL make env, "
                           "or pass --gpus-per-worker 0")
-    if (y.principal is None) != (y.keytab is None):
-        raise ConfigError("yarn.principal", y.principal, "and yarn.keytab must be set together "
-                          "(pass --principal user@REALM --keytab /path/user.keytab)")
     if y.keytab is not None and not is_file(y.keytab):
         raise ConfigError("yarn.keytab", y.keytab, "does not exist or is not a file; pass the path of the "
                           "keytab for --principal on this host (e.g. --keytab ~/user.keytab)")
@@ -251,12 +252,13 @@ def _cluster_notes(cfg: JobConfig) -> list[str]:
 
 
 def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
-    """The ``yarn.*`` overrides the command-line flags stand for (pure)."""
+    """The config overrides the command-line flags stand for (pure)."""
     out = []
-    for flag, key in (("num_workers", "num_workers"), ("gpus_per_worker", "gpus_per_worker")):
-        value = getattr(args, flag)
+    for flag, key in (("num_workers", "yarn.num_workers"), ("gpus_per_worker", "yarn.gpus_per_worker"),
+                      ("max_restarts", "fault.max_restarts")):
+        value = getattr(args, flag, None)
         if value is not None:
-            out.append(f"yarn.{key}={int(value)}")
+            out.append(f"{key}={int(value)}")
     for flag in ("queue", "principal"):
         value = getattr(args, flag)
         if value is not None:
@@ -268,8 +270,8 @@ def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Flag values that are wrong on their face, named by flag (the config names the rest)."""
-    for flag, minimum in (("num_workers", 1), ("gpus_per_worker", 0)):
-        value = getattr(args, flag)
+    for flag, minimum in (("num_workers", 1), ("gpus_per_worker", 0), ("max_restarts", 0)):
+        value = getattr(args, flag, None)
         if value is not None and value < minimum:
             raise ConfigError(f"--{flag.replace('_', '-')}", value, f"must be >= {minimum}")
 
@@ -303,13 +305,20 @@ def kill_command(app_id: str) -> list[str]:
     return ["yarn", "application", "-kill", app_id]
 
 
-def release_actions(plan: SubmitPlan, app_id: Optional[str], running: bool) -> list[str]:
-    """What leaving a submission early must do (pure): "kill-app" and/or "terminate"."""
+class ReleaseAction(str, enum.Enum):
+    """What leaving a submission early does."""
+
+    KILL_APP = "kill-app"  # yarn application -kill: the app outlives spark-submit in cluster mode
+    TERMINATE = "terminate"  # stop spark-submit; in client mode its shutdown hook stops the app
+
+
+def release_actions(plan: SubmitPlan, app_id: Optional[str], running: bool) -> list[ReleaseAction]:
+    """What leaving a submission early must do (pure)."""
     actions = []
     if not plan.is_local and plan.deploy_mode == "cluster" and app_id:
-        actions.append("kill-app")  # the app outlives spark-submit in cluster mode
+        actions.append(ReleaseAction.KILL_APP)
     if running:
-        actions.append("terminate")  # client mode: spark-submit's shutdown hook stops the app
+        actions.append(ReleaseAction.TERMINATE)
     return actions
 
 
@@ -364,12 +373,12 @@ class Submission:
 
     def release(self) -> None:
         actions = release_actions(self.plan, self.app_id, self.proc is not None and self.proc.poll() is None)
-        if "kill-app" in actions:
+        if ReleaseAction.KILL_APP in actions:
             cmd = kill_command(self.app_id)
             result = self._run(cmd)
             status = "killed" if result.returncode == 0 else f"could not be killed ({result.output.strip()[:200]})"
             self._err.write(f"hvdtrain: {self.app_id} {status}; to retry: {shlex.join(cmd)}\n")
-        if "terminate" in actions:
+        if ReleaseAction.TERMINATE in actions:
             self._terminate()
 
     def _terminate(self) -> None:
@@ -413,6 +422,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--principal", help="Kerberos principal, with --keytab")
     p.add_argument("--keytab", help="keytab file for --principal")
     p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--max-restarts", type=int, metavar="K",
+                   help="relaunch the Horovod job inside the same application after a lost rank, a stall or a "
+                        "storage failure, up to K times (fault.max_restarts)")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
     return p.parse_intermixed_args(argv)  # key=value overrides may come after the flags
 

@@ -1,24 +1,85 @@
-"""Stage remote shards to local disk ahead of use, with bounded disk.
+"""Where the reader finds each shard: local shards in place, remote ones staged to local disk ahead
+of use, with bounded disk.
 
 tf.data cannot read ``hdfs://`` with TF 2.21 (tensorflow-io does not load), so
 remote shards are copied to a local folder by a background thread that stays
-``ahead`` shards in front of the reader's requests. The reader releases a
-shard when it has read its last record (the input pipeline appends a release
-step to each file's records), and the staged copy is deleted then. Local disk
-holds at most the shards tf.data has open or queued plus ``ahead``.
+``ahead`` shards in front of the reader's requests (:class:`ShardStager`). The
+reader releases a shard when it has read its last record (the input pipeline
+appends a release step to each file's records), and the staged copy is deleted
+then. Local disk holds at most the shards tf.data has open or queued plus ``ahead``.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-from typing import Callable, Iterable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from hvdtrain import fs
 from hvdtrain.errors import DataError
+from hvdtrain.manifest import Manifest
 
 log = logging.getLogger(__name__)
+STAGE_AHEAD = 3  # remote shards staged in front of the reader
+
+
+def check_local_shards(manifest: Manifest, split: str, shards: Sequence[int]) -> None:
+    """Fail before reading when a local shard is missing, naming it."""
+    entries = manifest.split(split).shards
+    for index in shards:
+        uri = manifest.shard_uri(entries[index])
+        if fs.is_local(uri) and not os.path.exists(fs.local_path(uri)):
+            raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
+                            "the dataset is incomplete: rerun the ETL")
+
+
+@dataclass
+class FileSource:
+    """Local file paths in reading order, and what to call when a file has been read."""
+
+    paths: Callable[[], Iterator[str]]
+    release: Optional[Callable[[str], None]] = None  # set when files are staged copies
+
+
+def file_paths(manifest: Manifest, split: str, order: Callable[[], Iterator[int]], stage_dir: Optional[str],
+               force_staging: bool = False, ahead: int = STAGE_AHEAD,
+               copy: Callable[[str, str], Any] = fs.copy_to_local) -> FileSource:
+    """Where the reader finds each shard, in reading order.
+
+    Local shards are read in place. Remote ones (or all, with ``force_staging``,
+    which benchmarks use to measure the remote path on local data) go through a
+    :class:`ShardStager` that copies ``ahead`` shards in front
+    of the reader; each staged copy is deleted when its last record is read.
+    """
+    entries = manifest.split(split).shards
+    uris = [manifest.shard_uri(e) for e in entries]
+    if not force_staging and all(fs.is_local(u) for u in uris):
+        return FileSource(lambda: (fs.local_path(uris[j]) for j in order()))
+    if stage_dir is None:
+        raise DataError(f"split {split!r} has remote shards ({uris[0]}); pass a local stage_dir to stage them in")
+    live: list[ShardStager] = []
+
+    def staged() -> Iterator[str]:
+        folder = tempfile.mkdtemp(prefix=f"{split}-", dir=stage_dir)
+        items = ((uris[j], os.path.basename(entries[j].path)) for j in order())
+        stager = ShardStager(items, folder, ahead=ahead, copy=copy)
+        live.append(stager)
+        try:
+            yield from stager
+        finally:
+            stager.close()
+            live.remove(stager)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def release(path: str) -> None:
+        for stager in list(live):
+            stager.release(path)
+
+    return FileSource(staged, release)
 
 
 class ShardStager:

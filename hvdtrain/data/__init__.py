@@ -1,0 +1,66 @@
+"""Input: from a manifest to the batches each rank trains on.
+
+One module each:
+
+* :mod:`~hvdtrain.data.contract`: the manifest-to-model contract (features a
+  model kind reads, :class:`InputShape`); pure, no TensorFlow;
+* :mod:`~hvdtrain.data.plan`: which records each rank reads, in which order
+  (pure);
+* :mod:`~hvdtrain.data.staging`: where the reader finds each shard (remote ones
+  staged to local disk ahead of use);
+* :mod:`~hvdtrain.data.pipeline`: the tf.data graphs (TensorFlow imported lazily);
+* :mod:`~hvdtrain.data.trace`: the record-order audit trail.
+
+This package re-exports what the library's callers use.
+
+Training reads an endless stream per rank. Rules:
+
+* Every rank runs the same number of steps per epoch,
+  ``floor(train_records / (batch_size * size))``, computed from the manifest,
+  so no rank waits in an all-reduce that another rank never joins.
+* Each rank reads its inputs as ONE stream of passes that repeats forever;
+  pass ``p`` visits the rank's files in an order drawn from the seed
+  ``(seed, p)`` and shuffles its records in windows seeded by rank and ``p``
+  (:func:`shuffled_windows`). Epoch ``e`` is simply the next
+  ``steps_per_epoch`` batches of that stream, so a record left over at the end
+  of one epoch starts the next: no record is skipped systematically, however
+  records and batches divide.
+* Because a pass depends only on ``(seed, rank, p)``, the stream can be
+  resumed exactly: after ``n`` records a rank is in pass
+  ``n // records_per_pass`` at offset ``n % records_per_pass``
+  (:func:`resume_point`); ``train_dataset(start_record=n)`` starts that pass
+  and skips the offset, giving the same records an uninterrupted run reads.
+* Shards go to ranks whole, balanced by record count (:func:`assign_shards`).
+  When that is impossible or lopsided (fewer shards than ranks, or the lightest
+  rank would hold less than ``1 / MAX_LOAD_RATIO`` of the heaviest) every rank
+  reads every shard in the same order and keeps every ``size``-th record
+  (record-level sharding): more reading, but each rank sees its fair share.
+  Within the ratio, a lighter rank's records come round more often (at most
+  ``MAX_LOAD_RATIO`` times as often as the heaviest rank's).
+
+Pipeline: files read in chunks of ``CHUNK`` records, interleaved chunk by
+chunk (sequential, deterministic order) -> one vectorized ``tf.io.parse_example``
+per chunk (in parallel, in order), with a spec built from the manifest's
+features only; packed features decoded to their narrow stored type ->
+shuffle windows of ``shuffle_buffer`` parsed records, each permuted uniformly,
+with boundaries that move from pass to pass -> batch -> packed features cast
+to int64 -> prefetch. Every step handles whole tensors: tf.data's cost per
+element is paid per chunk or window, and the shuffle moves parsed rows, not
+serialized strings (``make bench``: input_pipeline).
+
+Evaluation reads each record of a split exactly once across ranks (whole
+shards per rank, or record-level when there are fewer shards than ranks), in
+manifest order, without repeat, keeping the final partial batch.
+
+Remote shards (``hdfs://``, ``webhdfs://``) are staged to local disk by a
+background thread a few shards ahead of the reader and deleted behind it
+(:mod:`hvdtrain.data.staging`): tf.data has no HDFS reader with TF 2.21
+(tensorflow-io does not load). Local shards are read in place.
+"""
+from hvdtrain.data.contract import KEY_FEATURE, InputShape, check_manifest
+from hvdtrain.data.pipeline import INPUT_ORDER, TrainStream, eval_dataset, train_dataset, with_threads
+from hvdtrain.data.plan import steps_per_epoch
+from hvdtrain.data.trace import trace_batches
+
+__all__ = ["INPUT_ORDER", "KEY_FEATURE", "InputShape", "TrainStream", "check_manifest", "eval_dataset",
+           "steps_per_epoch", "trace_batches", "train_dataset", "with_threads"]

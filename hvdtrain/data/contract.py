@@ -1,0 +1,150 @@
+"""The contract between a dataset's manifest and a model: which features a model kind reads, their
+dtypes and shapes, and what the model builder needs to know (:class:`InputShape`).
+
+Pure and free of TensorFlow: :mod:`hvdtrain.models` and the checks that run before
+any rank starts work import it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from hvdtrain.config import ModelConfig
+from hvdtrain.errors import DataError
+from hvdtrain.manifest import FeatureSpec, Manifest
+
+# The features each model kind reads. A transformer needs both; an MLP reads
+# whichever of its features the dataset has (at least one).
+MODEL_INPUTS: dict[str, tuple[str, ...]] = {
+    "transformer": ("input_ids", "attention_mask"),
+    "mlp": ("numeric", "categorical"),
+}
+KEY_FEATURE = "key"  # the record keys, read when tracing the data order
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """What the model builder needs to know about the data.
+
+    Text datasets fill ``max_length`` and ``vocab_size``; tabular ones
+    ``numeric_features`` (width of ``numeric``) and ``cardinalities`` (one per
+    ``categorical`` column, unknown bucket included). ``inputs`` are the
+    features the model reads, in order.
+    """
+
+    max_length: int
+    vocab_size: int
+    num_classes: int
+    label_feature: str
+    kind: str = "transformer"
+    inputs: tuple[str, ...] = MODEL_INPUTS["transformer"]
+    numeric_features: int = 0
+    cardinalities: tuple[int, ...] = ()
+
+    def input_specs(self) -> dict[str, tuple[str, list[int]]]:
+        """(dtype, shape without the batch axis) of each model input."""
+        specs = {"input_ids": ("int64", [self.max_length]), "attention_mask": ("int64", [self.max_length]),
+                 "numeric": ("float32", [self.numeric_features]),
+                 "categorical": ("int64", [len(self.cardinalities)])}
+        return {name: specs[name] for name in self.inputs}
+
+
+def model_inputs(kind: str, features: Sequence[str]) -> tuple[str, ...]:
+    """The features a model of ``kind`` reads from a dataset with ``features`` (pure)."""
+    if kind not in MODEL_INPUTS:
+        raise DataError(f"model.kind {kind!r} has no input contract; use one of {', '.join(MODEL_INPUTS)}")
+    if kind == "mlp":
+        return tuple(name for name in MODEL_INPUTS[kind] if name in features)
+    return MODEL_INPUTS[kind]
+
+
+def required_features(model_cfg: ModelConfig, label_feature: str, max_length: int,
+                      features: Sequence[str] = ()) -> dict[str, FeatureSpec]:
+    """Features (dtype, shape) a model of this kind reads (pure); a wanted length of 0 means any."""
+    wanted = {"input_ids": FeatureSpec("int64", [max_length]), "attention_mask": FeatureSpec("int64", [max_length]),
+              "numeric": FeatureSpec("float32", [0]), "categorical": FeatureSpec("int64", [0])}
+    inputs = model_inputs(model_cfg.kind, features)
+    if not inputs:
+        raise DataError(f"model.kind={model_cfg.kind} needs feature 'numeric' {_describe(wanted['numeric'])} "
+                        f"and/or 'categorical' {_describe(wanted['categorical'])}, but the dataset has neither "
+                        f"(it has {', '.join(features) or 'none'}): use model.kind=transformer for a text "
+                        "dataset, or set source.numeric_columns/categorical_columns and rerun the ETL")
+    return {**{name: wanted[name] for name in inputs}, label_feature: FeatureSpec("int64", [])}
+
+
+def _fits(have: FeatureSpec, want: FeatureSpec) -> bool:
+    """Same dtype and shape; a wanted length of 0 means "any positive length"."""
+    if have.dtype != want.dtype or len(have.shape) != len(want.shape):
+        return False
+    return all(w == h if w else h > 0 for h, w in zip(have.shape, want.shape))
+
+
+def _describe(spec: FeatureSpec, name: str = "") -> str:
+    """``int64[12]``; a wanted length of 0 shows as ``max_length`` (text) or ``n`` (any width)."""
+    free = "max_length" if name in MODEL_INPUTS["transformer"] else "n"
+    return f"{spec.dtype}[{', '.join(str(d) if d else free for d in spec.shape)}]"
+
+
+def _missing_fix(kind: str, features: Sequence[str]) -> str:
+    """What to do about a missing model input: another model kind, or a newer ETL."""
+    for other, names in MODEL_INPUTS.items():
+        if other != kind and any(n in features for n in names):
+            return f"the dataset has {other} inputs: set model.kind={other}, or rerun the ETL for {kind} features"
+    return "rerun the ETL with this hvdtrain version"
+
+
+def _check_features(manifest: Manifest, model_cfg: ModelConfig, wanted: dict[str, FeatureSpec]) -> None:
+    where = manifest.location or "manifest"
+    for name, want in wanted.items():
+        have = manifest.features.get(name)
+        if have is None:
+            has = ", ".join(f"{k} {_describe(v)}" for k, v in manifest.features.items()) or "none"
+            raise DataError(f"{where}: feature {name!r} is missing (the dataset has: {has}) but "
+                            f"model.kind={model_cfg.kind} needs {name} {_describe(want, name)}; "
+                            f"{_missing_fix(model_cfg.kind, list(manifest.features))}")
+        if not _fits(have, want):
+            raise DataError(f"{where}: feature {name!r} is {_describe(have)} in the dataset but "
+                            f"model.kind={model_cfg.kind} needs {_describe(want, name)}; "
+                            "rerun the ETL, or fix the feature spec it writes")
+
+
+def check_manifest(manifest: Manifest, model_cfg: ModelConfig) -> InputShape:
+    """Fail before training when the dataset cannot feed the model.
+
+    Raises:
+        DataError: naming the feature, the dataset's spec and the spec the model needs.
+    """
+    where = manifest.location or "manifest"
+    ids = manifest.features.get("input_ids")
+    max_length = ids.shape[0] if ids is not None and len(ids.shape) == 1 and ids.shape[0] > 0 else 0
+    wanted = required_features(model_cfg, manifest.label_feature, max_length, list(manifest.features))
+    _check_features(manifest, model_cfg, wanted)
+    if manifest.num_classes < 2:
+        raise DataError(f"{where}: labels {manifest.labels!r} has {manifest.num_classes} class(es); "
+                        "a classifier needs >= 2: check the source's label column")
+    inputs = tuple(name for name in wanted if name != manifest.label_feature)
+    if model_cfg.kind == "mlp":
+        return _tabular_shape(manifest, inputs)
+    vocab_size = manifest.vocab.get("size")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise DataError(f"{where}: vocab.size is {vocab_size!r}; the embedding needs a positive vocabulary size: "
+                        "rerun the ETL so the manifest records its vocabulary")
+    return InputShape(max_length, vocab_size, manifest.num_classes, manifest.label_feature)
+
+
+def _tabular_shape(manifest: Manifest, inputs: tuple[str, ...]) -> InputShape:
+    """Sizes of the tabular features; categorical ones need the ETL's cardinalities."""
+    where = manifest.location or "manifest"
+    numeric = manifest.features["numeric"].shape[0] if "numeric" in inputs else 0
+    cards: tuple[int, ...] = ()
+    if "categorical" in inputs:
+        width = manifest.features["categorical"].shape[0]
+        found = manifest.preprocessing.get("tabular", {}).get("cardinalities")
+        if (not isinstance(found, list) or len(found) != width
+                or not all(isinstance(c, int) and c >= 1 for c in found)):
+            raise DataError(f"{where}: preprocessing.tabular.cardinalities is {found!r}, but feature 'categorical' "
+                            f"is int64[{width}]: the embeddings need one size >= 1 per column (unknown bucket "
+                            "included); rerun the ETL with this hvdtrain version")
+        cards = tuple(found)
+    return InputShape(0, 0, manifest.num_classes, manifest.label_feature, kind="mlp", inputs=inputs,
+                      numeric_features=numeric, cardinalities=cards)
