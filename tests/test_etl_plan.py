@@ -130,3 +130,12 @@ def test_a_local_run_logs_spark_to_a_file_and_hides_its_bars_unless_verbose(tmp_
     assert session.spark_conf(cfg, "local[2]", progress_bars=True)["spark.ui.showConsoleProgress"] == "true"
     props = session.LOG4J2_PROPERTIES.format(path="/w/spark-etl.log")
     assert "appender.file.fileName = /w/spark-etl.log" in props and "%d{yy/MM/dd HH:mm:ss}" in props
+
+
+def test_etl_job_takes_overrides_around_its_options():
+    from etl import job
+
+    args = job.parse_args(["--config", "c.yaml", "etl.max_length=8", "--overwrite", "etl.vocab_size=50", "-v",
+                           "--master", "local[1]", "etl.compression=gzip"])
+    assert args.overrides == ["etl.max_length=8", "etl.vocab_size=50", "etl.compression=gzip"]
+    assert args.overwrite and args.verbose and args.master == "local[1]"
