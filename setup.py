@@ -47,6 +47,9 @@ setup(
             "pytest-timeout>=2.3,<3",
             "tfrecord>=1.14,<2",
             "cmake>=3.18,<4",
+            # Horovod's own test files (tests/test_horovod_upstream.py) import these.
+            "mock>=4,<6",
+            "parameterized>=0.8,<0.10",
         ],
     },
     entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},

@@ -15,6 +15,7 @@ This module owns pyarrow's Hadoop filesystem and the ``hdfs`` package.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import posixpath
@@ -265,8 +266,9 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         raise
 
 
-def _pump(src, dst, chunk: int) -> int:
-    """Copy ``src`` to ``dst`` through one reused buffer (no allocation, no page faults per chunk)."""
+def _pump(src, dst, chunk: int, digest: Any = None) -> int:
+    """Copy ``src`` to ``dst`` through one reused buffer (no allocation, no page faults per chunk), feeding
+    ``digest`` (a hashlib object) the same bytes on the way."""
     view = memoryview(bytearray(chunk))
     n = 0
     while True:
@@ -274,17 +276,31 @@ def _pump(src, dst, chunk: int) -> int:
         if not got:
             return n
         dst.write(view[:got])
+        if digest is not None:
+            digest.update(view[:got])
         n += got
 
 
-def copy_to_local(uri: str, local: str, chunk: int = 8 << 20) -> int:
-    """Copy a (remote) file to a local path; returns bytes copied."""
+def copy_to_local(uri: str, local: str, chunk: int = 8 << 20, sha256: Optional[str] = None,
+                  size: Optional[int] = None) -> int:
+    """Copy a (remote) file to a local path; returns bytes copied.
+
+    With ``sha256`` (and ``size``) the copy is checked while it streams (no second read): a mismatch
+    deletes the partial copy and raises :class:`DataError` naming the file, expected and actual values.
+    """
     fs, path = resolve(uri)
 
     def copy() -> int:
         tmp = f"{local}.part"
+        digest = hashlib.sha256() if sha256 else None
         with fs.open_input_stream(path, compression=None) as src, open(tmp, "wb") as dst:
-            n = _pump(src, dst, chunk)
+            n = _pump(src, dst, chunk, digest)
+        problem = (f"has {n} bytes, expected {size}" if size is not None and n != size else
+                   f"has SHA-256 {digest.hexdigest()}, expected {sha256}" if digest and digest.hexdigest() != sha256
+                   else None)
+        if problem:
+            os.unlink(tmp)
+            raise DataError(f"{uri} {problem}: the file is truncated or corrupt; rerun the job that wrote it")
         os.replace(tmp, local)
         return n
 

@@ -187,6 +187,10 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
                         "hvdtrain version or set train.record_trace=null")
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
+    shards = len(manifest.split("train").shards)
+    if shards < rank.size and rank.is_chief:
+        log.warning("the train split has %d shards for %d ranks: ranks share shards and read less in parallel; "
+                    "rerun the ETL with etl.min_shards_per_split >= %d", shards, rank.size, rank.size)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
         raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "
@@ -230,7 +234,8 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     """This rank's endless training batches from ``start_record`` on, traced when asked."""
     train, shape = ctx.cfg.train, ctx.shape
     trace = train.record_trace
-    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed)
+    stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed,
+                              records_per_epoch=ctx.steps * train.batch_size * train.grad_accum_steps)
     batches = iter(data.with_threads(data.train_dataset(
         ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
         stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))

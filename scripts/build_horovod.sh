@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Build Horovod 0.28.1 from its PyPI sdist against the TensorFlow installed in
-# the current Python environment, apply the project's patch, cache the wheel,
-# and install it.
+# the current Python environment, apply the project's patches (scripts/patches/*.patch,
+# in file-name order), cache the wheel, and install it.
 #
 # Usage: scripts/build_horovod.sh PYTHON
 #
 # The wheel is cached under ${HVDTRAIN_CACHE:-~/.cache/hvdtrain}/wheels/<key>/,
-# where <key> hashes everything the binary depends on (Horovod version, the
+# where <key> hashes everything the wheel depends on (Horovod version, every
 # patch, TensorFlow version, Python ABI, GPU operations). A second set-up with
 # the same key installs the cached wheel and does not rebuild.
 #
@@ -19,7 +19,9 @@ set -euo pipefail
 PY=${1:?usage: build_horovod.sh PYTHON}
 HOROVOD_VERSION=0.28.1
 HERE=$(cd "$(dirname "$0")" && pwd)
-PATCH="$HERE/patches/horovod-${HOROVOD_VERSION}-tf2.21.patch"
+# Applied in this (file-name) order; all of them go into the cache key.
+PATCHES=("$HERE"/patches/*.patch)
+[ -f "${PATCHES[0]}" ] || { echo "[horovod] error: no patches in $HERE/patches" >&2; exit 1; }
 CACHE=${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}
 
 say() { echo "[horovod] $*"; }
@@ -47,8 +49,8 @@ for d in ("tensorflow", "tensorflow-cpu"):
         pass' 2>/dev/null) || true
 [ -n "$TF_VERSION" ] || die "TensorFlow is not installed in $PY; install the project first (pip install -e .)"
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY=$( { echo "$HOROVOD_VERSION $TF_VERSION $PY_TAG gpu=${HOROVOD_GPU_OPERATIONS:-none}"; cat "$PATCH"; } \
-       | sha256sum | cut -c1-16)
+KEY=$( { echo "$HOROVOD_VERSION $TF_VERSION $PY_TAG gpu=${HOROVOD_GPU_OPERATIONS:-none}"
+        for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done; } | sha256sum | cut -c1-16)
 WHEEL_DIR="$CACHE/wheels/horovod-$HOROVOD_VERSION-$KEY"
 
 # The environment remembers which build it has, so a re-run is a no-op.
@@ -67,8 +69,10 @@ if [ -z "$WHEEL" ]; then
   "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD" \
     || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
   tar -xzf "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" -C "$BUILD"
-  (cd "$BUILD/horovod-$HOROVOD_VERSION" && patch -p1 --forward --quiet < "$PATCH") \
-    || die "the patch $PATCH does not apply to horovod $HOROVOD_VERSION"
+  for p in "${PATCHES[@]}"; do
+    (cd "$BUILD/horovod-$HOROVOD_VERSION" && patch -p1 --forward --quiet < "$p") \
+      || die "the patch $p does not apply to horovod $HOROVOD_VERSION"
+  done
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
   export HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
   # gloo's cmake_minimum_required(2.8.12) is rejected by CMake 4 without this.

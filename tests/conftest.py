@@ -5,6 +5,9 @@
 - multiprocess: runs under `horovodrun -np 2 -H localhost:2 --gloo` and checks ranks agree.
 - e2e: the whole pipeline, ETL to MLflow.
 - hadoop: needs a real cluster; runs only when HVDTRAIN_TEST_HDFS / HVDTRAIN_TEST_YARN are set.
+- horovod_upstream: Horovod v0.28.1's own test_tensorflow.py / test_tensorflow2_keras.py (and their
+  Keras 3 ports) under horovodrun against this project's Horovod build; the files come from
+  ../shared/horovod-upstream-tests or HVDTRAIN_HOROVOD_TESTS, and a missing folder fails.
 
 Markers are registered in pytest.ini (--strict-markers). `make test` runs every tier
 that can run here. Select with -m, e.g. -m "not e2e".

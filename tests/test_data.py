@@ -26,21 +26,33 @@ ALL = ["input_ids", "attention_mask", "label", "key"]
 
 # -- planning ----------------------------------------------------------------------------
 
-def test_assign_shards_balances_records_largest_first() -> None:
-    records = [100, 90, 50, 40, 30, 10, 5]
-    plan = read_plan.assign_shards(records, 2)
-    loads = [sum(records[i] for i in shards) for shards in plan]
-    assert sorted(i for shards in plan for i in shards) == list(range(len(records)))
-    assert plan == [[0, 3, 4], [1, 2, 5, 6]]  # 100+40+30 = 170 vs 90+50+10+5 = 155
-    assert max(loads) - min(loads) <= max(records)
-    assert read_plan.assign_shards(records, 2) == plan  # deterministic
+def _check_shares(shard_records: list[int], size: int) -> list[read_plan.Share]:
+    shares = [read_plan.share(shard_records, r, size) for r in range(size)]
+    counts = [s.records for s in shares]
+    assert max(counts) - min(counts) <= 1 and sum(counts) == sum(shard_records)
+    # contiguous and disjoint: rank after rank, the ranges walk the split's records in manifest order
+    walk = [(r.shard, i) for s in shares for r in s.ranges for i in range(r.first, r.first + r.count)]
+    assert walk == [(shard, i) for shard, n in enumerate(shard_records) for i in range(n)]
+    for s in shares:  # a rank opens only the shards its share touches, each once, in order
+        assert list(s.shards) == sorted(set(s.shards)) and all(r.count > 0 for r in s.ranges)
+    return shares
 
 
-def test_assign_shards_with_more_ranks_than_shards_leaves_ranks_empty() -> None:
-    assert read_plan.assign_shards([7, 7], 3) == [[0], [1], []]
-    assert read_plan.assign_shards([], 2) == [[], []]
+def test_shares_are_contiguous_equal_and_touch_few_shards_at_any_world_size() -> None:
+    rng = np.random.default_rng(0)
+    for size in range(1, 65):
+        for shards in {1, 3, size // 2 + 1, size, 2 * size + 1}:
+            uneven = rng.integers(1, 400, shards).tolist()
+            if sum(uneven) >= size:
+                _check_shares(uneven, size)
+            equal = [97] * shards
+            if sum(equal) >= size:  # the ETL writes shards of near-equal size
+                bound = -(-shards // size) + 1
+                assert all(len(s.shards) <= bound for s in _check_shares(equal, size)), (size, shards)
+    assert read_plan.share([10, 10], 1, 4) == read_plan.Share((read_plan.ShardRange(0, 5, 5),))  # a shard, shared
+    assert [read_plan.share([3], r, 4).records for r in range(4)] == [1, 1, 1, 0]  # more ranks than records
     with pytest.raises(ValueError):
-        read_plan.assign_shards([1], 0)
+        read_plan.share([1], 0, 0)
 
 
 def test_steps_per_epoch_counts_whole_global_batches() -> None:
@@ -49,21 +61,6 @@ def test_steps_per_epoch_counts_whole_global_batches() -> None:
     assert data.steps_per_epoch(64, 32, 2) == 1
     with pytest.raises(DataError, match=r"train.batch_size 32 x 4 ranks = 128"):
         data.steps_per_epoch(100, 32, 4)
-
-
-def test_train_plan_falls_back_to_record_level_when_unbalanced() -> None:
-    assert read_plan.plan_train_reads([50, 50, 40, 60], 1, 2) == read_plan.ReadPlan((0, 1))  # 100 vs 100
-    # fewer shards than ranks
-    assert read_plan.plan_train_reads([100], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
-    # whole shards would leave rank 1 with 30 records against rank 0's 500
-    lopsided = read_plan.plan_train_reads([500, 20, 10], 0, 2)
-    assert lopsided.record_level and lopsided.shards == (0, 1, 2)
-    assert read_plan.plan_train_reads([500, 20, 10], 0, 1) == read_plan.ReadPlan((0, 1, 2))
-
-
-def test_eval_plan_uses_whole_shards_when_it_can() -> None:
-    assert read_plan.plan_eval_reads(3, [500, 20, 10], 1, 2) == read_plan.ReadPlan((1, 2))
-    assert read_plan.plan_eval_reads(1, [9], 1, 2) == read_plan.ReadPlan((0,), stride=2, offset=1)
 
 
 # -- pipelines ---------------------------------------------------------------------------------
@@ -128,7 +125,7 @@ def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) 
     assert min(first) < 45 <= max(first)
 
 
-@pytest.mark.parametrize("size", [1, 2, 4])  # whole shards, and record-level reading (3 shards, 4 ranks)
+@pytest.mark.parametrize("size", [1, 2, 4])  # 4 ranks share 3 shards at record granularity
 def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> None:
     kw = dict(layout=Layout(n_per_split=40, shards_per_split=3), num_classes=3, max_length=12, vocab_size=300, seed=4)
     packed = make_text_dataset(str(tmp_path / "packed"), TextSpec(packed=True, **kw))
@@ -178,17 +175,35 @@ def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.M
     assert first[0] and first[1] and not first[0] & first[1]
 
 
-def test_records_per_pass_and_resume_point() -> None:
-    assert read_plan.records_per_pass(read_plan.ReadPlan((0, 2)), [30, 10, 20]) == 50
-    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=1), [9]) == 4  # records 1, 3, 5, 7
-    assert read_plan.records_per_pass(read_plan.ReadPlan((0,), stride=2, offset=0), [9]) == 5
+def test_resume_point() -> None:
     assert read_plan.resume_point(0, 50) == (0, 0)
     assert read_plan.resume_point(130, 50) == (2, 30)
     with pytest.raises(ValueError):
         read_plan.resume_point(5, 0)
 
 
-@pytest.mark.parametrize("rank,size", [(0, 1), (1, 2), (0, 4)])  # whole shards; record-level (3 shards, 4 ranks)
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_an_epoch_reads_each_record_at_most_once_and_the_left_out_ones_rotate(dataset, size: int) -> None:
+    """90 records, batches of 4: each epoch takes 88 // (4 x size) steps; every rank's epoch holds distinct
+    records of its own share, and the records left out differ between epochs."""
+    steps = data.steps_per_epoch(90, 4, size)
+    per_epoch = steps * 4
+    epochs = []
+    for rank in range(size):
+        stream = data.TrainStream(rank=rank, size=size, batch_size=4, shuffle_buffer=16, seed=3,
+                                  records_per_epoch=per_epoch)
+        keys = _keys(itertools.islice(iter(data.train_dataset(dataset, stream, features=["key"])), 3 * steps))
+        epochs.append([keys[e * per_epoch:(e + 1) * per_epoch] for e in range(3)])
+    for e in range(3):
+        seen = [k for rank in epochs for k in rank[e]]
+        assert len(seen) == len(set(seen))  # at most once per epoch, across every rank
+        assert 90 - len(seen) < size * 4  # fewer than size x batch left out
+    left_out = [frozenset(f"train-{i:06d}" for i in range(90)) - {k for rank in epochs for k in rank[e]}
+                for e in range(3)]
+    assert size == 1 or len(set(left_out)) > 1  # which records sit out rotates
+
+
+@pytest.mark.parametrize("rank,size", [(0, 1), (1, 2), (0, 4)])  # 4 ranks share 3 shards
 @pytest.mark.parametrize("batches_done", [0, 4, 9, 20])  # start, mid pass, a pass boundary (90 / 10), pass 2
 def test_resumed_train_stream_equals_the_rest_of_the_uninterrupted_one(dataset, rank: int, size: int,
                                                                        batches_done: int) -> None:
@@ -279,6 +294,35 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
         fs.register_scheme("hdfs", None)
     assert staged_keys == local_keys  # staging changes where bytes come from, never the data order
     assert 0 < most <= staging.STAGE_AHEAD + 2 * 2 + 2, most
+
+
+def test_corrupt_and_truncated_shards_are_named_with_expected_and_actual(tmp_path) -> None:
+    import pyarrow.fs as pafs
+
+    from hvdtrain import fs
+
+    m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=40, shards_per_split=2),
+                                                                  max_length=6))
+    shard = m.split("train").shards[1]
+    path = tmp_path / "data" / "ds" / shard.path
+    body = path.read_bytes()
+    path.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one flipped bit, same size
+    remote = dataclasses.replace(m, location="hdfs://namenode:8020/data/ds/manifest.json")
+    fs.register_scheme("hdfs", lambda netloc: pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()))
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    try:
+        ds = data.train_dataset(remote, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3),
+                                stage_dir=str(stage))
+        with pytest.raises(Exception, match=rf"part-00001.tfrecord has SHA-256 [0-9a-f]{{64}}, expected "
+                                            rf"{shard.sha256}"):
+            list(ds.take(20))
+    finally:
+        fs.register_scheme("hdfs", None)
+    path.write_bytes(body[:-7])  # truncated in place: found when the plan is made, before any read
+    with pytest.raises(DataError, match=rf"shard {shard.path} of split 'train' at .* has {len(body) - 7} bytes but "
+                                        rf"the manifest says {len(body)}"):
+        data.train_dataset(m, data.TrainStream(rank=0, size=1, batch_size=8, shuffle_buffer=4, seed=3))
 
 
 def test_stager_reports_copy_failures_naming_the_shard(tmp_path) -> None:

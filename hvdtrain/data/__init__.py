@@ -16,27 +16,25 @@ This package re-exports what the library's callers use.
 Training reads an endless stream per rank. Rules:
 
 * Every rank runs the same number of steps per epoch,
-  ``floor(train_records / (batch_size * size))``, computed from the manifest,
-  so no rank waits in an all-reduce that another rank never joins.
-* Each rank reads its inputs as ONE stream of passes that repeats forever;
-  pass ``p`` visits the rank's files in an order drawn from the seed
-  ``(seed, p)`` and shuffles its records in windows seeded by rank and ``p``
-  (:func:`shuffled_windows`). Epoch ``e`` is simply the next
-  ``steps_per_epoch`` batches of that stream, so a record left over at the end
-  of one epoch starts the next: no record is skipped systematically, however
-  records and batches divide.
-* Because a pass depends only on ``(seed, rank, p)``, the stream can be
-  resumed exactly: after ``n`` records a rank is in pass
-  ``n // records_per_pass`` at offset ``n % records_per_pass``
-  (:func:`resume_point`); ``train_dataset(start_record=n)`` starts that pass
-  and skips the offset, giving the same records an uninterrupted run reads.
-* Shards go to ranks whole, balanced by record count (:func:`assign_shards`).
-  When that is impossible or lopsided (fewer shards than ranks, or the lightest
-  rank would hold less than ``1 / MAX_LOAD_RATIO`` of the heaviest) every rank
-  reads every shard in the same order and keeps every ``size``-th record
-  (record-level sharding): more reading, but each rank sees its fair share.
-  Within the ratio, a lighter rank's records come round more often (at most
-  ``MAX_LOAD_RATIO`` times as often as the heaviest rank's).
+  ``floor(train_records / (batch_size * grad_accum_steps * size))``, computed
+  from the manifest, so no rank waits in an all-reduce another rank never joins.
+* Each rank reads a contiguous, equal share of the split's records
+  (:func:`hvdtrain.data.plan.share`): counts differ by at most one record
+  between ranks, a shard split between two ranks is read at record
+  granularity, and a rank opens and stages only the shards its share touches.
+  Fewer shards than ranks is fine (ranks share shards); training warns, since
+  it reads less in parallel (``etl.min_shards_per_split``).
+* Epoch ``e`` is one pass over the rank's share: its ranges in an order drawn
+  from ``(seed, rank, e)``, its records in shuffle windows seeded the same way
+  (:func:`~hvdtrain.data.pipeline.shuffled_windows`), cut to the epoch's
+  ``steps_per_epoch * batch_size * grad_accum_steps`` records. A record is read
+  at most once per epoch; fewer than ``size * batch_size * grad_accum_steps``
+  records are left out, and which ones changes with every epoch's shuffle.
+* Because a pass depends only on ``(seed, rank, e)``, the stream can be
+  resumed exactly: after ``n`` records a rank is in epoch ``n // per_epoch``
+  at offset ``n % per_epoch`` (:func:`~hvdtrain.data.plan.resume_point`);
+  ``train_dataset(start_record=n)`` starts that pass and skips the offset,
+  giving the same records an uninterrupted run reads.
 
 Pipeline: files read in chunks of ``CHUNK`` records, interleaved chunk by
 chunk (sequential, deterministic order) -> one vectorized ``tf.io.parse_example``

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
-from hvdtrain.data.plan import (file_seed, plan_eval_reads, plan_train_reads, records_per_pass, resume_point,
-                                shard_stream, shuffle_seed)
+from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, share, shuffle_seed
 from hvdtrain.data.staging import FileSource, check_local_shards, file_paths
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import Manifest
@@ -30,7 +29,8 @@ from hvdtrain.manifest import Manifest
 if TYPE_CHECKING:
     import tensorflow as tf
 
-INPUT_ORDER = 2  # version of the record order for a given seed; 2: shuffle windows (checkpoints record it)
+INPUT_ORDER = 3  # version of the record order for a given seed (checkpoints record it): 2 shuffle windows,
+# 3 contiguous shares
 
 _TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
 
@@ -99,21 +99,34 @@ class Parser:
 CHUNK = 256  # records a reader hands on at once: tf.data's per-element cost is paid per chunk, not per record
 
 
-def _chunks(manifest: Manifest, source: FileSource, cycle_length: int,
-            files: Optional["tf.data.Dataset"] = None, chunk: int = CHUNK) -> "tf.data.Dataset":
-    """Records of the source's files (or of ``files``, paths from it) as chunks: 1-D string tensors of
-    up to ``chunk`` consecutive records of one file, interleaved chunk by chunk in a deterministic order."""
+def _ranges(source: FileSource, mine: Share, order: Iterator[int]) -> Iterator[tuple[str, int, int]]:
+    """(local path, first record, record count) of each of ``mine``'s ranges in ``order``; the source yields
+    the paths of the same shards in the same order."""
+    paths = source.paths()
+    for i in order:
+        r = mine.ranges[i]
+        yield next(paths), r.first, r.count
+
+
+def _range_spec() -> Any:
+    import tensorflow as tf
+
+    return (tf.TensorSpec((), tf.string), tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64))
+
+
+def _chunks(manifest: Manifest, source: FileSource, cycle_length: int, files: "tf.data.Dataset",
+            chunk: int = CHUNK) -> "tf.data.Dataset":
+    """Records of ``files`` ((path, first, count) ranges) as chunks: 1-D string tensors of up to ``chunk``
+    consecutive records of one file, interleaved chunk by chunk in a deterministic order."""
     import tensorflow as tf
 
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    if files is None:
-        files = tf.data.Dataset.from_generator(source.paths, output_signature=tf.TensorSpec((), tf.string))
 
-    def read(path: tf.Tensor) -> tf.data.Dataset:
-        chunks = tf.data.TFRecordDataset(path, compression_type=compression).batch(chunk)
+    def read(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
+        chunks = tf.data.TFRecordDataset(path, compression_type=compression).skip(first).take(count).batch(chunk)
         if source.release is None:
             return chunks
-        # After the file's last record: release (delete) the staged copy; the marker itself is dropped.
+        # After the range's last record: release (delete) the staged copy; the marker itself is dropped.
         done = tf.data.Dataset.from_tensors(path).map(
             lambda p: tf.py_function(lambda q: source.release(q.numpy().decode()) or q, [p], tf.string))
         return chunks.concatenate(done.map(lambda p: tf.reshape(p, [1])).filter(lambda _: False))
@@ -121,20 +134,6 @@ def _chunks(manifest: Manifest, source: FileSource, cycle_length: int,
     # Sequential interleave: every file read here is on local disk (in place or staged), and a parallel
     # interleave's hand-off between threads costs more than the reads on 2 cores.
     return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1)
-
-
-def _strided(chunks: "tf.data.Dataset", stride: int, offset: int) -> "tf.data.Dataset":
-    """Record-level sharding of a chunk stream: the records whose position is ``offset`` mod ``stride``."""
-    import tensorflow as tf
-
-    if stride == 1:
-        return chunks
-
-    def keep(seen: tf.Tensor, chunk: tf.Tensor):
-        start = tf.math.floormod(offset - seen, stride)
-        return seen + tf.shape(chunk, out_type=tf.int64)[0], chunk[start::stride]
-
-    return chunks.scan(tf.constant(0, tf.int64), keep).filter(lambda c: tf.size(c) > 0)
 
 
 def _parsed(chunks: "tf.data.Dataset", parser: Parser) -> "tf.data.Dataset":
@@ -175,7 +174,7 @@ def window_sizes(per_pass: int, window: int, first: Any) -> Any:
 
 
 def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, seed: Any,
-                     skip: Any = 0) -> "tf.data.Dataset":
+                     skip: Any = 0, limit: Optional[int] = None) -> "tf.data.Dataset":
     """One pass of parsed chunks (:func:`_parsed`) as shuffled windows (dicts of tensors).
 
     The pass is cut into windows of ``window`` records, except the first,
@@ -183,8 +182,8 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     pass to pass (no two records are kept apart for good). Each window is
     permuted uniformly. ``seed`` is this pass's shape-[2] int64 seed; the first
     window's size and each window's permutation fold a distinct index into it.
-    The first ``skip`` records of the shuffled pass are dropped (resuming
-    mid-pass). Everything is a whole-tensor op on parsed, packed rows, so the
+    Only positions ``skip .. limit - 1`` of the shuffled pass are kept
+    (``skip``: resuming mid-pass; ``limit``: the records an epoch trains on). Everything is a whole-tensor op on parsed, packed rows, so the
     cost per record is a few memcpy-like copies rather than a trip through a
     record-by-record shuffle buffer of serialized strings (2-4x faster on 2
     cores).
@@ -195,12 +194,13 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     first = 1 + tf.random.stateless_uniform([], seed=fold(seed, 0), maxval=window, dtype=tf.int64)
     windows = chunks.rebatch(window_sizes(per_pass, window, first))
     skip = tf.cast(skip, tf.int64)
+    limit = tf.constant(per_pass if limit is None else limit, tf.int64)
 
     def shuffle(k: tf.Tensor, w: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         n = _length(w)
         order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=fold(seed, k + 1))
         start = tf.where(tf.equal(k, 0), tf.constant(0, tf.int64), first + (k - 1) * window)
-        order = order[tf.clip_by_value(skip - start, 0, n):]
+        order = order[tf.clip_by_value(skip - start, 0, n):tf.clip_by_value(limit - start, 0, n)]
         return {name: tf.gather(t, order) for name, t in w.items()}
 
     return windows.enumerate().map(shuffle).filter(lambda w: _length(w) > 0)
@@ -209,7 +209,8 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
 @dataclass(frozen=True)
 class TrainStream:
     """Whose training stream: rank ``rank`` of ``size``, in batches of ``batch_size``, shuffled in windows of
-    ``shuffle_buffer`` records from ``seed``, interleaving ``cycle_length`` files."""
+    ``shuffle_buffer`` records from ``seed``, interleaving ``cycle_length`` files; each epoch (one pass over
+    the rank's share) yields ``records_per_epoch`` records (0: the whole share)."""
 
     rank: int
     size: int
@@ -217,45 +218,47 @@ class TrainStream:
     shuffle_buffer: int
     seed: int
     cycle_length: int = 4
+    records_per_epoch: int = 0
 
 
 def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional[Sequence[str]] = None,
                   stage_dir: Optional[str] = None, split: str = "train", force_staging: bool = False,
                   start_record: int = 0) -> "tf.data.Dataset":
-    """An endless stream of parsed batches (dicts of tensors) for one rank; see the package rules.
+    """An endless stream of parsed batches (dicts of tensors) for one rank, epoch after epoch.
 
-    ``stream.shuffle_buffer`` is the size of a shuffle window (:func:`shuffled_windows`).
-    ``start_record`` resumes the stream after that many of this rank's records
-    (a multiple of ``batch_size`` keeps batches aligned with an uninterrupted run).
+    Epoch ``e`` is one pass over the rank's share (:func:`hvdtrain.data.plan.share`): its ranges in an order,
+    and its records in shuffle windows, drawn from ``(seed, rank, e)``, cut to ``records_per_epoch``.
+    ``start_record`` resumes the stream after that many of this rank's records (a multiple of
+    ``batch_size`` keeps batches aligned with an uninterrupted run).
     """
     import tensorflow as tf
 
-    rank, size, seed = stream.rank, stream.size, stream.seed
-    shard_records = [s.records for s in manifest.split(split).shards]
-    plan = plan_train_reads(shard_records, rank, size)
-    n = len(plan.shards)
-    if n == 0:
-        raise DataError(f"split {split!r} has no shards for rank {rank}; the dataset is empty: rerun the ETL")
-    check_local_shards(manifest, split, plan.shards)
-    per_pass = records_per_pass(plan, shard_records)
-    first_pass, skip = resume_point(start_record, per_pass)
-    order_seed = file_seed(seed, rank, plan)
-    source = file_paths(manifest, split, lambda: shard_stream(plan.shards, order_seed, start=first_pass), stage_dir,
-                        force_staging=force_staging)
-    paths = _PassFiles(source, n, first_pass)
-    base_seed = shuffle_seed(seed, rank)
+    mine = share([s.records for s in manifest.split(split).shards], stream.rank, stream.size)
+    per_pass = mine.records
+    per_epoch = stream.records_per_epoch or per_pass
+    if per_pass == 0 or per_epoch > per_pass:
+        raise DataError(f"split {split!r}: rank {stream.rank} of {stream.size} has {per_pass} records but an epoch "
+                        f"takes {per_epoch}; the dataset is too small for this many ranks: produce more data or "
+                        "use fewer ranks")
+    check_local_shards(manifest, split, mine.shards)
+    first_pass, skip = resume_point(start_record, per_epoch)
+    order_seed, n = file_seed(stream.seed, stream.rank), len(mine.ranges)
+    source = file_paths(manifest, split,
+                        lambda: (mine.ranges[i].shard for i in range_stream(n, order_seed, start=first_pass)),
+                        stage_dir, force_staging=force_staging)
+    files = _PassFiles(source, mine, order_seed, first_pass)
+    base_seed = shuffle_seed(stream.seed, stream.rank)
     parser = Parser(manifest, features)
     # A window spans chunks of every file in the cycle, however small the window.
     cycles = min(n, stream.cycle_length)
     chunk = min(CHUNK, max(1, -(-stream.shuffle_buffer // cycles)))
 
     def one_pass(p: tf.Tensor) -> tf.data.Dataset:
-        files = tf.data.Dataset.from_generator(paths, args=(p,), output_signature=tf.TensorSpec((), tf.string))
-        chunks = _strided(_chunks(manifest, source, cycles, files, chunk), plan.stride, plan.offset)
-        return shuffled_windows(_parsed(chunks, parser), per_pass=per_pass, window=stream.shuffle_buffer,
-                                seed=tf.random.experimental.stateless_fold_in(
-                                    tf.constant([base_seed, 0], tf.int64), p),
-                                skip=tf.where(tf.equal(p, first_pass), skip, 0))
+        ranges = tf.data.Dataset.from_generator(files, args=(p,), output_signature=_range_spec())
+        return shuffled_windows(_parsed(_chunks(manifest, source, cycles, ranges, chunk), parser),
+                                per_pass=per_pass, window=stream.shuffle_buffer,
+                                seed=tf.random.experimental.stateless_fold_in(tf.constant([base_seed, 0], tf.int64), p),
+                                skip=tf.where(tf.equal(p, first_pass), skip, 0), limit=per_epoch)
 
     windows = tf.data.Dataset.counter(first_pass).flat_map(one_pass)
     return _batches(windows, parser, stream.batch_size, drop_remainder=True)
@@ -274,36 +277,35 @@ def with_threads(dataset: "tf.data.Dataset", threads: int) -> "tf.data.Dataset":
 
 
 class _PassFiles:
-    """The files of pass ``p``: the next ``n`` paths of the source's endless sequence.
+    """The ranges of pass ``p``: the share's ranges in that pass's order, with the local path of each.
 
     Passes are read one after another (``flat_map``), so one iterator over the
-    sequence serves them all (a stager keeps copying across pass boundaries);
-    asking for the first pass again starts a new iterator (a new iteration of the dataset).
+    source's endless sequence of paths serves them all (a stager keeps copying
+    across pass boundaries); asking for the first pass again starts a new
+    iterator (a new iteration of the dataset).
     """
 
-    def __init__(self, source: FileSource, n: int, first_pass: int):
-        self._source, self._n, self._first = source, n, first_pass
-        self._it: Optional[Iterator[str]] = None
+    def __init__(self, source: FileSource, mine: Share, seed: int, first_pass: int):
+        self._source, self._share, self._seed, self._first = source, mine, seed, first_pass
+        self._it: Optional[Iterator[tuple[str, int, int]]] = None
 
-    def __call__(self, p: Any) -> Iterator[str]:
+    def __call__(self, p: Any) -> Iterator[tuple[str, int, int]]:
         if self._it is None or int(p) == self._first:
-            if self._it is not None and hasattr(self._it, "close"):
-                self._it.close()  # type: ignore[attr-defined]
-            self._it = self._source.paths()
-        for _ in range(self._n):
+            order = range_stream(len(self._share.ranges), self._seed, start=self._first)
+            self._it = _ranges(self._source, self._share, order)
+        for _ in range(len(self._share.ranges)):
             yield next(self._it)
 
 
 def eval_dataset(manifest: Manifest, split: str, *, rank: int, size: int, batch_size: int,
                  features: Optional[Sequence[str]] = None, stage_dir: Optional[str] = None) -> "tf.data.Dataset":
-    """Parsed batches of this rank's part of a split; across ranks, every record exactly once."""
+    """Parsed batches of this rank's share of a split, in manifest order; across ranks, every record once."""
     import tensorflow as tf
 
-    entries = manifest.split(split).shards
-    plan = plan_eval_reads(len(entries), [s.records for s in entries], rank, size)
-    check_local_shards(manifest, split, plan.shards)
-    source = file_paths(manifest, split, lambda: iter(plan.shards), stage_dir)
-    chunks = _chunks(manifest, source, cycle_length=1)  # manifest order: the same sequence on every rank
+    mine = share([s.records for s in manifest.split(split).shards], rank, size)
+    check_local_shards(manifest, split, mine.shards)
+    source = file_paths(manifest, split, lambda: iter(mine.shards), stage_dir)
+    ranges = tf.data.Dataset.from_generator(lambda: _ranges(source, mine, iter(range(len(mine.ranges)))),
+                                            output_signature=_range_spec())
     parser = Parser(manifest, features)
-    return _batches(_parsed(_strided(chunks, plan.stride, plan.offset), parser), parser, batch_size,
-                    drop_remainder=False)
+    return _batches(_parsed(_chunks(manifest, source, 1, ranges), parser), parser, batch_size, drop_remainder=False)

@@ -1,11 +1,20 @@
 """Which records each rank reads, and in which order (pure: no TensorFlow, no I/O).
 
 Every rank runs the same number of optimizer steps per epoch
-(:func:`steps_per_epoch`). Shards go to ranks whole, balanced by record count
-(:func:`assign_shards`); when that is impossible or lopsided, every rank reads
-every shard and keeps every ``size``-th record (record-level sharding,
-:class:`ReadPlan`). A rank's stream is a pure function of the seed and the
-records it has read, so it can be resumed exactly (:func:`resume_point`).
+(:func:`steps_per_epoch`). Each rank reads a contiguous, equal share of the
+split's records (:func:`share`): the split's records in manifest order are cut
+into ``size`` runs whose lengths differ by at most one, so a shard may be split
+between two ranks and is then read at record granularity. A rank opens only
+the shards its share touches (with shards of equal size, at most
+``ceil(shards / size) + 1``), whatever the number of shards: with fewer shards
+than ranks, ranks share a shard instead of every rank reading every shard.
+
+Training takes ``steps_per_epoch * batch_size * grad_accum_steps`` records of
+its share per epoch, from a pass over the share shuffled anew each epoch: a
+record is read at most once per epoch, fewer than ``size * batch_size *
+grad_accum_steps`` records are left out, and which ones rotates with the
+shuffle. A rank's stream is a pure function of the seed and the records it has
+read, so it can be resumed exactly (:func:`resume_point`).
 """
 from __future__ import annotations
 
@@ -14,25 +23,50 @@ from typing import Iterator, Optional, Sequence
 
 from hvdtrain.errors import DataError
 
-MAX_LOAD_RATIO = 2.0
+
+@dataclass(frozen=True)
+class ShardRange:
+    """Records ``first .. first + count - 1`` of shard ``shard`` (0-based, in file order)."""
+
+    shard: int
+    first: int
+    count: int
 
 
-def assign_shards(shard_records: Sequence[int], size: int) -> list[list[int]]:
-    """Shard indices per rank, balanced by record count.
+@dataclass(frozen=True)
+class Share:
+    """One rank's contiguous share of a split, as record ranges of consecutive shards."""
 
-    Greedy largest-first: shards by descending records (ties by index) each go
-    to the rank with the fewest records so far (ties by lowest rank). The same
-    input always gives the same answer on every rank. Each rank's list is sorted.
-    """
-    if size < 1:
-        raise ValueError(f"size must be >= 1 (got {size})")
-    loads = [0] * size
-    out: list[list[int]] = [[] for _ in range(size)]
-    for index in sorted(range(len(shard_records)), key=lambda i: (-shard_records[i], i)):
-        rank = min(range(size), key=lambda r: (loads[r], r))
-        out[rank].append(index)
-        loads[rank] += shard_records[index]
-    return [sorted(x) for x in out]
+    ranges: tuple[ShardRange, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        return tuple(r.shard for r in self.ranges)
+
+
+def share_bounds(total: int, rank: int, size: int) -> tuple[int, int]:
+    """[start, end) of rank ``rank``'s share of ``total`` records; the first ``total % size`` ranks get one more."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} of size {size} is not a rank")
+    base, extra = divmod(total, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def share(shard_records: Sequence[int], rank: int, size: int) -> Share:
+    """Rank ``rank``'s contiguous share of a split whose shards hold ``shard_records`` records."""
+    start, end = share_bounds(sum(shard_records), rank, size)
+    ranges, offset = [], 0
+    for index, n in enumerate(shard_records):
+        lo, hi = max(start, offset), min(end, offset + n)
+        if lo < hi:
+            ranges.append(ShardRange(index, lo - offset, hi - lo))
+        offset += n
+    return Share(tuple(ranges))
 
 
 def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps: int = 1) -> int:
@@ -54,42 +88,6 @@ def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps:
     return steps
 
 
-@dataclass(frozen=True)
-class ReadPlan:
-    """What one rank opens: these shards, then every ``stride``-th record from ``offset``."""
-
-    shards: tuple[int, ...]
-    stride: int = 1
-    offset: int = 0
-
-    @property
-    def record_level(self) -> bool:
-        return self.stride > 1
-
-
-def plan_train_reads(shard_records: Sequence[int], rank: int, size: int,
-                     max_load_ratio: float = MAX_LOAD_RATIO) -> ReadPlan:
-    """Whole balanced shards per rank, or record-level sharding when that is lopsided."""
-    assignment = assign_shards(shard_records, size)
-    loads = [sum(shard_records[i] for i in shards) for shards in assignment]
-    if size == 1 or (min(loads) > 0 and max(loads) <= max_load_ratio * min(loads)):
-        return ReadPlan(tuple(assignment[rank]))
-    return ReadPlan(tuple(range(len(shard_records))), stride=size, offset=rank)
-
-
-def plan_eval_reads(num_shards: int, shard_records: Sequence[int], rank: int, size: int) -> ReadPlan:
-    """Every record once across ranks: whole shards, or record-level with fewer shards than ranks."""
-    if num_shards >= size:
-        return ReadPlan(tuple(assign_shards(shard_records, size)[rank]))
-    return ReadPlan(tuple(range(num_shards)), stride=size, offset=rank)
-
-
-def records_per_pass(plan: ReadPlan, shard_records: Sequence[int]) -> int:
-    """Records a rank reads in one pass over its plan (pure)."""
-    total = sum(shard_records[i] for i in plan.shards)
-    return len(range(plan.offset, total, plan.stride)) if plan.record_level else total
-
-
 def resume_point(consumed: int, per_pass: int) -> tuple[int, int]:
     """(pass, records to skip in it) after a rank has read ``consumed`` records (pure)."""
     if per_pass < 1:
@@ -102,23 +100,22 @@ def shuffle_seed(seed: int, rank: int) -> int:
     return seed + 104729 * (rank + 1)
 
 
-def file_seed(seed: int, rank: int, plan: ReadPlan) -> int:
-    """Seed of the per-pass file order: shared by all ranks under record-level
-    sharding (they must walk the same global sequence), per rank otherwise."""
-    return seed if plan.record_level else seed + 7919 * (rank + 1)
+def file_seed(seed: int, rank: int) -> int:
+    """Seed of a rank's per-pass order of its share's ranges."""
+    return seed + 7919 * (rank + 1)
 
 
 def pass_order(n: int, seed: int, pass_index: int) -> list[int]:
-    """The order in which a rank visits its ``n`` files in pass ``pass_index``."""
+    """The order in which a rank visits its ``n`` ranges in pass ``pass_index``."""
     import numpy as np
 
     return np.random.default_rng([seed, pass_index]).permutation(n).tolist()
 
 
-def shard_stream(shards: Sequence[int], seed: int, passes: Optional[int] = None, start: int = 0) -> Iterator[int]:
-    """Shard indices in reading order: pass after pass from pass ``start`` (forever when ``passes`` is None)."""
+def range_stream(n: int, seed: int, passes: Optional[int] = None, start: int = 0) -> Iterator[int]:
+    """Indices of a share's ranges in reading order: pass after pass from pass ``start`` (forever when
+    ``passes`` is None)."""
     p = start
     while passes is None or p < start + passes:
-        for i in pass_order(len(shards), seed, p):
-            yield shards[i]
+        yield from pass_order(n, seed, p)
         p += 1

@@ -28,13 +28,22 @@ STAGE_AHEAD = 3  # remote shards staged in front of the reader
 
 
 def check_local_shards(manifest: Manifest, split: str, shards: Sequence[int]) -> None:
-    """Fail before reading when a local shard is missing, naming it."""
+    """Fail before reading when a local shard is missing or has another size than the manifest says, naming it
+    (a stat each; remote shards are checked against their checksum while they are staged)."""
     entries = manifest.split(split).shards
     for index in shards:
         uri = manifest.shard_uri(entries[index])
-        if fs.is_local(uri) and not os.path.exists(fs.local_path(uri)):
+        if not fs.is_local(uri):
+            continue
+        path = fs.local_path(uri)
+        if not os.path.exists(path):
             raise DataError(f"shard {entries[index].path} of split {split!r} is missing at {uri}; "
                             "the dataset is incomplete: rerun the ETL")
+        size = os.path.getsize(path)
+        if entries[index].bytes and size != entries[index].bytes:
+            raise DataError(f"shard {entries[index].path} of split {split!r} at {uri} has {size} bytes but the "
+                            f"manifest says {entries[index].bytes}: the file is truncated or was replaced; rerun "
+                            "the ETL")
 
 
 @dataclass
@@ -47,16 +56,24 @@ class FileSource:
 
 def file_paths(manifest: Manifest, split: str, order: Callable[[], Iterator[int]], stage_dir: Optional[str],
                force_staging: bool = False, ahead: int = STAGE_AHEAD,
-               copy: Callable[[str, str], Any] = fs.copy_to_local) -> FileSource:
+               copy: Optional[Callable[[str, str], Any]] = None) -> FileSource:
     """Where the reader finds each shard, in reading order.
 
     Local shards are read in place. Remote ones (or all, with ``force_staging``,
     which benchmarks use to measure the remote path on local data) go through a
     :class:`ShardStager` that copies ``ahead`` shards in front
-    of the reader; each staged copy is deleted when its last record is read.
+    of the reader, checking each against the manifest's size and SHA-256 as it
+    streams; each staged copy is deleted when its last record is read.
     """
     entries = manifest.split(split).shards
     uris = [manifest.shard_uri(e) for e in entries]
+    if copy is None:
+        expected = {uri: e for uri, e in zip(uris, entries)}
+
+        def copy(uri: str, local: str) -> int:
+            e = expected[uri]
+            return fs.copy_to_local(uri, local, sha256=e.sha256 or None, size=e.bytes or None)
+
     if not force_staging and all(fs.is_local(u) for u in uris):
         return FileSource(lambda: (fs.local_path(uris[j]) for j in order()))
     if stage_dir is None:
