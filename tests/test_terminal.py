@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import config, console
-from hvdtrain.synthetic import make_text_dataset
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
@@ -78,8 +78,9 @@ def _job(tmp_path: Path, data_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("terminal")
-    make_text_dataset(str(tmp / "data"), n_per_split={"train": 480, "validation": 61, "test": 67},
-                      shards_per_split=2, class_rate=0.35, seed=11)
+    make_text_dataset(str(tmp / "data"), TextSpec(layout=Layout(n_per_split={"train": 480, "validation": 61,
+                                                                               "test": 67}, shards_per_split=2),
+                                                 class_rate=0.35, seed=11))
     return _job(tmp, tmp / "data")
 
 
