@@ -34,6 +34,8 @@ setup(
         "google-crc32c>=1.5,<2",
         "matplotlib>=3.8,<4",
         "venv-pack>=0.2,<0.3",
+        # hvdtrain/monitoring.py: start_http_server returns (server, thread) from 0.20; tested with 0.26.0
+        "prometheus_client>=0.20,<0.27",
         # Horovod 0.28.1 itself is built from its sdist by scripts/build_horovod.sh
         # (it needs a patch for TF 2.21); these are its runtime requirements.
         "cloudpickle>=2,<4",

@@ -1,6 +1,6 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
-    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training] [--out DIR]
+    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring] [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -24,6 +24,7 @@ GROUPS = {
     "allreduce": "benchmarks.bench_allreduce",
     "training": "benchmarks.bench_training",
     "checkpoint": "benchmarks.bench_checkpoint",
+    "monitoring": "benchmarks.bench_monitoring",
 }
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

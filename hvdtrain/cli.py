@@ -229,6 +229,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0 if args.action == "list" or all(i.valid for i in infos) else DataError.exit_code
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """``hvdtrain timeline summarize FILE``: time per phase of a recorded Horovod timeline."""
+    from hvdtrain import timeline
+
+    print(timeline.summarize(args.file))
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -265,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("dir", help="checkpoint folder, e.g. work/demo/checkpoints/demo")
     ckpt.add_argument("--metric", default="validation_accuracy", help="metric column to show")
     ckpt.add_argument("--json", action="store_true", help="machine-readable output")
+    tl = _command(sub, "timeline", cmd_timeline,
+                  "time per phase of a Horovod timeline: hvdtrain timeline summarize FILE", config=False)
+    tl.add_argument("action", choices=["summarize"])
+    tl.add_argument("file", help="the timeline JSON (train.timeline writes horovod_timeline.json to train.output)")
     env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
     return p

@@ -211,3 +211,34 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
 def barrier() -> None:
     """Wait until every rank gets here (an allreduce of one number)."""
     allreduce_sum(np.zeros(1, dtype=np.int32), name="hvdtrain.barrier")
+
+
+# -- Horovod timeline ------------------------------------------------------------
+
+TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}  # set before init(): lets start_timeline() record on demand
+
+
+def start_timeline(path: str) -> bool:
+    """Start recording Horovod's timeline (Chrome trace JSON, written by rank 0) to ``path``.
+
+    Every rank calls it (no collective: Horovod's background loop agrees on
+    the switch). Needs ``HOROVOD_TIMELINE=DYNAMIC`` (:data:`TIMELINE_ENV`) in
+    the environment before :func:`init`. False when there is nothing to
+    record (a single process).
+    """
+    hvd = _horovod()
+    if hvd is None:
+        return False
+    try:
+        hvd.start_timeline(path, mark_cycles=False)
+    except ValueError as exc:  # started without HOROVOD_TIMELINE=DYNAMIC
+        raise EnvironmentProblem(f"train.timeline: Horovod cannot record a timeline ({exc}); set "
+                                 "HOROVOD_TIMELINE=DYNAMIC before Horovod starts (hvdtrain.train does)") from exc
+    return True
+
+
+def stop_timeline() -> None:
+    """Stop recording and close the timeline file (every rank calls it)."""
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.stop_timeline()

@@ -12,7 +12,11 @@
   non-finite all-reduced gradients, counted and warned about;
 * :class:`EpochReport`: the epoch's learning rate, log line and MLflow metrics
   (after validation, so they include it);
-* :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective).
+* :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective);
+* after it, when configured: :class:`hvdtrain.monitoring.MetricsHook`
+  (Prometheus metrics), :class:`hvdtrain.breakdown.StepTimeBreakdown` (where
+  each epoch's time went, gathered over ranks at epoch ends) and
+  :class:`hvdtrain.timeline.TimelineHook` (Horovod's timeline for a few steps).
 
 Each hook is built complete: nothing is filled in after construction.
 """

@@ -9,7 +9,7 @@ called on every rank in list order, the way Keras composes callbacks:
 
 * ``start_epoch(epoch)``;
 * ``on_step(info)`` after each optimizer step (:class:`StepInfo`: epoch, step
-  in the epoch, global step, data wait, loss sum; no collectives here: rank
+  in the epoch, global step, data wait, loss sum, the step call's wall time; no collectives here: rank
   0's reporting is timed by the clock, which differs between ranks);
 * ``end_epoch(stats) -> stop`` after each epoch (validation, early
   stopping). It may run collectives, and must return the same decision on
@@ -100,6 +100,7 @@ class StepInfo:
     data_seconds: float  # time blocked waiting for this step's batches
     loss_sum: Any  # this rank's loss sum over its examples (a tensor: reading it syncs the device)
     examples: int  # this rank's examples in the step
+    step_seconds: float = 0.0  # wall time of the step function call (computing and all-reducing)
 
 
 @dataclass
@@ -177,10 +178,12 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
             phase(f"waiting for input batches of step {global_step}")
             micro, waited = take_batches(batches, plan.accum_steps)
             phase(f"computing and all-reducing step {global_step}")
+            stepping = time.perf_counter()
             loss_sum, correct = step_fn(micro)
+            stepped = time.perf_counter() - stepping
             loss_sums.append(loss_sum)
             corrects.append(correct)
-            hooks.on_step(StepInfo(epoch, step, global_step, waited, loss_sum, plan.examples_per_step))
+            hooks.on_step(StepInfo(epoch, step, global_step, waited, loss_sum, plan.examples_per_step, stepped))
             if step < steps:
                 hooks.after_step(LoopState(global_step, epoch, False, partial, time.perf_counter() - begin, history,
                                            layout_step=layout_step))

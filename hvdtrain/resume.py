@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
@@ -208,6 +209,15 @@ def plan_resume(saved: dict[str, Any], now: dict[str, Any], where: str) -> Resum
 
 # -- saving ----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class SaveTiming:
+    """One checkpoint save as this rank's training thread saw it (the publish runs in the background)."""
+
+    step: int
+    seconds: float
+    bytes: int  # model, optimizer and RNG state written (rank 0; 0 on the others, which only send)
+
+
 class Checkpointer(Hook):
     """The hook that saves checkpoints when :func:`checkpoint.save_due` says so (a collective)."""
 
@@ -219,6 +229,8 @@ class Checkpointer(Hook):
                                                    self.cfg.best_metric, self.cfg.best_mode)
                        if ctx.rank.is_chief else None)
         self.saved: list[int] = []
+        self.last_save: Optional[SaveTiming] = None  # (step, seconds on this thread, state bytes) of the last save
+        self.seconds = 0.0  # total seconds this rank's training thread spent saving
 
     def due(self, state: LoopState) -> bool:
         if not self.cfg.enabled:
@@ -228,6 +240,7 @@ class Checkpointer(Hook):
     def after_step(self, state: LoopState) -> None:
         if not self.due(state):
             return
+        started = time.perf_counter()
         what = f"saving the checkpoint of step {state.step}"
         self.ctx.phase(what, self.wait_timeout)  # the others wait for rank 0's previous publish, on slow storage
         if self.writer is not None:
@@ -235,6 +248,7 @@ class Checkpointer(Hook):
             self.ctx.phase(what)  # back to the stall timeout: rank 0 catches a peer frozen in the collectives
         carried = distributed.allreduce_sum(state.partial(), name=f"hvdtrain.ckpt{state.step}.sums")
         rng = distributed.allgather_object(to_numpy(seed_variables(self.model)), name=f"hvdtrain.ckpt{state.step}.rng")
+        nbytes = 0
         if self.writer is not None:
             arrays = state_arrays(self.model, self.optimizer)
             for r, states in enumerate(rng):
@@ -242,7 +256,11 @@ class Checkpointer(Hook):
             if self.stopper is not None and self.stopper.best_weights is not None:
                 arrays.update({f"best/{i:04d}": w for i, w in enumerate(self.stopper.best_weights)})
             self.writer.save(state.step, arrays, self.meta(state, carried))
+            nbytes = sum(int(a.nbytes) for a in arrays.values())
         self.saved.append(state.step)
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        self.last_save = SaveTiming(state.step, seconds, nbytes)
 
     def meta(self, state: LoopState, carried: np.ndarray) -> dict[str, Any]:
         """The checkpoint's meta.json (pure but for the clock)."""
@@ -296,6 +314,11 @@ class Resumed:
     @property
     def run_id(self) -> Optional[str]:
         return self.meta.get("run_id")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state this rank read from the checkpoint (rank 0 reads; the others receive)."""
+        return sum(int(a.nbytes) for a in self.arrays.values()) if self.arrays else 0
 
     def start(self, rank: distributed.RankInfo) -> Start:
         """The loop's starting point; the interrupted epoch's sums ride on rank 0 only."""

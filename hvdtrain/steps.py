@@ -31,6 +31,7 @@ the weights. Skipped steps are counted (:meth:`FiniteGuard.count`).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import keras
@@ -153,6 +154,70 @@ class AccumulatingStep:
         self._apply()
         return tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs])
 
+    def accumulate(self, batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+        """The micro-steps alone (for :class:`TimedStep`): loss sum, correct count and the mean
+        gradients, with the accumulators zeroed for the next step."""
+        if len(batches) != self.accum_steps:
+            raise ValueError(f"an optimizer step takes {self.accum_steps} micro-batches (got {len(batches)})")
+        outs = [self._micro(batch) for batch in batches]
+        mean = [tf.convert_to_tensor(total) / float(self.accum_steps) for total in self._sums]
+        for total in self._sums:
+            total.assign(tf.zeros_like(total))
+        return tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs]), mean
+
+
+class TimedStep:
+    """The optimizer step as three compiled calls, so the all-reduce is timed apart from the gradients.
+
+    ``gradients`` (forward, backward; with ``accum_steps > 1`` one call per
+    micro-batch, summed into accumulators), ``all-reduce`` (the grouped
+    all-reduce of the averaged gradients), ``apply`` (the optimizer update).
+    Each timed phase ends by reading one value it produced (the loss sum, the
+    smallest reduced gradient): on CPU a compiled call returns when its work is
+    done; on a GPU that read waits for the device. After each call,
+    ``allreduce_seconds`` holds the all-reduce's wall time (which includes
+    waiting for slower ranks). The arithmetic is the fused step's, op for op.
+    """
+
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                 inputs: Sequence[str], accum_steps: int = 1, allreduce: Allreduce = distributed.allreduce_grads,
+                 guard: Optional[FiniteGuard] = None):
+        self.accum_steps = accum_steps
+        self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
+        self._names, self._label, self._loss_fn = tuple(inputs), label_feature, _loss_fn()
+        self._accumulate = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs,
+                                            allreduce) if accum_steps > 1 else None
+        self._gradients = tf.function(self._gradients_step, reduce_retracing=True)
+        self._reduce = tf.function(lambda grads: self._allreduce(grads), reduce_retracing=True)
+        self._apply = tf.function(self._apply_step, reduce_retracing=True)
+        self.allreduce_seconds: Optional[float] = None
+
+    def _gradients_step(self, batch: Batch) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
+        return _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names, self._label)
+
+    def _apply_step(self, grads: Sequence[Any]) -> None:
+        _apply(self._optimizer, grads, self._model.trainable_variables, self._guard)
+
+    def __call__(self, batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+        if self._accumulate is not None:
+            loss_sum, correct, grads = self._accumulate.accumulate(batches)
+        else:
+            grads, loss_sum, correct = self._gradients(batches[0])
+        _ready([loss_sum])
+        start = time.perf_counter()
+        reduced = self._reduce(list(grads))
+        _ready(reduced)
+        self.allreduce_seconds = time.perf_counter() - start
+        self._apply(reduced)
+        return loss_sum, correct
+
+
+def _ready(tensors: Sequence[Any]) -> None:
+    """Wait for a phase's results by reading its smallest output (tiny on the host, a sync on a GPU)."""
+    dense = [t for t in tensors if isinstance(t, tf.Tensor)]
+    if dense:
+        min(dense, key=lambda t: t.shape.num_elements() or 0).numpy()
+
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                         inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False,
@@ -166,6 +231,16 @@ def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimize
         fused = make_train_step(model, optimizer, label_feature, inputs, allreduce, guard)
         return lambda batches: fused(batches[0])
     return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, allreduce, guard)
+
+
+def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                    inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False,
+                    guard: Optional[FiniteGuard] = None) -> TimedStep:
+    """:func:`make_optimizer_step`'s step as a :class:`TimedStep`, which measures its all-reduce."""
+    def allreduce(grads: Sequence[Any]) -> list[Any]:
+        return distributed.allreduce_grads(grads, fp16=fp16_allreduce)
+
+    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, allreduce, guard)
 
 
 def make_eval_step(model: keras.Model, label_feature: str,

@@ -31,6 +31,11 @@ newest valid checkpoint, mid-epoch included, on the same data order and in the
 same MLflow run. A watchdog (:mod:`hvdtrain.watchdog`) ends a rank that makes no
 progress for ``fault.stall_timeout`` seconds, naming what it waited for.
 
+Every rank exports live metrics for Prometheus (:mod:`hvdtrain.monitoring`)
+and measures where each epoch's time goes (:mod:`hvdtrain.breakdown`);
+``train.timeline`` records Horovod's timeline for a few steps
+(:mod:`hvdtrain.timeline`).
+
 Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
 ``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
 ``model.keras``, ``saved_model/`` (``model.export``, for serving),
@@ -41,27 +46,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Optional, Sequence
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume, steps as steps_lib
-from hvdtrain import console, kerberos, supervise, tracking
+from hvdtrain import breakdown, cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume
+from hvdtrain import console, kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
-from hvdtrain.errors import DataError, HvdtrainError, StorageError
+from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem, HvdtrainError, StorageError
 from hvdtrain.hooks import EarlyStopper
 from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
@@ -129,6 +137,9 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
                                             cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
         os.environ.setdefault(name, value)  # read by hvd.init(); the user's environment wins
+    if cfg.train.timeline is not None:
+        for name, value in distributed.TIMELINE_ENV.items():
+            os.environ.setdefault(name, value)
     rank = distributed.init()
     _configure_logging(rank)
     threads = _configure_tf(rank, cfg.train)
@@ -141,7 +152,9 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                  manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
         layout = resume.layout(cfg, rank.size, steps, manifest.digest())
         dog.phase("looking for a checkpoint to resume from", cfg.fault.checkpoint_timeout)
+        looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
+        restore_seconds = time.perf_counter() - looking
         with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
@@ -152,7 +165,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
                 tracker.log_metrics({"restarts": float(len(restarts))})
                 tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
-            model, history, stopping = _train(ctx, resumed)
+            model, history, stopping = _train(ctx, resumed, Restored(restore_seconds, len(restarts)))
             evaluated = _evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, _rank_digests(model, rank), stopping)
@@ -198,26 +211,32 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     return manifest, shape, steps
 
 
-def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.Model, list[EpochStats],
-                                                                          Optional[dict]]:
+def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
+           restored: Optional["Restored"] = None) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
     """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
     cfg, rank = ctx.cfg, ctx.rank
     model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epochs)
     stopping = cfg.train.early_stopping
     stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
+    restored = restored or Restored()
     if resumed is not None:
+        applying = time.perf_counter()
         resume.apply(resumed, model, optimizer, rank, stopper)
+        restored = dataclasses.replace(restored, seconds=restored.seconds + time.perf_counter() - applying)
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
-    step_fn = steps_lib.make_optimizer_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs,
-                                            cfg.train.grad_accum_steps, cfg.train.fp16_allreduce, guard)
+    make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
+    step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
+                        cfg.train.fp16_allreduce, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
-    history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
-                  hooks=[*_hooks(ctx, model, optimizer, stopper, skips), checkpointer],
-                  start=resumed.start(rank) if resumed else None, phase=ctx.phase)
-    checkpointer.close()
+    observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
+    with _observers(ctx, observed) as observers:
+        history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
+                      hooks=[*_hooks(ctx, model, optimizer, stopper, skips), checkpointer, *observers],
+                      start=resumed.start(rank) if resumed else None, phase=ctx.phase)
+        checkpointer.close()
     if stopper is None:
         return model, history, None
     restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
@@ -228,6 +247,90 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed]) -> tuple[keras.
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """How this try started: seconds spent finding, reading and applying a checkpoint; restarts before it."""
+
+    seconds: float = 0.0
+    restarts: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the monitoring hooks read from the training run."""
+
+    step_fn: Any  # a steps.TimedStep exposes allreduce_seconds
+    optimizer: Any
+    checkpointer: resume.Checkpointer
+    resumed: Optional[resume.Resumed]
+    restored: Restored
+
+    def allreduce_seconds(self) -> Optional[float]:
+        return getattr(self.step_fn, "allreduce_seconds", None)
+
+
+@contextlib.contextmanager
+def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
+    """The hooks after the checkpointer: Prometheus metrics, the step-time breakdown, the Horovod timeline
+    (each when configured); stops the metrics writer and closes the timeline when training ends."""
+    cfg, rank = ctx.cfg, ctx.rank
+    out: list[hooks.Hook] = []
+    exporter, recorder = _metrics_exporter(ctx, observed)
+    if exporter is not None:
+        out.append(recorder)
+    if cfg.monitoring.step_breakdown:
+        out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
+                                               lambda: observed.checkpointer.seconds, ctx.tracker.log_metrics))
+    recording = None
+    if cfg.train.timeline is not None:
+        recording = timeline_lib.TimelineHook(  # published with the outputs (publish), attached to MLflow here
+            cfg.train.timeline, os.path.join(ctx.stage_dir, timeline_lib.FILENAME),
+            observed.resumed.step if observed.resumed else 0,
+            lambda path: ctx.tracker.log_artifact(path, "timeline"), rank.is_chief)
+        out.append(recording)
+    try:
+        with exporter if exporter is not None else contextlib.nullcontext():
+            yield out
+    finally:
+        if recording is not None:
+            recording.close()
+
+
+def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[hooks.Hook]]:
+    """This rank's Prometheus exporter and the hook feeding it (a collective: rank 0 checks the port and
+    hands every rank the run id); (None, None) when monitoring is off."""
+    from hvdtrain import monitoring
+
+    mon, rank = ctx.cfg.monitoring, ctx.rank
+    if not mon.enabled:
+        return None, None
+    if config_lib.has_scheme(mon.textfile_dir):
+        raise ConfigError("monitoring.textfile_dir", mon.textfile_dir, "must be a local folder (node_exporter's "
+                          "textfile collector reads local files); set it, since workdir is remote")
+    port_problem = monitoring.check_port_free(mon.port) if rank.is_chief and mon.port is not None else None
+    shared = distributed.broadcast_object(
+        {"run_id": ctx.run_id or f"untracked-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}",
+         "error": port_problem}, name="hvdtrain.monitoring")
+    if shared["error"]:
+        raise EnvironmentProblem(shared["error"])
+    missing = monitoring.available()
+    if missing:  # monitoring never stops training
+        log.warning("%s; training goes on without Prometheus metrics on this rank", missing)
+        return None, None
+    metrics = monitoring.Metrics(mon.job, shared["run_id"], rank.rank, rank.hostname)
+    optimizer = observed.optimizer
+    metrics.read_at_collect("hvdtrain_learning_rate", lambda: current_learning_rate(optimizer))
+    metrics["hvdtrain_stall_timeout_seconds"].set(ctx.cfg.fault.stall_timeout)
+    monitoring.restored(metrics, observed.restored.seconds if observed.resumed else 0.0,
+                        observed.resumed.nbytes if observed.resumed else 0, observed.restored.restarts)
+    hook = monitoring.MetricsHook(metrics, observed.allreduce_seconds, lambda: observed.checkpointer.last_save,
+                                  lambda: int(optimizer.iterations.numpy()))
+    exporter = monitoring.Exporter(metrics, monitoring.textfile_path(mon.textfile_dir, mon.job, rank.rank),
+                                   mon.interval_seconds, port=mon.port if rank.is_chief else None,
+                                   before_write=hook.refresh)
+    return exporter, hook
 
 
 def _train_batches(ctx: TrainContext, start_record: int) -> Any:
@@ -363,6 +466,9 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
+        recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
+        if os.path.isfile(recorded):
+            shutil.copy(recorded, local)
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"name", "value", "unit", "baseline_name", "baseline_value", "ratio", "target", "passed"}
 EXPECTED = {"etl_write", "input_raw", "input_pipeline", "parse_vectorized", "staging_overlap", "allreduce_busbw",
             "allreduce_fusion", "hvd_overhead", "scaling_np2", "launch_overhead", "checkpoint_save",
-            "checkpoint_restore"}
+            "checkpoint_restore", "monitoring_overhead", "monitoring_overhead_breakdown"}
 
 
 def test_quick_benchmarks_write_json_markdown_and_charts(tmp_path):

@@ -253,3 +253,65 @@ def test_accumulated_step_equals_one_step_on_the_concatenated_batch() -> None:
     assert int(calls.numpy()) == 3
     with pytest.raises(ValueError, match="takes 3 micro-batches"):
         accumulate(batches[:2])
+
+
+# -- the timed step: the same arithmetic, the all-reduce timed apart -------------------------------
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_timed_step_matches_the_fused_step_and_times_its_allreduce(accum: int) -> None:
+    import time
+
+    import keras
+    import tensorflow as tf
+
+    from hvdtrain import steps
+
+    rng = np.random.default_rng(3)
+    batches = [{"numeric": tf.constant(rng.normal(size=(4, 5)), tf.float32),
+                "label": tf.constant(rng.integers(0, 3, 4), tf.int64)} for _ in range(2 * accum)]
+    keras.utils.set_random_seed(2)
+    fused_model, timed_model = _tiny_mlp(), _tiny_mlp()
+    timed_model.set_weights(fused_model.get_weights())
+
+    def slow_allreduce(grads):  # stands in for Horovod, with an injected 50 ms delay
+        delay = tf.numpy_function(lambda: np.float32(time.sleep(0.05) or 0), [], tf.float32)
+        return [g + tf.cast(delay, g.dtype) for g in grads]
+
+    def optimizer_step(model, timed):
+        optimizer = keras.optimizers.Adam(0.01)
+        optimizer.build(model.trainable_variables)
+        if not timed:
+            return (steps.make_train_step(model, optimizer, "label", ("numeric",), slow_allreduce) if accum == 1
+                    else steps.AccumulatingStep(model, optimizer, "label", accum, ("numeric",), slow_allreduce))
+        return steps.TimedStep(model, optimizer, "label", ("numeric",), accum, slow_allreduce)
+
+    fused, timed = optimizer_step(fused_model, False), optimizer_step(timed_model, True)
+    for i in range(2):
+        micro = batches[i * accum:(i + 1) * accum]
+        out_fused = fused(micro[0]) if accum == 1 else fused(micro)
+        out_timed = timed(micro)
+        assert [float(x) for x in out_fused] == [float(x) for x in out_timed]
+        assert 0.05 <= timed.allreduce_seconds < 5
+    for a, b in zip(fused_model.get_weights(), timed_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_tells_hooks_the_step_call_time() -> None:
+    import time
+
+    from hvdtrain import distributed
+    from hvdtrain.loop import LoopPlan, fit
+
+    distributed.init(use_horovod=False)
+    seen = []
+
+    class Hook(RecordingHooks):
+        def on_step(self, info: Any) -> None:
+            seen.append(info.step_seconds)
+
+    def slow_step(batches):
+        time.sleep(0.03)
+        return 1.0, 1.0
+
+    fit(slow_step, itertools.count(), LoopPlan(epochs=1, steps=2, accum_steps=1, batch_size=1), hooks=[Hook()])
+    assert len(seen) == 2 and all(0.03 <= s < 5 for s in seen)
