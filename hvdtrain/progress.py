@@ -171,6 +171,16 @@ def divmod_epoch(done: int, steps: int) -> tuple[int, int]:
     return (epoch, steps) if step == 0 and epoch > 0 else (epoch + 1, step)
 
 
+@dataclass(frozen=True)
+class Sinks:
+    """Where :class:`Progress` shows things: the bar's stream (default stderr), log lines (default the
+    ``hvdtrain.progress`` logger) and events for the launcher's terminal."""
+
+    stream: Optional[TextIO] = None
+    emit: Optional[Callable[[str], None]] = None
+    send: Callable[..., None] = console.emit
+
+
 class Progress:
     """Rank 0's progress display; every method is a no-op in mode ``off``.
 
@@ -179,14 +189,13 @@ class Progress:
     """
 
     def __init__(self, mode: Mode, epochs: int, steps: int, every_steps: int, every_seconds: float,
-                 clock: Callable[[], float] = time.perf_counter, stream: Optional[TextIO] = None,
-                 emit: Optional[Callable[[str], None]] = None,
-                 send: Callable[..., None] = console.emit):
+                 clock: Callable[[], float] = time.perf_counter, sinks: Optional["Sinks"] = None):
+        sinks = sinks or Sinks()
         self.mode, self.epochs, self.steps = mode, epochs, steps
         self.every_steps, self.every_seconds = every_steps, every_seconds
-        self._clock, self._stream = clock, stream
-        self._emit = emit or log.info
-        self._send = send
+        self._clock, self._stream = clock, sinks.stream
+        self._emit = sinks.emit or log.info
+        self._send = sinks.send
         self._meter = WindowMeter(clock)
         self._bar: Optional[TerminalBar] = None
         self._epoch = 0

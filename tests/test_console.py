@@ -125,7 +125,7 @@ def test_rank_0_sends_progress_events_when_the_launcher_has_a_terminal(monkeypat
 def test_progress_events_draw_the_launchers_bar() -> None:
     sent: list[dict] = []
     rank0 = progress.Progress("events", epochs=2, steps=4, every_steps=50, every_seconds=30.0,
-                              send=lambda event, **fields: sent.append({"event": event, **fields}))
+                              sinks=progress.Sinks(send=lambda event, **fields: sent.append({"event": event, **fields})))
     for epoch in (1, 2):
         rank0.start_epoch(epoch)
         for step in range(1, 5):
