@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
 
 import hvdtrain
 from hvdtrain import config as config_mod
-from hvdtrain import fs, manifest
+from hvdtrain import console, fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 
@@ -232,24 +232,30 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at etl.output")
     p.add_argument("--create-sample-table", action="store_true",
                    help="first write source.sample rows into source.table (demo and tests)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="Spark's log and stage progress bars on the console (a local run logs to a file otherwise)")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # key=value overrides may come before, between or after options
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # "Closing down clientserver connection" at exit
     args = parse_args(argv)
+    spark_log = None
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
         from etl import session, sources
 
-        spark = session.get_session(cfg, args.master)
+        spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
+        spark = session.get_session(cfg, args.master, args.verbose, "etl")
         if args.create_sample_table:
             sources.create_sample_table(spark, cfg)
         report = run(spark, cfg)
     except HvdtrainError as exc:
-        print(f"etl: error: {exc}", file=sys.stderr)
-        return 2
+        if spark_log:
+            exc.add_note(console.spark_log_note(spark_log))
+        return console.report_error(exc, "etl")
     print(summary_table(report))
     return 0
 

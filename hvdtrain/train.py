@@ -64,7 +64,7 @@ import tensorflow as tf
 
 from hvdtrain import config as config_lib
 from hvdtrain import breakdown, cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume
-from hvdtrain import kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
+from hvdtrain import console, kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -349,7 +349,7 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optio
            before_report: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
     """Progress, per-step metrics, validation and early stopping, ``before_report``, the epoch report."""
     cfg, rank = ctx.cfg, ctx.rank
-    mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
+    mode = progress.mode_for(cfg.train.progress, rank.is_chief)
     bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
     every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
@@ -632,14 +632,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.train", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="job config YAML")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=2")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return console.report_error(exc, "hvdtrain")
     if distributed.info().is_chief:
-        print(json.dumps(result, indent=2))
+        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
+            console.emit("result", result=result)
+        else:
+            print(json.dumps(result, indent=2))
     return 0
 
 

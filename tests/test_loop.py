@@ -176,7 +176,8 @@ def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> Non
     assert [e for e in hooks.events if e[0] == "step"] == [("step", 2, 2, 4), ("step", 2, 3, 4)] + \
         [("step", 3, s, 4) for s in (1, 2, 3)]
     assert [e[1] for e in hooks.events if e[0] == "after" and e[2]] == [6, 9]  # epoch-end saves
-    assert fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4), hooks=[RecordingHooks()],
+    assert fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4),
+               hooks=[RecordingHooks()],
                start=Start(9, full, None, 0.0, stopped=True)) == full  # a finished run has nothing left to do
 
 
@@ -220,7 +221,7 @@ def test_window_meter_measures_data_wait_and_throughput() -> None:
 def test_log_mode_writes_lines_at_the_cadence() -> None:
     clock, lines = FakeClock(), []
     bar = progress.Progress("log", epochs=2, steps=10, every_steps=4, every_seconds=1000.0, clock=clock,
-                            emit=lines.append)
+                            sinks=progress.Sinks(emit=lines.append))
     bar.start_epoch(1)
     for step in range(1, 11):
         clock.now += 0.5
@@ -237,14 +238,15 @@ def test_log_mode_writes_lines_at_the_cadence() -> None:
 
 def test_bar_mode_draws_a_tqdm_bar_and_off_mode_is_silent() -> None:
     stream, lines = io.StringIO(), []
-    bar = progress.Progress("bar", epochs=1, steps=5, every_steps=2, every_seconds=1.0, stream=stream,
-                            emit=lines.append)
+    bar = progress.Progress("bar", epochs=1, steps=5, every_steps=2, every_seconds=1.0,
+                            sinks=progress.Sinks(stream=stream, emit=lines.append))
     bar.start_epoch(1)
     for step in range(1, 6):
         bar.on_step(step, 0.0, 1.0, 4, 1)
     bar.end_epoch()
     assert "epoch 1/1" in stream.getvalue() and "5/5" in stream.getvalue() and not lines
-    silent = progress.Progress("off", epochs=1, steps=5, every_steps=1, every_seconds=1.0, emit=lines.append)
+    silent = progress.Progress("off", epochs=1, steps=5, every_steps=1, every_seconds=1.0,
+                               sinks=progress.Sinks(emit=lines.append))
     silent.start_epoch(1)
     silent.on_step(1, 0.0, 1.0, 4, 1)
     assert not lines
