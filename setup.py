@@ -48,6 +48,7 @@ setup(
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
             "tfrecord>=1.14,<2",
+            "scikit-learn>=1.4,<2",  # tests compare the metrics with sklearn.metrics
             "cmake>=3.18,<4",
             # Horovod's own test files (tests/test_horovod_upstream.py) import these.
             "mock>=4,<6",

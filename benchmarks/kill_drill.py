@@ -44,12 +44,26 @@ TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "d
 NP = 2
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How horovodrun starts the ranks: one host by default; the multihost tests pass ssh hosts."""
+
+    np: int = NP
+    hosts: str = f"localhost:{NP}"
+    args: tuple[str, ...] = ()  # more horovodrun arguments, e.g. ("-p", "2222", "--network-interfaces", "lo")
+    kill_ranks: tuple[int, ...] = ()  # ranks a kill may hit (all when empty)
+    env: dict[str, str] = field(default_factory=dict)  # launcher environment on top of the drill's
+    timeout: float = 300  # seconds one job may take
+    supervised: bool = True  # relaunch through `hvdtrain train --max-restarts` (one host only)
+
+
 @dataclass
 class Drill:
     """The job both runs share."""
 
     workdir: str
     data_dir: str
+    launch: Launch = field(default_factory=Launch)
     epochs: int = 4
     batch_size: int = 16
     every_steps: int = 7
@@ -97,7 +111,7 @@ def make_dataset(drill: Drill) -> None:
 
     make_text_dataset(drill.data_dir, TextSpec(layout=Layout(n_per_split={"train": drill.train_records,
                                                                           "validation": 64, "test": 64}, shards_per_split=4), class_rate=0.35, seed=21))
-    drill.steps_per_epoch = drill.train_records // (drill.batch_size * NP)
+    drill.steps_per_epoch = drill.train_records // (drill.batch_size * drill.launch.np)
 
 
 def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -> str:
@@ -118,17 +132,18 @@ def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -
     return path
 
 
-def _env() -> dict[str, str]:
+def _env(launch: Launch = Launch()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "OMPI_", "PMI_")) and k != "MLFLOW_TRACKING_URI"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+    env.update(launch.env)
     return env
 
 
-def command(config_path: str) -> list[str]:
+def command(config_path: str, launch: Launch = Launch()) -> list[str]:
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    return [hr, "-np", str(NP), "-H", f"localhost:{NP}", "--gloo", sys.executable, "-m", "hvdtrain.train",
-            config_path]
+    return [hr, "-np", str(launch.np), "-H", launch.hosts, "--gloo", *launch.args, sys.executable, "-m",
+            "hvdtrain.train", config_path]
 
 
 def supervised_command(config_path: str, max_restarts: int) -> list[str]:
@@ -137,9 +152,9 @@ def supervised_command(config_path: str, max_restarts: int) -> list[str]:
             "--max-restarts", str(max_restarts)]
 
 
-def run_to_end(config_path: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command(config_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+def run_to_end(config_path: str, launch: Launch = Launch()) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(config_path, launch), cwd=ROOT, env=_env(launch), capture_output=True, text=True,
+                          timeout=launch.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"training failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -189,11 +204,12 @@ def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
 
 
 def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before: int,
-              timeout: float = 300, sig: int = signal.SIGKILL) -> str:
+              timeout: Optional[float] = None, sig: int = signal.SIGKILL) -> str:
     """Start the job, send ``sig`` (SIGKILL; SIGSTOP freezes the rank instead) to ``kill.rank`` once its
     trace reaches ``kill.target_step``, wait for the job's exit; returns its output."""
-    proc = subprocess.Popen(command(config_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(config_path, drill.launch), cwd=ROOT, env=_env(drill.launch), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timeout = timeout or drill.launch.timeout
     path = trace_path(drill, name, kill.rank)
     deadline = time.monotonic() + timeout
     try:
@@ -250,7 +266,7 @@ def compare(drill: Drill, report: Report, baseline: str, interrupted: str) -> No
     report.optimizer_max_abs_diff = _max_diff(a, b, "optimizer/")
     lost = repeated = 0
     equal = True
-    for rank in range(NP):
+    for rank in range(drill.launch.np):
         want = stitched(trace_path(drill, baseline, rank))
         got = stitched(trace_path(drill, interrupted, rank))
         equal &= got == want
@@ -270,7 +286,8 @@ def kill_targets(drill: Drill, kills: int, rng: random.Random) -> list[Kill]:
     span = (drill.total_steps - 6 - low) // kills
     for i in range(kills):
         lo = low + i * span
-        out.append(Kill(rank=rng.randrange(NP), target_step=rng.randint(lo, lo + max(0, span - drill.every_steps))))
+        ranks = drill.launch.kill_ranks or tuple(range(drill.launch.np))
+        out.append(Kill(rank=rng.choice(ranks), target_step=rng.randint(lo, lo + max(0, span - drill.every_steps))))
     return out
 
 
@@ -352,16 +369,22 @@ def kill_under_supervisor(drill: Drill, name: str, config_path: str, kills: list
             proc.wait()
 
 
-def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print) -> Report:
-    drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"))
+def drill_run(workdir: str, kills: int = 5, seed: int = 0, log: Any = print, launch: Launch = Launch(),
+              epochs: int = 4) -> Report:
+    drill = Drill(workdir=workdir, data_dir=os.path.join(workdir, "data"), launch=launch, epochs=epochs)
     make_dataset(drill)
     report = Report(kills=kill_targets(drill, kills, random.Random(seed)))
     baseline = write_config(drill, "uninterrupted")
     interrupted = write_config(drill, "interrupted")
     log(f"drill: {drill.total_steps} steps, checkpoint every {drill.every_steps}; kills at "
         f"{[(k.rank, k.target_step) for k in report.kills]}")
-    run_to_end(baseline)
-    kill_under_supervisor(drill, "interrupted", interrupted, report.kills)
+    run_to_end(baseline, launch=launch)
+    if launch.supervised:  # one host: the supervised command a user runs relaunches the job itself
+        kill_under_supervisor(drill, "interrupted", interrupted, report.kills)
+    else:  # ssh hosts: `hvdtrain train --np` launches on this host only, so relaunch the horovodrun command
+        for i, kill in enumerate(report.kills):
+            kill_once(drill, "interrupted", interrupted, kill, runs_before=i)
+        run_to_end(interrupted, launch=launch)
     for i, kill in enumerate(report.kills):
         runs = segments(trace_path(drill, "interrupted", kill.rank))
         if i + 1 < len(runs):

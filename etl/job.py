@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import platform
 import sys
@@ -30,7 +29,7 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
 
 import hvdtrain
 from hvdtrain import config as config_mod
-from hvdtrain import fs, manifest
+from hvdtrain import console, fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 
@@ -70,21 +69,24 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import sources, split as split_mod, validate, writer
+    from etl import faults, publish, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
     check_output(cfg)
+    fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]
     staging = fs.join(cfg.etl.output, "_staging", run_id)
     try:
         with timer.stage("read"):
             raw = sources.read(spark, cfg)
         with timer.stage("validate"):
-            checked = validate.run(raw, cfg)
-            rows = split_mod.add_split(checked.valid, cfg.etl.splits).persist(StorageLevel.MEMORY_AND_DISK)
+            checked = validate.run(raw, cfg, fault)
+            rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
             labels = split_mod.label_list(rows)
             rows = validate.reject_unknown_labels(rows, labels, checked)
             counts = split_mod.count_by_split(rows)
+            checked.counts.by_split = counts
             validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
             validate.write_rejects(checked, fs.join(staging, "rejects"))
         if counts.get("train", 0) == 0:
@@ -99,15 +101,28 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split)
             results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
-                                    manifest.encodings(text_specs))
+                                    manifest.encodings(text_specs), fault)
         rows.unpersist()
         with timer.stage("publish"):
-            report = _publish(cfg, staging, plan, results, labels, tok, text_specs, stats, checked, counts, timer)
+            fitted = _fitted(labels, tok, text_specs, stats)
+            facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
+                                     created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+            report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
         _clean(staging)
         raise
     _clean(fs.join(cfg.etl.output, "_staging"))
     return report
+
+
+def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
+            stats: Optional[dict]) -> Any:
+    from etl import publish, text
+
+    if tok is None:
+        return publish.Fitted(labels=labels, tabular_stats=stats)
+    return publish.Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
+                          tokenizer_json=tok.to_str(), tabular_stats=stats)
 
 
 def _tokenizer(rows: Any, cfg: JobConfig):
@@ -147,7 +162,8 @@ def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
 
 
 def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                  plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str]) -> list[dict]:
+                  plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str],
+                  fault: Any = None) -> list:
     from functools import partial
 
     from etl import writer
@@ -163,7 +179,8 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
         (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
-                   tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings)
+                   tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings,
+                   fault=fault)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 
@@ -171,78 +188,6 @@ def _stable_shard(key: str, count: int) -> int:
     import zlib
 
     return zlib.crc32(key.encode("utf-8")[::-1]) % count
-
-
-def _publish(cfg: JobConfig, staging: str, plan: Any, results: list[dict], labels: list[str], tok: Any,
-             text_specs: dict[str, manifest.FeatureSpec],
-             stats: Optional[dict], checked: Any, counts: dict[str, int], timer: StageTimer) -> dict[str, Any]:
-    from etl import tabular, text, writer
-
-    out = cfg.etl.output
-    written = {s: sum(r["records"] for r in results if r["split"] == s) for s in SPLITS}
-    if written != {s: counts.get(s, 0) for s in SPLITS}:
-        raise DataError(f"shard record counts {written} differ from the validated rows {counts}; "
-                        "a task lost records: nothing was published")
-    if cfg.etl.overwrite and fs.exists(out):
-        fs.delete(manifest.manifest_uri(out))  # readers stop seeing the old dataset first
-        for name in fs.listdir(out):
-            if name != "_staging":
-                fs.delete(fs.join(out, name))
-    splits = {s: manifest.Split([]) for s in SPLITS}
-    for r in sorted(results, key=lambda r: r["partition"]):
-        rel = writer.shard_name(r["split"], r["index"], plan.counts[r["split"]], cfg.etl.compression)
-        fs.makedirs(fs.join(out, r["split"]))
-        fs.move(r["staged"], fs.join(out, rel))
-        splits[r["split"]].shards.append(manifest.Shard(
-            path=rel, records=r["records"], bytes=r["bytes"], sha256=r["sha256"],
-            class_counts={labels[int(k)]: v for k, v in r["class_counts"].items()}))
-    if checked.rejected_total:
-        fs.move(fs.join(staging, "rejects"), fs.join(out, "rejects"))
-    features: dict[str, manifest.FeatureSpec] = {}
-    vocab_info: dict[str, Any] = {}
-    preprocessing: dict[str, Any] = {}
-    if tok is not None:
-        vocab = text.vocab_lines(tok)
-        fs.write_bytes_atomic(fs.join(out, "vocab.txt"), ("\n".join(vocab) + "\n").encode())
-        fs.write_bytes_atomic(fs.join(out, "tokenizer.json"), tok.to_str().encode())
-        features.update(text_specs)
-        vocab_info = {"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(vocab), "pad_id": 0,
-                      "learned": cfg.etl.vocab_file is None}
-        preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}
-    if stats is not None:
-        for name, (dtype, shape) in tabular.feature_specs(stats).items():
-            features[name] = manifest.FeatureSpec(dtype, shape)
-        preprocessing["tabular"] = {**stats, "fill_values": tabular.fill_values(stats),
-                                    "cardinalities": tabular.cardinalities(stats)}
-    features["label"] = manifest.FeatureSpec("int64", [])
-    features["key"] = manifest.FeatureSpec("bytes", [])
-    report = {
-        "rows_in": checked.rows_in, "rows_written": sum(written.values()), "rows_rejected": checked.rejected_total,
-        "duplicates_dropped": checked.duplicates, "rejects_by_rule": checked.rejects_by_rule,
-        "rows_by_split": written, "shards_by_split": plan.counts, "stage_seconds": timer.seconds,
-    }
-    fs.write_bytes_atomic(fs.join(out, "etl_report.json"), json.dumps(report, indent=2).encode())
-    m = manifest.Manifest(
-        features=features, label_feature="label", labels=labels, splits=splits, compression=cfg.etl.compression,
-        vocab=vocab_info, preprocessing=preprocessing,
-        source=_source_info(cfg, checked),
-        etl_config_hash=cfg.section_hash("source", "validation", "etl"),
-        versions=_versions(),
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    )
-    report["manifest"] = manifest.write(m, out)
-    return report
-
-
-def _source_info(cfg: JobConfig, checked: Any) -> dict[str, Any]:
-    from etl import sample, sources
-
-    info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": checked.rows_in,
-                            "rows_rejected": checked.rejected_total, "duplicates_dropped": checked.duplicates}
-    if cfg.source.sample is not None:
-        info["sample"] = {"label_noise": cfg.source.sample.label_noise,
-                          "accuracy_ceiling": round(sample.accuracy_ceiling(cfg.source.sample), 4)}
-    return info
 
 
 def _versions() -> dict[str, str]:
@@ -287,24 +232,30 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at etl.output")
     p.add_argument("--create-sample-table", action="store_true",
                    help="first write source.sample rows into source.table (demo and tests)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="Spark's log and stage progress bars on the console (a local run logs to a file otherwise)")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # key=value overrides may come before, between or after options
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # "Closing down clientserver connection" at exit
     args = parse_args(argv)
+    spark_log = None
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
         from etl import session, sources
 
-        spark = session.get_session(cfg, args.master)
+        spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
+        spark = session.get_session(cfg, args.master, args.verbose, "etl")
         if args.create_sample_table:
             sources.create_sample_table(spark, cfg)
         report = run(spark, cfg)
     except HvdtrainError as exc:
-        print(f"etl: error: {exc}", file=sys.stderr)
-        return 2
+        if spark_log:
+            exc.add_note(console.spark_log_note(spark_log))
+        return console.report_error(exc, "etl")
     print(summary_table(report))
     return 0
 

@@ -4,25 +4,59 @@ Locally (``hive.embedded: true``) the metastore is an embedded Derby database
 and the warehouse a local folder, both under the job's workdir. On a cluster
 (``hive.embedded: false``) Spark takes the metastore from the hive-site.xml on
 its classpath, as spark-submit sets it up.
+
+Quiet by default: when this process starts Spark itself (a local run: ``hvdtrain
+etl``, ``hvdtrain demo``, ``python -m etl.job --master ...``), Spark's own log
+(log4j, and whatever the JVM and its Python workers print) goes to
+``{workdir}/logs/spark-<job>.log`` (:func:`hvdtrain.console.spark_log_file`)
+and its stage progress bars are off, so the job's own lines and its one-line
+error stay readable; ``verbose`` puts both back on the console. Under
+spark-submit, Spark's logging is spark-submit's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
-from typing import Any
+from typing import Any, Iterator, Optional
 
-from hvdtrain import fs
+from hvdtrain import console, fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import EnvironmentProblem
 
+# Spark's own defaults (log4j2-defaults.properties), written to a file instead of the console.
+LOG4J2_PROPERTIES = """\
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.metastore.name = org.apache.hadoop.hive.metastore.RetryingHMSHandler
+logger.metastore.level = fatal
+logger.hive_functionregistry.name = org.apache.hadoop.hive.ql.exec.FunctionRegistry
+logger.hive_functionregistry.level = error
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = error
+"""
 
-def spark_conf(cfg: JobConfig, master: str | None = None) -> dict[str, str]:
-    """All Spark settings for a job, as plain data (unit-tested)."""
+
+def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[str] = None,
+               progress_bars: bool = False) -> dict[str, str]:
+    """All Spark settings for a job, as plain data (unit-tested).
+
+    ``log_config``: a log4j2 properties file for the driver (Spark's log to a file).
+    """
+    java_options = [f"-Dlog4j2.configurationFile=file:{log_config}"] if log_config else []
     conf = {
         "spark.app.name": cfg.spark.app_name,
         "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.showConsoleProgress": "true" if progress_bars else "false",
         "spark.sql.shuffle.partitions": "8",
         # Python workers do the tokenizing and writing; reuse them across tasks.
         "spark.python.worker.reuse": "true",
@@ -41,17 +75,27 @@ def spark_conf(cfg: JobConfig, master: str | None = None) -> dict[str, str]:
                 f"jdbc:derby:;databaseName={metastore}/metastore_db;create=true",
             "spark.hadoop.hive.metastore.schema.verification": "false",
             "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
-            "spark.driver.extraJavaOptions": f"-Dderby.system.home={metastore}",
         })
+        java_options.append(f"-Dderby.system.home={metastore}")
+    if java_options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
     conf.update(cfg.spark.conf)
     return conf
 
 
-def get_session(cfg: JobConfig, master: str | None = None) -> Any:
+def log_file(cfg: JobConfig, master: str | None, verbose: bool, job: str) -> Optional[str]:
+    """Where Spark's own log goes: a file when this process starts Spark quietly, else None (pure)."""
+    if verbose or master is None:  # under spark-submit the driver JVM is already running
+        return None
+    return console.spark_log_file(cfg.workdir, job)
+
+
+def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False, job: str = "etl") -> Any:
     """Build (or join) the SparkSession for a job.
 
     ``master`` is the explicit one for a local run; under spark-submit it is
-    None and the command line decides.
+    None and the command line decides. Unless ``verbose``, a local run logs to
+    :func:`log_file` (``job`` names it) and shows no stage progress bars.
     """
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise EnvironmentProblem("Spark needs Java 17: java is not on PATH and JAVA_HOME is not set; "
@@ -69,9 +113,52 @@ def get_session(cfg: JobConfig, master: str | None = None) -> Any:
                                      "set hive.embedded: false and put hive-site.xml on Spark's classpath")
         os.makedirs(fs.local_path(cfg.hive.metastore_dir), exist_ok=True)
         fs.makedirs(cfg.hive.warehouse_dir)
+    path = log_file(cfg, master, verbose, job)
+    log_config = _write_log_config(path) if path else None
     builder = SparkSession.builder
-    for key, value in spark_conf(cfg, master).items():
+    for key, value in spark_conf(cfg, master, log_config, progress_bars=verbose).items():
         builder = builder.config(key, value)
-    spark = builder.enableHiveSupport().getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    with _output_to(path):
+        spark = builder.enableHiveSupport().getOrCreate()
+    if path is None:
+        spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _write_log_config(path: str) -> str:
+    """A fresh log file and the log4j2 properties that write Spark's log to it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()  # one run per file
+    config_path = os.path.splitext(path)[0] + ".log4j2.properties"
+    with open(config_path, "w") as fh:
+        fh.write(LOG4J2_PROPERTIES.format(path=path))
+    return config_path
+
+
+@contextlib.contextmanager
+def _output_to(path: Optional[str]) -> Iterator[None]:
+    """Point this process's stdout/stderr at ``path`` while Spark's JVM starts (nothing when None).
+
+    pyspark starts the JVM with this process's stdout and stderr, and the JVM keeps them:
+    its own warnings (e.g. the incubator-module notice), anything printed before log4j is
+    configured, and the stderr of the Python workers it forks. Handing it the log file
+    sends all of that where Spark's log4j output goes; this process gets its own back.
+    """
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)

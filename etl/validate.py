@@ -1,19 +1,24 @@
 """Row validation with quarantine: nothing is dropped silently.
 
-Every row in is accounted for: ``rows_in = valid + rejected + duplicates``.
-A rejected row is kept with the first rule it broke and the offending value;
+Every row in is accounted for: ``rows_in = valid + rejected + duplicates``,
+each term counted where it happens (``etl.accounting``). A rejected row is
+kept with the first rule it broke and the offending value, a dropped
+duplicate with the rule ``duplicate_key`` and its key;
 rules come from the config's ``validation`` block plus the built-in checks on
 the key, text and label columns.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
+from etl import faults
+from etl.accounting import LABEL_UNKNOWN, RowCounts
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError
 
 CORRUPT = "_corrupt_record"
+DUPLICATE = "duplicate_key"
 
 
 @dataclass(frozen=True)
@@ -25,15 +30,32 @@ class Rule:
 
 @dataclass
 class Checked:
-    valid: Any  # DataFrame of (key, text, label, tabular feature columns)
-    rejects: Any  # DataFrame of (key, text, label, rule, value)
-    rows_in: int
-    duplicates: int
-    rejects_by_rule: dict[str, int] = field(default_factory=dict)
+    """Validated rows, the quarantined ones, and the counts taken on the way (see etl.accounting)."""
+
+    valid: Any  # DataFrame of (key, text, label, tabular feature columns), one row per key
+    rejects: Any  # DataFrame of (key, text, label, rule, value): rule breaks and dropped duplicates
+    counts: RowCounts
+
+    @property
+    def rows_in(self) -> int:
+        return self.counts.rows_in
+
+    @property
+    def duplicates(self) -> int:
+        return self.counts.duplicates
+
+    @property
+    def rejects_by_rule(self) -> dict[str, int]:
+        return self.counts.by_rule
 
     @property
     def rejected_total(self) -> int:
-        return sum(self.rejects_by_rule.values())
+        return self.counts.rejected_total
+
+    @property
+    def quarantined(self) -> int:
+        """Rows in rejects/: rejected ones and dropped duplicates."""
+        return self.rejected_total + self.duplicates
 
     def worst_rules(self, n: int = 3) -> str:
         top = sorted(self.rejects_by_rule.items(), key=lambda kv: -kv[1])[:n]
@@ -120,25 +142,43 @@ def first_failed(rule_list: list[Rule]) -> tuple[Any, Any]:
     return name, value
 
 
-def run(raw: Any, cfg: JobConfig) -> Checked:
-    """Tag each row with the first rule it breaks; split into valid and rejected."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
+def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None) -> Checked:
+    """Tag each row with the first rule it breaks; split into valid, rejected and duplicate rows."""
     rule_list = rules(cfg, CORRUPT in raw.columns)
     name, value = first_failed(rule_list)
     tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
+    rows_in = tagged.count()  # rows read from the source (this pass fills the cache the rest reads)
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
-    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg))
-    if cfg.validation.unique_key:
-        # Keep one row per key, chosen by content so reruns keep the same one.
-        w = Window.partitionBy("key").orderBy("text", "label")
-        passed = passed.withColumn("_n", F.row_number().over(w)).where("_n = 1").drop("_n")
-    rows_in = tagged.count()
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
-    duplicates = rows_in - sum(by_rule.values()) - passed.count()
-    return Checked(valid=passed, rejects=rejects, rows_in=rows_in, duplicates=duplicates,
-                   rejects_by_rule={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)})
+    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg))
+    valid, duplicates, before, after = dedup(faults.drop_rows(passed, fault, "validate"), cfg.validation.unique_key)
+    counts = RowCounts(rows_in=rows_in, rejected={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)},
+                       before_dedup=before, after_dedup=after)
+    if duplicates is not None and counts.duplicates:
+        rejects = rejects.unionByName(duplicates)
+    return Checked(valid=valid, rejects=rejects, counts=counts)
+
+
+def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int]:
+    """(one row per key, the dropped duplicates as rejects, rows before, rows after).
+
+    Both counts come from one aggregation over the numbered rows, the pass the
+    dedup needs anyway.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not unique_key:
+        n = passed.count()
+        return passed, None, n, n
+    # Keep one row per key, chosen by content so reruns keep the same one.
+    w = Window.partitionBy("key").orderBy("text", "label")
+    numbered = passed.withColumn("_n", F.row_number().over(w))
+    agg = numbered.agg(F.count(F.lit(1)).alias("before"),
+                       F.sum(F.when(F.col("_n") == 1, 1).otherwise(0)).alias("after")).first()
+    dropped = (numbered.where("_n > 1").select("key", "text", "label")
+               .withColumn("rule", F.lit(DUPLICATE)).withColumn("value", F.col("key")))
+    return numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0)
 
 
 def reject_unknown_labels(rows: Any, labels: list[str], checked: Checked) -> Any:
@@ -154,9 +194,9 @@ def reject_unknown_labels(rows: Any, labels: list[str], checked: Checked) -> Any
     n = unknown.count()
     if n:
         checked.rejects = checked.rejects.unionByName(
-            unknown.select("key", "text", "label").withColumn("rule", F.lit("label_unknown"))
+            unknown.select("key", "text", "label").withColumn("rule", F.lit(LABEL_UNKNOWN))
             .withColumn("value", F.col("label")))
-        checked.rejects_by_rule["label_unknown"] = n
+    checked.counts.label_unknown = n
     return rows.where(known)
 
 
@@ -183,5 +223,5 @@ def write_rejects(checked: Checked, uri: str) -> None:
     """The quarantined rows, with rule and value, as Parquet (only when there are any)."""
     from etl.sources import spark_path
 
-    if checked.rejected_total:
+    if checked.quarantined:
         checked.rejects.write.mode("overwrite").parquet(spark_path(uri))

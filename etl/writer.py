@@ -2,11 +2,11 @@
 
 Commit protocol: each task writes its shard straight to the output filesystem
 under ``_staging/<run>/`` with a name unique to the task attempt, and returns
-the shard's stats. ``collect()`` returns the results of the successful
+a :class:`ShardResult`. ``collect()`` returns the results of the successful
 attempt of each partition only, so the driver knows exactly which staged files
-are the dataset: it moves those into place and the staging folder (with any
-failed or speculative attempts' files) is deleted. The manifest is written
-last, by the caller.
+are the dataset: ``etl.publish`` moves those into place and the staging folder
+(with any failed or speculative attempts' files) is deleted. The manifest is
+written last.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
+from etl import faults
 from hvdtrain import fs, tfrecord
 from hvdtrain.config import SPLITS
 from hvdtrain.features import FeatureEncoder
@@ -62,22 +63,56 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
     return f"{split}/part-{index:05d}-of-{count:05d}{ext}"
 
 
+@dataclass(frozen=True)
+class ShardResult:
+    """What one write task reports about the shard it staged (the driver publishes from these only)."""
+
+    partition: int
+    split: str
+    index: int
+    staged: str  # the attempt's file under _staging/
+    records: int
+    bytes: int
+    sha256: str
+    class_counts: dict[int, int]  # label index -> records
+
+
 def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str,
                     tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str,
-                    encodings: Optional[dict[str, str]] = None) -> Iterator[dict]:
+                    encodings: Optional[dict[str, str]] = None,
+                    fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
     """Runs in a Spark task: encode sorted rows and write one shard.
 
     ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
-    values)) pairs. Yields one stats dict for the shard (nothing for an empty
-    partition). ``encodings`` maps features to their packed encoding (``FeatureSpec.encoding``).
+    values)) pairs. Yields one :class:`ShardResult` (nothing for an empty
+    partition). ``encodings`` maps features to their packed encoding
+    (``FeatureSpec.encoding``); ``fault`` is the test-only hook (``etl.faults``).
     """
     from pyspark import TaskContext
 
     split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
-    path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
     encode = RecordEncoder(tokenizer_json, tabular_stats, encodings)
+    drop = fault.drops("write") if fault else None
+    if drop is not None:
+        rows = (r for r in rows if r[0][1] != drop)
+    path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
+    if fault and fault.fails_write(partition, ctx.attemptNumber() if ctx else 0):
+        _write_shard(list(rows)[:1], path, encode, compression)  # part of the shard reaches storage
+        raise faults.InjectedFault(f"fail_write_once: attempt 0 of partition {partition} dies after one record")
+    if fault and fault.writes_twice(partition):
+        rows = list(rows)  # a speculative copy: the same rows written whole to a second attempt's file
+        _write_shard(rows, fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}-copy.tfrecord"), encode,
+                     compression)
+    stats = _write_shard(rows, path, encode, compression)
+    if stats is not None:
+        yield ShardResult(partition=partition, split=split, index=index, staged=path, records=stats.records,
+                          bytes=stats.bytes, sha256=stats.sha256, class_counts=dict(sorted(stats.class_counts.items())))
+
+
+def _write_shard(rows: Iterable, path: str, encode: "RecordEncoder", compression: str) -> Optional[Any]:
+    """Write rows to ``path`` in batches; the writer's stats, or None when there were no rows."""
     stream = None
     writer = None
     batch: list = []
@@ -91,16 +126,13 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
                 encode.write(writer, batch)
                 batch.clear()
         if writer is None:
-            return
+            return None
         if batch:
             encode.write(writer, batch)
-        stats = writer.finish()
+        return writer.finish()
     finally:
         if stream is not None:
             stream.close()
-    yield {"partition": partition, "split": split, "index": index, "staged": path, "records": stats.records,
-           "bytes": stats.bytes, "sha256": stats.sha256,
-           "class_counts": {str(k): v for k, v in sorted(stats.class_counts.items())}}
 
 
 class RecordEncoder:

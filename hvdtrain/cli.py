@@ -1,25 +1,27 @@
-"""``hvdtrain`` command line: demo, etl, train, score, yarn, checkpoints, env, config.
+"""``hvdtrain`` command line: demo, etl, train, yarn, checkpoints, env, config.
 
-The ETL and scoring run in their own processes (``python -m etl.job`` and
-``python -m etl.score_job``, the entry points spark-submit runs), and local training under ``horovodrun``; this module only
+The ETL runs in its own process (``python -m etl.job``, the same entry point
+spark-submit runs), and local training under ``horovodrun``; this module only
 builds those commands (pure functions) and runs them. It never imports ``etl``
 or ``yarn``, which import ``hvdtrain``.
 """
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import shlex
 import subprocess
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import fs
-from hvdtrain.errors import HvdtrainError
+from hvdtrain import console, fs
+from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
+                             UsageError)
+
+EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
 
 def _bin(name: str) -> str:
@@ -39,7 +41,7 @@ def child_env() -> dict[str, str]:
 
 
 def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str], overwrite: bool,
-                create_sample_table: bool = False) -> list[str]:
+                create_sample_table: bool = False, verbose: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "etl.job", "--config", config_path]
     if master:
         cmd += ["--master", master]
@@ -47,6 +49,8 @@ def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str
         cmd.append("--overwrite")
     if create_sample_table:
         cmd.append("--create-sample-table")
+    if verbose:
+        cmd.append("--verbose")
     return cmd + list(overrides)
 
 
@@ -58,6 +62,17 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
         return train
     return [_bin("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
             "--start-timeout", str(start_timeout), *train]
+
+
+def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> console.Outcome:
+    """One try of a step in a child process, shown through :mod:`hvdtrain.console`.
+
+    On a terminal the child's output is tidied and rank 0's progress drawn; elsewhere
+    its lines pass unchanged. The outcome keeps the last lines for :func:`supervise.classify`.
+    """
+    tty = sys.stderr.isatty()
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    return console.run(cmd, console.child_env({**child_env(), **(extra_env or {})}, tty), console.View(tty))
 
 
 def score_flags(model: Optional[str], output_table: Optional[str], partition: Optional[str] = None,
@@ -77,45 +92,46 @@ def score_command(config_path: str, overrides: Sequence[str], flags: Sequence[st
     return [sys.executable, "-m", "etl.score_job", "--config", config_path, *flags, *overrides]
 
 
-def _run(cmd: list[str], what: str) -> None:
-    print(f"$ {shlex.join(cmd)}", flush=True)
-    rc = subprocess.call(cmd, env=child_env())
-    if rc != 0:
-        raise HvdtrainError(f"{what} failed (exit code {rc}); see the messages above")
+def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
+    """Run a step once; its reported error (or how it died) becomes ours, with Spark's log named."""
+    outcome = _run(cmd)
+    if outcome.returncode != 0:
+        exc = console.failure(outcome, what)
+        if spark_log and outcome.error is None and os.path.exists(spark_log):  # it crashed before saying so
+            exc.add_note(console.spark_log_note(spark_log))
+        raise exc
+    return outcome
 
 
-def _run_once(cmd: list[str], extra_env: Mapping[str, str]) -> tuple[int, str]:
-    """One try of a job: its output passes through, the last lines are kept for :func:`supervise.classify`."""
-    print(f"$ {shlex.join(cmd)}", flush=True)
-    tail: collections.deque[str] = collections.deque(maxlen=400)
-    with subprocess.Popen(cmd, env={**child_env(), **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line)
-    return proc.returncode, "".join(tail)
-
-
-def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> None:
+def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.Outcome:
     """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``)."""
     if cfg.fault.max_restarts == 0:
-        _run(cmd, "training")
-        return
+        return _step(cmd, "training")
+    tries: list[console.Outcome] = []
+
+    def once(env: Mapping[str, str]) -> tuple[int, str]:
+        tries.append(_run(cmd, env))
+        return tries[-1].returncode, tries[-1].tail
+
     outcome = supervise.run_with_restarts(
-        lambda env: _run_once(cmd, env), cfg.fault.max_restarts,
+        once, cfg.fault.max_restarts,
         resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
         wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
-    if outcome.code != 0:
-        failure = outcome.failure
-        raise HvdtrainError(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
-                            f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"
-                            f" (exit code {outcome.code}); see the messages above")
+    if outcome.code == 0:
+        return tries[-1]
+    if tries[-1].error is not None:  # a rank said what was wrong (a config, data or environment error)
+        raise console.failure(tries[-1], "training")
+    failure = outcome.failure
+    code = failure.code if failure.code in EXIT_CODES and failure.code != 0 else StepFailed.exit_code
+    raise StepFailed(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
+                     f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"
+                     f" (exit code {outcome.code}); see the messages above", code)
 
 
 def cmd_etl(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
-    _run(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite), "ETL")
+    _step(etl_command(args.config, args.overrides, args.master or cfg.spark.master, args.overwrite,
+                      verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     return 0
 
 
@@ -123,14 +139,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)  # a bad config fails here, before Spark starts
     flags = score_flags(args.model, args.output_table, args.partition, args.master or cfg.spark.master,
                         args.overwrite)
-    _run(score_command(args.config, args.overrides, flags), "scoring")
+    _step(score_command(args.config, args.overrides, flags), "scoring")
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
-    _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
+    outcome = _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
+    result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
+    print(json.dumps(result, indent=2) if args.json else train_summary(result))
     return 0
 
 
@@ -150,21 +168,44 @@ def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     if cfg.source.sample is None:
-        raise HvdtrainError(f"{args.config} has no source.sample block; the demo generates its data from it")
-    _run(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True),
-         "ETL")
+        raise ConfigError("source.sample", None, f"is needed by the demo, which generates its data from it; "
+                          f"{args.config} has no source.sample block")
+    _step(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
+                      verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
     if cfg.checkpoint.enabled and fs.exists(cfg.checkpoint.dir):  # new data: a new run, not a resume
         print(f"demo: removing the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
         fs.delete(cfg.checkpoint.dir)
-    _run(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    _step(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
     flags = score_flags(cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master, overwrite=True, split="test",
                         evaluate=True)
-    _run(score_command(args.config, args.overrides, flags), "scoring the test split")
+    _step(score_command(args.config, args.overrides, flags), "scoring the test split")
     return 0
 
 
 DEMO_PREDICTIONS = "demo.review_predictions"
+
+
+def table(rows: Sequence[tuple[str, Any]], title: str) -> str:
+    """A titled two-column summary, keys aligned (pure)."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["", title] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def train_summary(result: dict[str, Any]) -> str:
+    """The closing table of ``hvdtrain train``: how well it did and where everything is (pure)."""
+    exports = result.get("exports", {})
+    rows = [
+        ("test accuracy", f"{result['test_accuracy']:.4f}"),
+        ("test macro F1", f"{result['test_macro_f1']:.4f}"),
+        ("validation accuracy", f"{result['validation_accuracy']:.4f}"),
+        ("epochs", result.get("epochs_run")),
+        ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
+        ("eval report", result.get("report")),
+        ("exported model", exports.get("keras")),
+        ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
+    ]
+    return table(rows, "training finished (the full result: --json):")
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
@@ -191,17 +232,16 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
          + (f" (best possible ~{ceiling:.4f} with {m.source['sample']['label_noise']:.0%} label noise)"
             if ceiling else "")),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["", "demo finished:"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+    return table(rows, "demo finished:")
 
 
 def cmd_yarn(args: argparse.Namespace) -> int:
     """``hvdtrain yarn submit|score ...``: the launchers live in yarn/ (which imports hvdtrain), so run them."""
     modules = {"submit": "yarn.submit", "score": "yarn.score"}
     if not args.rest or args.rest[0] not in modules:
-        raise HvdtrainError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
-                            "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
-                            "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run]")
+        raise UsageError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
+                         "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
+                         "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run]")
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 
@@ -217,9 +257,9 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     infos = checkpoint.scan(args.dir, verify=args.action == "verify")
     if not infos:
-        raise HvdtrainError(f"no checkpoints (ckpt-*) under {args.dir}")
+        raise DataError(f"no checkpoints (ckpt-*) under {args.dir}")
     print(checkpoint.to_json(infos) if args.json else checkpoint.describe(infos, args.metric))
-    return 0 if args.action == "list" or all(i.valid for i in infos) else 1
+    return 0 if args.action == "list" or all(i.valid for i in infos) else DataError.exit_code
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
@@ -236,74 +276,102 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvdtrain", description="Hive/Spark ETL and Horovod training on Hadoop.")
+    """Every subcommand; options and ``key=value`` overrides may come in any order (see :func:`parse_args`)."""
+    p = argparse.ArgumentParser(prog="hvdtrain", description="Hive/Spark ETL and Horovod training on Hadoop.",
+                                epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-
-    def with_config(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
-        sp.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
-        return sp
-
-    demo = with_config("demo", "sample Hive table -> ETL -> horovodrun -> MLflow, on embedded defaults")
-    demo.add_argument("--np", type=int, default=2, help="local ranks (default 2)")
-    demo.set_defaults(fn=cmd_demo)
-    etl = with_config("etl", "run the Spark/Hive ETL locally (same entry point as spark-submit etl/job.py)")
+    demo = _command(sub, "demo", cmd_demo, "sample Hive table -> ETL -> horovodrun -> MLflow, on embedded defaults")
+    _np_option(demo)
+    _verbose_option(demo)
+    etl = _command(sub, "etl", cmd_etl, "run the Spark/Hive ETL locally (same entry point as spark-submit etl/job.py)")
     etl.add_argument("--master", help="Spark master (default: spark.master from the config)")
     etl.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-    etl.set_defaults(fn=cmd_etl)
-    train = with_config("train", "train locally under horovodrun with Gloo")
-    train.add_argument("--np", type=int, default=2, help="local ranks (default 2; 1 runs without horovodrun)")
+    _verbose_option(etl)
+    train = _command(sub, "train", cmd_train, "train locally under horovodrun with Gloo")
+    _np_option(train, "local ranks (default 2; 1 runs without horovodrun)")
+    train.add_argument("--json", action="store_true", help="end with the result document (JSON) on stdout "
+                                                           "instead of the summary table")
     train.add_argument("--max-restarts", type=int, metavar="K",
                        help="relaunch after a lost rank, a stall or a storage failure up to K times, resuming from "
                             "the newest checkpoint (fault.max_restarts)")
     train.add_argument("--principal", help="Kerberos principal; with --keytab the ticket is renewed during the job")
     train.add_argument("--keytab", help="keytab for --principal (kinit -kt before the ticket expires)")
-    train.set_defaults(fn=cmd_train)
-    score = with_config("score", "score the config's source with a trained model into a Hive table (Spark)")
+    score = _command(sub, "score", cmd_score, "score the config's source with a trained model into a Hive table")
     score.add_argument("--model", help="training output folder, runs:/ID/model, models:/NAME/VERSION|@ALIAS, "
                        "or a registered model name (default score.model)")
     score.add_argument("--output-table", help="Hive table db.name for the predictions (default score.output_table)")
     score.add_argument("--partition", help="k=v[,k=v] to write (default score.partition, else ds=<UTC date>)")
     score.add_argument("--overwrite", action="store_true", help="replace a non-empty partition (atomically)")
     score.add_argument("--master", help="Spark master (default: spark.master from the config)")
-    score.set_defaults(fn=cmd_score)
-    show = with_config("config", "print the resolved config (after overrides and path resolution)")
-    show.set_defaults(fn=cmd_config_show)
-    yarn = sub.add_parser("yarn", help="on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ... "
-                          "(training), hvdtrain yarn score CONFIG --model M --output-table T ... (scoring)",
-                          add_help=False)
+    _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
+    yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
+                    config=False, add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
-    yarn.set_defaults(fn=cmd_yarn)
-    ckpt = sub.add_parser("checkpoints", help="list or verify checkpoints in a folder (local or hdfs://)")
+    ckpt = _command(sub, "checkpoints", cmd_checkpoints, "list or verify checkpoints in a folder (local or hdfs://)",
+                    config=False)
     ckpt.add_argument("action", choices=["list", "verify"], help="verify also checks every checksum")
     ckpt.add_argument("dir", help="checkpoint folder, e.g. work/demo/checkpoints/demo")
     ckpt.add_argument("--metric", default="validation_accuracy", help="metric column to show")
     ckpt.add_argument("--json", action="store_true", help="machine-readable output")
-    ckpt.set_defaults(fn=cmd_checkpoints)
-    tl = sub.add_parser("timeline", help="time per phase of a Horovod timeline: hvdtrain timeline summarize FILE")
+    tl = _command(sub, "timeline", cmd_timeline,
+                  "time per phase of a Horovod timeline: hvdtrain timeline summarize FILE", config=False)
     tl.add_argument("action", choices=["summarize"])
     tl.add_argument("file", help="the timeline JSON (train.timeline writes horovod_timeline.json to train.output)")
-    tl.set_defaults(fn=cmd_timeline)
-    env = sub.add_parser("env", help="diagnose this host: hvdtrain env check")
+    env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
-    env.set_defaults(fn=cmd_env_check)
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def _command(sub: Any, name: str, fn: Callable[[argparse.Namespace], int], help_: str, config: bool = True,
+             **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand running ``fn``; with ``config``, it takes CONFIG and ``key=value`` overrides."""
+    sp = sub.add_parser(name, help=help_, description=help_, **kwargs)
+    if config:
+        sp.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
+        sp.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, section.key=value (before, between or after the options)")
+    sp.set_defaults(fn=fn, parser=sp)
+    return sp
+
+
+def _np_option(sp: argparse.ArgumentParser, help_: str = "local ranks (default 2)") -> None:
+    sp.add_argument("--np", type=int, default=2, help=help_)
+
+
+def _verbose_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-v", "--verbose", action="store_true",
+                    help="show Spark's own log and stage progress bars (else Spark's log goes to a file "
+                         "under the job's workdir, named when a step fails)")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse a command line where options and ``key=value`` overrides come in any order.
+
+    argparse stops filling the ``overrides`` positional at the first option, so what
+    follows comes back unparsed: words are more overrides (in order: later ones win),
+    anything starting with ``-`` is an unknown option and an error naming it.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if getattr(args, "np", 1) < 1:
-        print(f"hvdtrain: error: --np must be >= 1 (got {args.np})", file=sys.stderr)
-        return 2
+        args.parser.error(f"--np must be >= 1 (got {args.np})")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return console.print_error(exc, "hvdtrain")
     except KeyboardInterrupt:
         print("hvdtrain: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class RankInfo:
     local_size: int
     hostname: str
     backend: str  # "horovod" or "local"
+    cross_rank: int = 0  # which host (in launcher order) this rank runs on
 
     @property
     def is_chief(self) -> bool:
@@ -81,7 +82,8 @@ def init(use_horovod: Optional[bool] = None) -> RankInfo:
             "build it with scripts/build_horovod.sh, then check with `horovodrun --check-build`") from exc
     hvd.init()
     _hvd = hvd
-    _info = RankInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), "horovod")
+    _info = RankInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), "horovod",
+                     hvd.cross_rank())
     pin_gpu(_info.local_rank)
     return _info
 

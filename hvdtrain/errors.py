@@ -1,5 +1,43 @@
-"""User-facing errors: one message naming what is wrong, the value and the fix."""
+"""User-facing errors: one message naming what is wrong, the value and the fix.
+
+Every hvdtrain command (``hvdtrain ...``, ``python -m hvdtrain.train``,
+``python -m etl.job``, ``spark-submit etl/job.py``) ends with one of these exit
+codes, so a script or a scheduler can tell the kind of failure apart:
+
+====  ======================================================================
+code  meaning
+====  ======================================================================
+0     success
+1     unexpected failure: a bug or a crash; its traceback is printed
+2     usage or config error: command line, config file, ``key=value`` override
+3     data error: source table, dataset, manifest, checkpoints, a storage path
+4     environment problem: Java, Hadoop client, Horovod build, cluster settings
+5     a job step failed without a hvdtrain error (a rank, a Spark task, a YARN
+      application); the messages above it say why
+74    storage (HDFS, the local disk) failed after retries (a retry may succeed)
+75    a rank stalled and was ended by the watchdog (a retry may succeed)
+130   interrupted (Ctrl-C)
+====  ======================================================================
+"""
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
+EXIT_INTERRUPTED = 130
+
+# Every code a hvdtrain command may end with (the table above), for messages and docs.
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "unexpected failure (a bug or a crash)",
+    2: "usage or config error",
+    3: "data error",
+    4: "environment problem",
+    5: "a job step failed",
+    74: "storage failed after retries",
+    75: "a rank stalled",
+    130: "interrupted",
+}
 
 
 class HvdtrainError(Exception):
@@ -15,6 +53,8 @@ class HvdtrainError(Exception):
 class ConfigError(HvdtrainError):
     """A config value is wrong: names the dotted field, the value and what is allowed."""
 
+    exit_code = 2
+
     def __init__(self, field: str, value: object, expected: str):
         self.field = field
         self.value = value
@@ -24,6 +64,12 @@ class ConfigError(HvdtrainError):
     def under(self, prefix: str) -> "ConfigError":
         """The same error with the field named from one level up."""
         return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, self.value, self.expected)
+
+
+class UsageError(HvdtrainError):
+    """The command line is wrong (a missing or unknown argument)."""
+
+    exit_code = 2
 
 
 class DataError(HvdtrainError):
@@ -42,3 +88,26 @@ class EnvironmentProblem(HvdtrainError):
     """The machine lacks something a step needs (Java, libhdfs, Horovod build...)."""
 
     exit_code = 4
+
+
+class StepFailed(HvdtrainError):
+    """A step's process (the ETL, a rank, spark-submit) failed; ``exit_code`` says of what kind.
+
+    5 when the process did not say (it crashed, or was killed), else the code of the error it
+    reported (a child's DataError relayed by the launcher keeps its 3).
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, exit_code: int = 5):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code a command ends with after ``exc`` (see the table above)."""
+    if isinstance(exc, HvdtrainError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_UNEXPECTED

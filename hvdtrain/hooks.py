@@ -132,6 +132,19 @@ class EarlyStopper:
         if best_weights is not None:
             self.best_weights = [np.array(w, copy=True) for w in best_weights]
 
+    def restore_best(self, model: Any, epochs_run: int) -> bool:
+        """End a run on the best epoch's weights (``restore_best``) when that epoch was not the last.
+
+        Returns whether the weights are to be restored: the same answer on every rank
+        (the decision comes from all-reduced metrics); only rank 0 holds the best weights, so
+        the caller broadcasts them after this.
+        """
+        d = self.decision
+        restore = d is not None and self.cfg.restore_best and d.best_epoch != epochs_run
+        if restore and self.best_weights is not None:
+            model.set_weights(self.best_weights)
+        return restore
+
     def summary(self, restored: bool, epochs: int) -> dict[str, Any]:
         """The report's early-stopping section; ``epochs`` is the configured maximum."""
         d = self.decision

@@ -3,7 +3,11 @@
 YARN and ``horovodrun`` capture stderr into log files, where a progress bar
 turns into megabytes of carriage returns; there rank 0 writes a log line
 every ``train.progress_every_steps`` steps or ``train.progress_every_seconds``
-seconds instead. :func:`choose_mode` decides (pure).
+seconds instead. Under ``horovodrun`` rank 0 never has a terminal, even when
+the user does: when the ``hvdtrain`` launcher says it has one
+(:data:`hvdtrain.console.CONSOLE_ENV`), rank 0 sends progress events instead
+(mode ``events``) and the launcher draws the same :class:`TerminalBar`.
+:func:`choose_mode` decides (pure).
 
 Step figures come from a :class:`WindowMeter`: wall time per optimizer step,
 samples per second (global: this rank's examples x world size), and the
@@ -15,23 +19,40 @@ step. The same meter feeds MLflow's per-step metrics (:class:`MetricsLogger`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Optional, TextIO
 
-Mode = Literal["bar", "log", "off"]
+from hvdtrain import console
+
+Mode = Literal["bar", "events", "log", "off"]
 log = logging.getLogger("hvdtrain.progress")
+REFRESH_SECONDS = 0.5  # how often a bar (or the launcher's bar) gets a new loss and rate
 
 
-def choose_mode(setting: str, is_chief: bool, stderr_is_tty: bool) -> Mode:
-    """``bar``, ``log`` or ``off`` for ``train.progress`` (auto|bar|log|off) on this rank (pure)."""
+def choose_mode(setting: str, is_chief: bool, stderr_is_tty: bool, launcher_has_tty: bool = False) -> Mode:
+    """``bar``, ``events``, ``log`` or ``off`` for ``train.progress`` (auto|bar|log|off) on this rank (pure).
+
+    ``launcher_has_tty``: the ``hvdtrain`` launcher reads this rank's output and draws the bar
+    on its terminal, so a bar here becomes progress events for it.
+    """
     if setting not in ("auto", "bar", "log", "off"):
         raise ValueError(f"train.progress must be one of auto, bar, log, off (got {setting!r})")
     if not is_chief or setting == "off":
         return "off"
+    if setting == "log":
+        return "log"
+    if launcher_has_tty:
+        return "events"
     if setting == "auto":
         return "bar" if stderr_is_tty else "log"
-    return setting  # type: ignore[return-value]
+    return "bar"
+
+
+def mode_for(setting: str, is_chief: bool) -> Mode:
+    """:func:`choose_mode` for this process: its stderr, and what the launcher said."""
+    return choose_mode(setting, is_chief, sys.stderr.isatty(), console.launcher_has_tty())
 
 
 def due(steps_since: int, seconds_since: float, every_steps: int, every_seconds: Optional[float]) -> bool:
@@ -105,52 +126,117 @@ def format_line(epoch: int, epochs: int, step: int, steps: int, stats: WindowSta
             f"data wait {stats.data_wait_fraction:.0%}")
 
 
+class TerminalBar:
+    """A tqdm bar over a whole run: epoch, step, loss, samples/s and the run's ETA.
+
+    Rank 0 draws it on its own terminal (mode ``bar``); the ``hvdtrain`` launcher draws it
+    from rank 0's progress events. ``done`` is the optimizer steps finished before the bar
+    starts (a resumed run), so the rate and ETA count only steps timed here.
+    """
+
+    def __init__(self, epochs: int, steps: int, done: int = 0, stream: Optional[TextIO] = None):
+        from tqdm import tqdm
+
+        self.epochs, self.steps = epochs, steps
+        self._bar = tqdm(total=epochs * steps, initial=done, file=stream, dynamic_ncols=True, leave=True,
+                         unit="step", bar_format="{desc} {percentage:3.0f}%|{bar}| ETA {remaining}")
+        self._figures = ""
+        self.update(*divmod_epoch(done, steps))
+
+    @property
+    def finished(self) -> bool:
+        return self._bar.n >= self._bar.total
+
+    def update(self, epoch: int, step: int, loss: Optional[float] = None,
+               samples_per_sec: Optional[float] = None) -> None:
+        """Move to ``step`` (1-based, 0 before the first) of ``epoch``; ``None`` keeps the last figures."""
+        epoch = max(epoch, 1)
+        if loss is not None and samples_per_sec is not None:
+            self._figures = f" | loss {loss:.4f} | {samples_per_sec:,.0f} samples/s"
+        self._bar.set_description_str(f"epoch {epoch}/{self.epochs} step {step}/{self.steps}{self._figures} |",
+                                      refresh=False)
+        self._bar.update((epoch - 1) * self.steps + step - self._bar.n)  # also redraws
+
+    def write(self, line: str, stream: Optional[TextIO] = None) -> None:
+        """A line above the bar."""
+        self._bar.write(line, file=stream or self._bar.fp)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def divmod_epoch(done: int, steps: int) -> tuple[int, int]:
+    """(epoch, step) after ``done`` optimizer steps: the 1-based epoch and the step within it (pure)."""
+    epoch, step = divmod(done, steps)
+    return (epoch, steps) if step == 0 and epoch > 0 else (epoch + 1, step)
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Where :class:`Progress` shows things: the bar's stream (default stderr), log lines (default the
+    ``hvdtrain.progress`` logger) and events for the launcher's terminal."""
+
+    stream: Optional[TextIO] = None
+    emit: Optional[Callable[[str], None]] = None
+    send: Callable[..., None] = console.emit
+
+
 class Progress:
-    """Rank 0's progress display; every method is a no-op in mode ``off``."""
+    """Rank 0's progress display; every method is a no-op in mode ``off``.
+
+    ``bar`` draws a :class:`TerminalBar` per epoch; ``events`` sends the same figures to the
+    launcher (:func:`hvdtrain.console.emit`); ``log`` writes a line at the configured cadence.
+    """
 
     def __init__(self, mode: Mode, epochs: int, steps: int, every_steps: int, every_seconds: float,
-                 clock: Callable[[], float] = time.perf_counter, stream: Optional[TextIO] = None,
-                 emit: Optional[Callable[[str], None]] = None):
+                 clock: Callable[[], float] = time.perf_counter, sinks: Optional["Sinks"] = None):
+        sinks = sinks or Sinks()
         self.mode, self.epochs, self.steps = mode, epochs, steps
         self.every_steps, self.every_seconds = every_steps, every_seconds
-        self._clock, self._stream = clock, stream
-        self._emit = emit or log.info
+        self._clock, self._stream = clock, sinks.stream
+        self._emit = sinks.emit or log.info
+        self._send = sinks.send
         self._meter = WindowMeter(clock)
-        self._bar: Any = None
+        self._bar: Optional[TerminalBar] = None
         self._epoch = 0
+        self._step = 0
+        self._shown = False  # this epoch's first step has been shown
 
     def start_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
+        self._epoch, self._step, self._shown = epoch, 0, False
         self._meter = WindowMeter(self._clock)
-        if self.mode == "bar":
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=self.steps, desc=f"epoch {epoch}/{self.epochs}", unit="step",
-                             file=self._stream, dynamic_ncols=True, leave=True)
 
     def on_step(self, step: int, data_seconds: float, loss_sum: Any, local_examples: int, world_size: int) -> None:
         """After optimizer step ``step`` (1-based within the epoch)."""
         if self.mode == "off":
             return
         self._meter.add(data_seconds, loss_sum, local_examples, world_size)
-        if self._bar is not None:
-            self._bar.update(1)
-        # A bar refreshes its loss about once a second; log lines follow the configured cadence.
-        every_seconds = 1.0 if self.mode == "bar" else self.every_seconds
-        every_steps = self.steps if self.mode == "bar" else self.every_steps
-        if not due(self._meter.steps, self._meter.elapsed(), every_steps, every_seconds):
+        self._step = step
+        if self.mode == "log":
+            if due(self._meter.steps, self._meter.elapsed(), self.every_steps, self.every_seconds):
+                self._emit(format_line(self._epoch, self.epochs, step, self.steps, self._meter.flush()))
             return
-        stats = self._meter.flush()
-        if self._bar is not None:
-            self._bar.set_postfix(loss=f"{stats.loss:.4f}", samples_s=f"{stats.samples_per_sec:.0f}",
-                                  data_wait=f"{stats.data_wait_fraction:.0%}")
-        else:
-            self._emit(format_line(self._epoch, self.epochs, step, self.steps, stats))
+        # A bar shows an epoch's first step at once, then new figures about twice a second.
+        if not self._shown or due(self._meter.steps, self._meter.elapsed(), self.steps, REFRESH_SECONDS):
+            self._show(self._meter.flush())
 
     def end_epoch(self) -> None:
+        if self.mode in ("bar", "events") and self._meter.steps:
+            self._show(self._meter.flush())  # the epoch's last step
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def _show(self, stats: WindowStats) -> None:
+        position = (self._epoch - 1) * self.steps + self._step
+        if self.mode == "events":
+            self._send("progress", epoch=self._epoch, epochs=self.epochs, step=self._step, steps=self.steps,
+                       done=position - stats.steps, loss=stats.loss, samples_per_sec=stats.samples_per_sec)
+        else:
+            if self._bar is None:
+                self._bar = TerminalBar(self.epochs, self.steps, done=position - stats.steps, stream=self._stream)
+            self._bar.update(self._epoch, self._step, stats.loss, stats.samples_per_sec)
+        self._shown = True
 
 
 class MetricsLogger:

@@ -64,7 +64,7 @@ import tensorflow as tf
 
 from hvdtrain import config as config_lib
 from hvdtrain import breakdown, cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume
-from hvdtrain import kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
+from hvdtrain import console, kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
@@ -239,10 +239,8 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         checkpointer.close()
     if stopper is None:
         return model, history, None
-    restore = stopper.decision is not None and stopper.cfg.restore_best and stopper.decision.best_epoch != len(history)
+    restore = stopper.restore_best(model, len(history))
     if restore:  # the same decision on every rank; rank 0 holds the best weights (even after a resume)
-        if stopper.best_weights is not None:
-            model.set_weights(stopper.best_weights)
         distributed.broadcast_state(model, optimizer)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
@@ -351,7 +349,7 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optio
            before_report: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
     """Progress, per-step metrics, validation and early stopping, ``before_report``, the epoch report."""
     cfg, rank = ctx.cfg, ctx.rank
-    mode = progress.choose_mode(cfg.train.progress, rank.is_chief, sys.stderr.isatty())
+    mode = progress.mode_for(cfg.train.progress, rank.is_chief)
     bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
     every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
@@ -368,7 +366,9 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optio
 def _rank_digests(model: keras.Model, rank: distributed.RankInfo) -> list[dict[str, Any]]:
     """Every rank's weight digest, in rank order (an allgather: all ranks call it)."""
     mine = weights_digest([keras.ops.convert_to_numpy(w) for w in model.weights])
-    return distributed.allgather_object({"rank": rank.rank, "host": rank.hostname, **mine}, name="hvdtrain.digests")
+    where = {"rank": rank.rank, "host": rank.hostname, "cross_rank": rank.cross_rank, "local_rank": rank.local_rank,
+             "local_size": rank.local_size}
+    return distributed.allgather_object({**where, **mine}, name="hvdtrain.digests")
 
 
 def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
@@ -643,14 +643,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.train", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="job config YAML")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=2")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return console.report_error(exc, "hvdtrain")
     if distributed.info().is_chief:
-        print(json.dumps(result, indent=2))
+        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
+            console.emit("result", result=result)
+        else:
+            print(json.dumps(result, indent=2))
     return 0
 
 

@@ -21,8 +21,10 @@ import threading
 import time
 from typing import Callable, Optional
 
+from hvdtrain import errors
+
 log = logging.getLogger(__name__)
-EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
+EXIT_STALLED = errors.EXIT_STALLED  # 75, EX_TEMPFAIL: a retry of the job may succeed
 
 
 def horovod_env(peer_timeout: int, stall_check_warning: int, stall_timeout: int,

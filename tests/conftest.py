@@ -2,7 +2,11 @@
 
 - unit (no marker): fast, no Spark, no horovodrun.
 - spark: a local SparkSession with an embedded Hive (Derby) metastore.
-- multiprocess: runs under `horovodrun -np 2 -H localhost:2 --gloo` and checks ranks agree.
+- multiprocess: runs under `horovodrun -np 2 -H localhost:2 --gloo` and checks ranks agree (8 ranks once).
+  A missing or broken horovodrun FAILS these tests; HVDTRAIN_SKIP_MULTIPROCESS=1 skips them (and multihost).
+- multihost: `horovodrun -np 4 -H 127.0.0.2:2,127.0.0.3:2 -p PORT` over a throwaway sshd that
+  scripts/test_sshd.sh starts as root (installing openssh-server if missing) and always stops; skipped,
+  with the reason, where it cannot start (not root, no sshd and no apt-get).
 - e2e: the whole pipeline, ETL to MLflow.
 - hadoop: needs a real cluster; runs only when HVDTRAIN_TEST_HDFS / HVDTRAIN_TEST_YARN are set.
 - horovod_upstream: Horovod v0.28.1's own test_tensorflow.py / test_tensorflow2_keras.py (and their
@@ -16,18 +20,41 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from tests import mp
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_java = shutil.which("java") is None
+    skip_mp = os.environ.get(mp.SKIP_ENV) == "1"
     for item in items:
+        if skip_mp and ("multiprocess" in item.keywords or "multihost" in item.keywords):
+            item.add_marker(pytest.mark.skip(reason=f"{mp.SKIP_ENV}=1 asks to skip the multiprocess tiers"))
         if "hadoop" in item.keywords and not os.environ.get("HVDTRAIN_TEST_HDFS"):
             item.add_marker(pytest.mark.skip(
                 reason="needs a Hadoop cluster: set HVDTRAIN_TEST_HDFS=hdfs://namenode:8020/tmp/hvdtrain-test "
                        "(and HVDTRAIN_TEST_YARN=1 for the YARN job) on a host with the Hadoop client"))
         if no_java and ("spark" in item.keywords or "e2e" in item.keywords):
             item.add_marker(pytest.mark.skip(reason="Spark needs Java 17 on PATH"))
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[mp.SshHosts]:
+    """A throwaway sshd on 127.0.0.2 and 127.0.0.3 for the whole session, always stopped afterwards."""
+    reason = mp.cannot_start_sshd()
+    if reason:
+        pytest.skip(reason)
+    mp.horovodrun()
+    folder = Path(tempfile.mkdtemp(prefix="hvdtrain-sshd-"))
+    try:
+        yield mp.start_sshd(folder)
+    finally:
+        mp.stop_sshd(folder)
+        shutil.rmtree(folder, ignore_errors=True)

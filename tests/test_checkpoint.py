@@ -175,9 +175,9 @@ def test_cli_lists_and_verifies(tmp_path, capsys):
     assert "ckpt-0000000010" in out and "0.7500" in out and out.count(" ok") == 2
     with open(os.path.join(root, ck.checkpoint_name(20), ck.META), "ab") as fh:
         fh.write(b" ")
-    assert cli.main(["checkpoints", "verify", root]) == 1
+    assert cli.main(["checkpoints", "verify", root]) == 3  # a data error
     assert "corrupt (meta.json does not match its checksum)" in capsys.readouterr().out
-    assert cli.main(["checkpoints", "list", str(tmp_path / "none")]) == 2
+    assert cli.main(["checkpoints", "list", str(tmp_path / "none")]) == 3
 
 
 def test_pack_round_trips_dtypes_and_shapes_without_pickle():

@@ -113,7 +113,7 @@ def test_hadoop_home_and_libhdfs() -> None:
 def test_classpath(classpath, ok, detail) -> None:
     c = envcheck.check_classpath({} if classpath is None else {"CLASSPATH": classpath})
     assert (c.ok, c.detail) == (ok, detail)
-    assert ok or c.fix == "export CLASSPATH=$(hadoop classpath --glob)"
+    assert c.fix == ("" if ok else "export CLASSPATH=$(hadoop classpath --glob)")
 
 
 def test_kerberos_ticket() -> None:

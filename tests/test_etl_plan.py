@@ -64,8 +64,10 @@ def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
     assert mask[0].tolist() == [1, 1, 0, 0, 0, 0] and ids[0, 2] == 0  # [PAD] is id 0
     assert mask[1].sum() == 6  # truncated
     assert text.vocab_lines(tok) == vocab
-    unseen = tok.encode("zebra").tokens  # spelled from characters, never lost
-    assert unseen[0] in ("z", "[UNK]") and all(t.startswith("##") or t in vocab for t in unseen)
+    # an unseen word of seen characters is spelled from pieces, never lost; one with an unseen character
+    # ('z') becomes a single [UNK], as WordPiece does
+    assert tok.encode("tacos").tokens == ["t", "##a", "##c", "##o", "##s", "[PAD]"]
+    assert tok.encode("zebra").tokens == ["[UNK]"] + ["[PAD]"] * 5
     with pytest.raises(ValueError, match="lacks \\[PAD\\]"):
         text.from_vocab(["a", "b"], opts)
     with pytest.raises(ValueError, match="line 3 is blank"):  # ids are line numbers: no gaps
@@ -113,3 +115,29 @@ def test_spark_conf_keeps_an_hdfs_warehouse_and_a_local_metastore(tmp_path):
     assert conf["spark.sql.warehouse.dir"] == "hdfs://nn:8020/warehouse"
     assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"].startswith(f"jdbc:derby:;databaseName={tmp_path}")
     assert conf["spark.master"] == "local[2]" and conf["spark.executor.memory"] == "2g"
+
+
+def test_a_local_run_logs_spark_to_a_file_and_hides_its_bars_unless_verbose(tmp_path):
+    from etl import session
+    from hvdtrain import config
+
+    cfg = config.from_dict({"name": "w", "workdir": str(tmp_path), "source": {"table": "a.b"}})
+    assert session.log_file(cfg, "local[2]", False, "etl") == str(tmp_path / "logs" / "spark-etl.log")
+    assert session.log_file(cfg, "local[2]", True, "etl") is None  # --verbose: Spark on the console
+    assert session.log_file(cfg, None, False, "etl") is None  # spark-submit started the driver already
+    quiet = session.spark_conf(cfg, "local[2]", log_config="/w/log4j2.properties")
+    assert quiet["spark.ui.showConsoleProgress"] == "false"
+    assert quiet["spark.driver.extraJavaOptions"].split() == [
+        "-Dlog4j2.configurationFile=file:/w/log4j2.properties", f"-Dderby.system.home={tmp_path}/hive/metastore"]
+    assert session.spark_conf(cfg, "local[2]", progress_bars=True)["spark.ui.showConsoleProgress"] == "true"
+    props = session.LOG4J2_PROPERTIES.format(path="/w/spark-etl.log")
+    assert "appender.file.fileName = /w/spark-etl.log" in props and "%d{yy/MM/dd HH:mm:ss}" in props
+
+
+def test_etl_job_takes_overrides_around_its_options():
+    from etl import job
+
+    args = job.parse_args(["--config", "c.yaml", "etl.max_length=8", "--overwrite", "etl.vocab_size=50", "-v",
+                           "--master", "local[1]", "etl.compression=gzip"])
+    assert args.overrides == ["etl.max_length=8", "etl.vocab_size=50", "etl.compression=gzip"]
+    assert args.overwrite and args.verbose and args.master == "local[1]"

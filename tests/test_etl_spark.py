@@ -1,4 +1,6 @@
 """ETL on a local SparkSession with an embedded Hive (Derby) metastore."""
+import collections
+import hashlib
 import json
 import os
 
@@ -26,10 +28,15 @@ def hive_cfg(tmp_path_factory):
 def spark(hive_cfg):
     from etl import session
 
-    s = session.get_session(hive_cfg, "local[2]")
+    s = session.get_session(hive_cfg, "local[2,4]")  # local[N,F]: a failed task is retried (up to F attempts)
     s.sql("CREATE DATABASE IF NOT EXISTS etltest")
     yield s
     s.stop()
+
+
+def files_under(out):
+    """Every file under a local output folder (a failed run must leave none, staged ones included)."""
+    return [os.path.join(root, n) for root, _, names in os.walk(out) for n in names]
 
 
 def job(hive_cfg, tmp_path, **etl):
@@ -66,7 +73,7 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
     assert report["rows_in"] == 1500 == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
     assert sum(m.split(s).records for s in m.splits) == report["rows_written"]
     assert m.labels == ["politics", "science", "sports"]
-    assert not fs.exists(os.path.join(cfg.etl.output, "_staging", ""))  or fs.listdir(os.path.join(cfg.etl.output, "_staging")) == []
+    assert not fs.exists(os.path.join(cfg.etl.output, "_staging"))
     keys_seen = set()
     for name in ("train", "validation", "test"):
         sp = m.split(name)
@@ -141,10 +148,14 @@ def test_bad_rows_are_quarantined_with_rule_and_value(spark, hive_cfg, tmp_path)
     assert report["rows_in"] == 66
     assert report["rejects_by_rule"] == {"key_null": 1, "text_null": 1, "text_empty": 1, "label_null": 1,
                                          "label_unknown": 1}
-    assert report["duplicates_dropped"] == 1
+    assert report["duplicates_dropped"] == 1 and report["rows_written"] == 60
     assert report["rows_in"] == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
     rejects = spark.read.parquet(os.path.join(data["etl"]["output"], "rejects")).collect()
-    assert {(r.rule, r.value) for r in rejects} >= {("label_unknown", "zzz"), ("text_empty", "   ")}
+    assert sorted((r.rule, r.value) for r in rejects) == sorted([
+        ("key_null", None), ("text_null", None), ("text_empty", "   "), ("label_null", None),
+        ("label_unknown", "zzz"), ("duplicate_key", "ok1")])
+    dup = next(r for r in rejects if r.rule == "duplicate_key")  # the kept row is chosen by content
+    assert dup.text == "good text number 1"
     saved = json.loads(fs.read_bytes(os.path.join(data["etl"]["output"], "etl_report.json")))
     assert saved["rows_rejected"] == 5
 
@@ -164,7 +175,7 @@ def test_bad_sources_fail_clearly_and_publish_nothing(spark, hive_cfg, tmp_path,
         etl_job.run(spark, config.from_dict(data))
     out = data["etl"]["output"]
     assert not fs.exists(os.path.join(out, "manifest.json"))
-    assert not fs.exists(out) or set(fs.listdir(out)) <= {"_staging"}
+    assert files_under(out) == []
 
 
 def file_job(hive_cfg, tmp_path, source, validation=None, **etl):
@@ -242,7 +253,7 @@ def test_reject_fraction_over_the_limit_aborts_and_publishes_nothing(spark, hive
     cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.mostly_bad"}, {"fail_if_reject_fraction_over": 0.2})
     with pytest.raises(DataError, match=r"41.2% of 17 rows were rejected.*worst rules: text_empty \(5\), text_null \(2\)"):
         etl_job.run(spark, cfg)
-    assert not fs.exists(cfg.etl.output) or set(fs.listdir(cfg.etl.output)) <= {"_staging"}
+    assert files_under(cfg.etl.output) == []
 
 
 def test_empty_source_and_unwritable_output_fail_clearly(spark, hive_cfg, tmp_path):
@@ -276,7 +287,8 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
         is_train = split.split_of(key, fractions) == "train"
         # Non-train rows carry huge values: if they leaked into the fit, the mean would move.
         age = None if i % 10 == 0 else (float(i % 50) if is_train else 1e6)
-        rows.append((key, age, ["a", "b", "c"][i % 3] if i % 7 else None, ["x", "y"][i % 2]))
+        city = ("c", "c", "c", "a", "a", "b")[i % 6] if i % 7 else None  # c most frequent, b least
+        rows.append((key, age, city, ["x", "y"][i % 2]))
     spark.createDataFrame(rows, "id string, age double, city string, label string") \
         .write.mode("overwrite").saveAsTable("etltest.tab")
     cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.tab", "text_column": None,
@@ -287,7 +299,9 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
     tab = m.preprocessing["tabular"]
     train_ages = [r[1] for r in rows if r[1] is not None and split.split_of(r[0], fractions) == "train"]
     assert tab["numeric"]["age"]["mean"] == pytest.approx(np.mean(train_ages))
-    assert tab["categories"]["city"] == ["a", "b", "c"] or sorted(tab["categories"]["city"]) == ["a", "b", "c"]
+    train_cities = collections.Counter(r[2] for r in rows if r[2] and split.split_of(r[0], fractions) == "train")
+    assert len(set(train_cities.values())) == 3  # distinct counts: the order is decided by count alone
+    assert tab["categories"]["city"] == [c for c, _ in train_cities.most_common()] == ["c", "a", "b"]
     got = read_back(m, "train")
     assert got["numeric"].shape == (m.split("train").records, 1)
     assert abs(float(np.mean(got["numeric"]))) < 1e-5  # standard-scaled on train (imputed rows add the mean)
@@ -322,3 +336,101 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
     assert not calm["drifted"] and calm["columns"]["age"]["psi"] < 0.01
     assert shifted["drifted"] and {a.split(":")[0] for a in shifted["alerts"]} == {"numeric column age",
                                                                                    "categorical column city"}
+
+
+# -- row accounting and the commit protocol under faults (hooks: etl/faults.py) -------------------------
+
+FAULT_ROWS = [(f"f{i:03d}", f"text of row {i} with words {i % 13}", ["a", "b"][i % 3 == 0]) for i in range(240)] + [
+    ("f007", "a duplicate of f007", "a"), ("f100", "another duplicate", "b"), ("bad", None, "a")]
+
+
+@pytest.fixture(scope="module")
+def fault_table(spark):
+    spark.createDataFrame(FAULT_ROWS, "id string, text string, label string").repartition(3) \
+        .write.mode("overwrite").saveAsTable("etltest.faults")
+    return "etltest.faults"
+
+
+def fault_job(hive_cfg, tmp_path, name, **etl):
+    data = job(hive_cfg, tmp_path / name, min_shards_per_split=2, **etl).to_dict()
+    data["source"] = {"table": "etltest.faults"}
+    return config.from_dict(data, base_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("stage, named", [("validate", "validate"), ("split", "split"),
+                                          ("write", r"write \((train|validation|test)\)")])
+def test_a_row_dropped_between_stages_fails_naming_the_stage(spark, hive_cfg, tmp_path, fault_table, monkeypatch,
+                                                             stage, named):
+    from etl import faults
+    from etl import job as etl_job
+
+    monkeypatch.setenv(faults.ENV, f"drop_row:{stage}:f042")
+    cfg = fault_job(hive_cfg, tmp_path, stage)
+    with pytest.raises(DataError, match=rf"row accounting failed at stage '{named}': .* \(lost 1\); nothing was "
+                                        "published"):
+        etl_job.run(spark, cfg)
+    assert files_under(cfg.etl.output) == []
+
+
+def published_files(out: str) -> dict[str, bytes]:
+    """Every published file's bytes by relative path; rejects (Parquet part names carry a job id) as sorted rows,
+    the manifest without its timestamp and the report without its timings."""
+    import pyarrow.parquet as pq
+
+    files = {}
+    for root, _, names in os.walk(out):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), out)
+            files[rel] = open(os.path.join(root, name), "rb").read()
+    rejects = [rel for rel in files if rel.startswith("rejects" + os.sep)]
+    rows = sorted(map(str, pq.read_table(os.path.join(out, "rejects")).to_pylist())) if rejects else []
+    for rel in rejects:
+        del files[rel]
+    files["rejects (rows)"] = "\n".join(rows).encode()
+    doc = json.loads(files.pop("manifest.json"))
+    doc.pop("created_at")
+    files["manifest.json (no created_at)"] = json.dumps(doc, sort_keys=True).encode()
+    report = json.loads(files.pop("etl_report.json"))
+    report.pop("stage_seconds")
+    files["etl_report.json (no timings)"] = json.dumps(report, sort_keys=True).encode()
+    return files
+
+
+@pytest.mark.parametrize("hook", ["fail_write_once:1", "write_twice:2"])
+def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(spark, hive_cfg, tmp_path,
+                                                                                fault_table, monkeypatch, hook):
+    """local[2,4]: the first attempt of partition 1's write dies after one record (Spark retries it), or
+    partition 2's write runs twice as a speculative attempt would. Staging holds the extra attempt's file;
+    only the successful attempts' shards may be published."""
+    from etl import faults, publish
+    from etl import job as etl_job
+
+    monkeypatch.delenv(faults.ENV, raising=False)
+    cfg = fault_job(hive_cfg, tmp_path, "out", overwrite=True)  # the same config (and config hash) for both runs
+    etl_job.run(spark, cfg)
+    want = published_files(cfg.etl.output)
+    staged: list[list[str]] = []
+    real_act = publish.act
+
+    def act(plan):  # observe (not change) the staging folder the publish works from
+        folder = os.path.dirname(plan.moves[0][0])
+        staged.append(sorted(n for n in os.listdir(folder) if n.endswith(".tfrecord")))
+        return real_act(plan)
+
+    monkeypatch.setattr(publish, "act", act)
+    monkeypatch.setenv(faults.ENV, hook)
+    group = "faulty-etl-" + hook.replace(":", "-")
+    spark.sparkContext.setJobGroup(group, "fault hook " + hook)
+    etl_job.run(spark, cfg)
+    spark.sparkContext.setJobGroup("", "")
+
+    got = published_files(cfg.etl.output)
+    assert sorted(got) == sorted(want)
+    for rel in want:
+        assert hashlib.sha256(got[rel]).hexdigest() == hashlib.sha256(want[rel]).hexdigest(), rel
+    shards = sum(len(m.shards) for m in manifest.read(cfg.etl.output).splits.values())
+    assert len(staged[0]) == shards + 1, staged  # the extra attempt's file existed and was not published
+    tracker = spark.sparkContext.statusTracker()
+    stages = [st for j in tracker.getJobIdsForGroup(group) for st in tracker.getJobInfo(j).stageIds]
+    failed = sum(tracker.getStageInfo(st).numFailedTasks for st in stages if tracker.getStageInfo(st))
+    assert failed == (1 if hook.startswith("fail") else 0)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import mp
+
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[1]
-HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 # Each rank: a tiny MLP, three optimizer steps with float16 on the wire. Step 2's inputs are so large that
 # the gradients overflow float16 (> 65504) in the all-reduce, on rank 1 only: the all-reduced gradients are
@@ -55,7 +56,7 @@ def test_an_overflowing_float16_allreduce_is_skipped_together_and_never_applied(
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script)],
+    proc = subprocess.run([str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()

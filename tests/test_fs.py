@@ -49,7 +49,21 @@ def test_transient_errors_are_retried_with_backoff():
     fn = Flaky(3, ConnectionResetError("connection reset by peer"))
     assert fs.with_retries(fn, "read x", sleep=sleeps.append, rng=random.Random(0)) == "ok"
     assert fn.calls == 4 and len(sleeps) == 3
-    assert all(0 <= s <= fs.RetryPolicy().max_delay for s in sleeps)
+    # full jitter: delay k is uniform in [0, base * 2**(k-1)]; the same seed replays the same draws
+    policy, replay = fs.RetryPolicy(), random.Random(0)
+    assert sleeps == pytest.approx([replay.random() * policy.base_delay * 2 ** k for k in range(3)])
+
+
+def test_backoff_bounds_grow_geometrically_up_to_the_cap():
+    policy = fs.RetryPolicy(attempts=9, base_delay=0.1, max_delay=5.0)
+    rng = random.Random(7)
+    draws = {a: [policy.delay(a, rng) for _ in range(2000)] for a in range(1, 9)}
+    for a, delays in draws.items():
+        cap = min(policy.max_delay, 0.1 * 2 ** (a - 1))
+        assert 0 <= min(delays) and max(delays) <= cap  # within the jitter bounds
+        assert max(delays) > 0.98 * cap and sum(delays) / len(delays) == pytest.approx(cap / 2, rel=0.05)
+    means = [sum(draws[a]) / len(draws[a]) for a in range(1, 7)]  # 0.1 .. 3.2: below the 5 s cap
+    assert [m2 / m1 for m1, m2 in zip(means, means[1:])] == pytest.approx([2.0] * 5, rel=0.1)
 
 
 def test_retries_give_up_with_path_and_last_error():

@@ -59,6 +59,59 @@ def test_early_stopper_keeps_the_best_epochs_weights() -> None:
     assert summary["stopped_early"] and summary["best_value"] == 0.9 and summary["values"] == [0.6, 0.9, 0.8]
 
 
+class FakeModel:
+    """Weights that every optimizer step moves (weight = steps taken), like training does."""
+
+    def __init__(self) -> None:
+        self.weights = [np.zeros(3), np.zeros((2, 2))]
+
+    def get_weights(self) -> list[np.ndarray]:
+        return self.weights
+
+    def set_weights(self, weights: list[np.ndarray]) -> None:
+        self.weights = [np.array(w, copy=True) for w in weights]
+
+
+@pytest.mark.parametrize("patience", [1, 2, 3])
+def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patience: int) -> None:
+    """Validation loss improves up to epoch 4, then never again: fit runs exactly 4 + patience epochs
+    and the run ends on epoch 4's weights."""
+    from hvdtrain import distributed
+    from hvdtrain.hooks import EarlyStopper, ValidationAndEarlyStopping
+    from hvdtrain.loop import LoopPlan, fit
+
+    distributed.init(use_horovod=False)
+    losses = iter([0.9, 0.7, 0.6, 0.5, 0.55, 0.52, 0.51, 0.6, 0.58, 0.7])
+    model = FakeModel()
+
+    def step(batches):
+        for w in model.weights:
+            w += 1.0  # in place, as an optimizer updates variables
+        return 1.0, 1.0
+
+    stopper = EarlyStopper(EarlyStoppingConfig(metric="loss", patience=patience), model.get_weights)
+    validation = ValidationAndEarlyStopping(lambda: {"loss": next(losses)}, stopper)
+    history = fit(step, itertools.count(), LoopPlan(epochs=10, steps=3), hooks=[validation])
+    assert len(history) == 4 + patience and stopper.decision.best_epoch == 4
+    assert model.weights[0].tolist() == [3.0 * len(history)] * 3  # trained to the end...
+    assert stopper.restore_best(model, len(history))
+    for w in model.weights:  # ...and restored to the end of epoch 4 (3 steps per epoch)
+        assert (w == 12.0).all()
+    summary = stopper.summary(restored=True, epochs=10)
+    assert summary["stopped_early"] and summary["best_epoch"] == 4 and summary["best_value"] == 0.5
+
+
+def test_no_restore_when_the_last_epoch_is_the_best() -> None:
+    from hvdtrain.hooks import EarlyStopper
+
+    model = FakeModel()
+    stopper = EarlyStopper(EarlyStoppingConfig(metric="loss", patience=2), model.get_weights)
+    for loss in (0.9, 0.8):
+        model.weights[0] += 1
+        stopper.update({"loss": loss})
+    assert not stopper.restore_best(model, 2) and model.weights[0].tolist() == [2.0] * 3
+
+
 # -- fit with a fake step and recording hooks ---------------------------------------------------
 
 class RecordingHooks:
@@ -123,7 +176,8 @@ def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> Non
     assert [e for e in hooks.events if e[0] == "step"] == [("step", 2, 2, 4), ("step", 2, 3, 4)] + \
         [("step", 3, s, 4) for s in (1, 2, 3)]
     assert [e[1] for e in hooks.events if e[0] == "after" and e[2]] == [6, 9]  # epoch-end saves
-    assert fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4), hooks=[RecordingHooks()],
+    assert fit(step, itertools.count(), LoopPlan(epochs=3, steps=3, accum_steps=1, batch_size=4),
+               hooks=[RecordingHooks()],
                start=Start(9, full, None, 0.0, stopped=True)) == full  # a finished run has nothing left to do
 
 
@@ -167,7 +221,7 @@ def test_window_meter_measures_data_wait_and_throughput() -> None:
 def test_log_mode_writes_lines_at_the_cadence() -> None:
     clock, lines = FakeClock(), []
     bar = progress.Progress("log", epochs=2, steps=10, every_steps=4, every_seconds=1000.0, clock=clock,
-                            emit=lines.append)
+                            sinks=progress.Sinks(emit=lines.append))
     bar.start_epoch(1)
     for step in range(1, 11):
         clock.now += 0.5
@@ -184,14 +238,15 @@ def test_log_mode_writes_lines_at_the_cadence() -> None:
 
 def test_bar_mode_draws_a_tqdm_bar_and_off_mode_is_silent() -> None:
     stream, lines = io.StringIO(), []
-    bar = progress.Progress("bar", epochs=1, steps=5, every_steps=2, every_seconds=1.0, stream=stream,
-                            emit=lines.append)
+    bar = progress.Progress("bar", epochs=1, steps=5, every_steps=2, every_seconds=1.0,
+                            sinks=progress.Sinks(stream=stream, emit=lines.append))
     bar.start_epoch(1)
     for step in range(1, 6):
         bar.on_step(step, 0.0, 1.0, 4, 1)
     bar.end_epoch()
     assert "epoch 1/1" in stream.getvalue() and "5/5" in stream.getvalue() and not lines
-    silent = progress.Progress("off", epochs=1, steps=5, every_steps=1, every_seconds=1.0, emit=lines.append)
+    silent = progress.Progress("off", epochs=1, steps=5, every_steps=1, every_seconds=1.0,
+                               sinks=progress.Sinks(emit=lines.append))
     silent.start_epoch(1)
     silent.on_step(1, 0.0, 1.0, 4, 1)
     assert not lines

@@ -1,14 +1,13 @@
 """Model builders: the tabular MLP, transformer sizes up to DistilBERT's shape, mixed precision."""
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
 from hvdtrain.config import ModelConfig
 from hvdtrain.data.contract import InputShape
-
-keras = pytest.importorskip("keras")
-from hvdtrain.models import build_model  # noqa: E402
+from hvdtrain.models import build_model
 
 TABULAR = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric", "categorical"), numeric_features=4,
                      cardinalities=(3, 5))

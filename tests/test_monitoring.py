@@ -12,6 +12,7 @@ import socket
 import time
 from pathlib import Path
 
+from prometheus_client import parser  # a required dependency (setup.py)
 import pytest
 import yaml
 
@@ -19,7 +20,6 @@ from hvdtrain import breakdown, config, monitoring, timeline
 from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem
 from hvdtrain.loop import LoopState, StepInfo
 
-parser = pytest.importorskip("prometheus_client.parser")
 REPO = Path(__file__).resolve().parents[1]
 LABELS = {"job": "j", "run_id": "r1", "rank": "1", "host": "h"}
 

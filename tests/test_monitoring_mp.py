@@ -13,14 +13,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_client import parser  # a required dependency (setup.py)
 import pytest
 
 from hvdtrain import timeline
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.test_train_mp import HOROVODRUN, REPO, _env, _job, _outputs
+from tests import mp
+from tests.test_train_mp import REPO, _env, _job, _outputs
 
 pytestmark = pytest.mark.multiprocess
-parser = pytest.importorskip("prometheus_client.parser")
 
 
 def _free_port() -> int:
@@ -62,8 +63,7 @@ def _watch(proc: subprocess.Popen, port: int, rank1_file: Path) -> tuple[dict, d
 
 
 def test_metrics_breakdown_and_timeline_of_a_two_rank_run(tmp_path: Path) -> None:
-    if not HOROVODRUN.exists():
-        pytest.skip(f"horovodrun not found next to {sys.executable}")
+    mp.horovodrun()
     make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(
         n_per_split={"train": 480, "validation": 32, "test": 32}, shards_per_split=2), seed=4))
     port = _free_port()
@@ -72,7 +72,7 @@ def test_metrics_breakdown_and_timeline_of_a_two_rank_run(tmp_path: Path) -> Non
     overrides = [f"monitoring.port={port}", "monitoring.interval_seconds=0.2", "checkpoint.every_steps=5",
                  "monitoring.step_breakdown=true"]
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
-    proc = subprocess.Popen([str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+    proc = subprocess.Popen([str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
                              "hvdtrain.train", str(config_path), *overrides], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     files = tmp_path / "metrics"

@@ -22,15 +22,14 @@ import pytest
 from benchmarks import kill_drill
 from hvdtrain import config, watchdog
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from tests import mp
 
 REPO = Path(__file__).resolve().parents[1]
-HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
 @pytest.mark.multiprocess
 def test_sigkill_a_rank_under_max_restarts_equals_the_uninterrupted_run(tmp_path: Path) -> None:
-    if not HOROVODRUN.exists():
-        pytest.skip(f"horovodrun not found next to {sys.executable}")
+    mp.horovodrun()
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
     report = kill_drill.drill_run(str(tmp_path), kills=1, seed=seed, log=lambda msg: None)
     kill = report.kills[0]
@@ -82,8 +81,7 @@ def test_a_frozen_rank_makes_the_job_fail_within_the_stall_timeout(tmp_path: Pat
     ends the job, saying which collective it was waiting in."""
     import signal
 
-    if not HOROVODRUN.exists():
-        pytest.skip(f"horovodrun not found next to {sys.executable}")
+    mp.horovodrun()
     drill = kill_drill.Drill(workdir=str(tmp_path), data_dir=str(tmp_path / "data"))
     kill_drill.make_dataset(drill)
     path = kill_drill.write_config(drill, "frozen", tracking=False, stall_timeout=15, stall_check_warning=5)

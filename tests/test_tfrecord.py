@@ -26,7 +26,7 @@ def records(n=50, length=16, seed=0):
 
 
 def test_encoding_matches_tensorflow_parse_example():
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     cols, recs = records()
     spec = {"input_ids": tf.io.FixedLenFeature([16], tf.int64), "label": tf.io.FixedLenFeature([], tf.int64),
             "weight": tf.io.FixedLenFeature([2], tf.float32), "key": tf.io.FixedLenFeature([], tf.string)}
@@ -38,7 +38,7 @@ def test_encoding_matches_tensorflow_parse_example():
 
 
 def test_encoding_is_byte_identical_to_protobuf_and_framing_to_the_record_at_a_time_path():
-    example_pb2 = pytest.importorskip("tensorflow.core.example.example_pb2")
+    from tensorflow.core.example import example_pb2
     cols, recs = records()
     for i in (0, 1, 7):  # negatives, 2**62 and ordinary rows: what protobuf itself writes, byte for byte
         ex = example_pb2.Example()
@@ -58,7 +58,7 @@ def test_encoding_is_byte_identical_to_protobuf_and_framing_to_the_record_at_a_t
 
 
 def test_packed_columns_decode_to_the_values_and_refuse_what_does_not_fit():
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     ids = np.array([[0, 1, 65535, 300], [7, 0, 0, 0]], np.int64)
     recs = tfrecord.encode_examples({"input_ids": tfrecord.int_column(ids, "u16le"),
                                      "wide": tfrecord.int_column(ids * 30000, "i32le"),
@@ -77,7 +77,7 @@ def test_packed_columns_decode_to_the_values_and_refuse_what_does_not_fit():
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_files_read_back_with_tf_and_the_independent_tfrecord_package(tmp_path, compression):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     cols, recs = records()
     path = tmp_path / "shard.tfrecord"
     with open(path, "wb") as fh:

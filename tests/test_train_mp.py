@@ -18,11 +18,11 @@ import pytest
 
 from hvdtrain import config
 from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_tabular_dataset, make_text_dataset
+from tests import mp
 
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[1]
-HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
 
 
@@ -58,11 +58,22 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return proc
 
 
-def _horovodrun(config_path: Path, timeout: float = 150) -> subprocess.CompletedProcess:
-    if not HOROVODRUN.exists():
-        pytest.skip(f"horovodrun not found next to {sys.executable}")
-    return _run([str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo",
+def _horovodrun(config_path: Path, timeout: float = 150, np: int = 2,
+                launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return _run([str(mp.horovodrun()), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *launcher,
                  sys.executable, "-m", "hvdtrain.train", str(config_path)], timeout)
+
+
+def wire_dtypes(timeline: Path) -> dict[str, set[str]]:
+    """Horovod timeline: the dtypes each collective's tensors were sent in, by collective name."""
+    events = json.loads(timeline.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in
+             e.get("args", {})}
+    out: dict[str, set[str]] = {}
+    for e in events:
+        if "dtype" in e.get("args", {}):
+            out.setdefault(names[e["pid"]], set()).add(e["args"]["dtype"])
+    return out
 
 
 def _outputs(output: Path) -> tuple[dict, dict]:
@@ -106,6 +117,25 @@ def test_uneven_shards_and_fewer_shards_than_ranks_do_not_hang(tmp_path: Path) -
     assert report["rank_digest"]["agree"]
     assert report["training"]["steps_per_epoch"] == 342 // 32
     _assert_complete(report, manifest)
+
+
+def test_eight_ranks_train_and_evaluate_exactly_with_fewer_shards_than_ranks(tmp_path: Path) -> None:
+    """8 Gloo ranks (1 intra-op thread each: 2 cores / 8 local ranks), a tiny model, 4 steps; validation has
+    3 shards and test 2 for 8 ranks, so most ranks own no whole shard and every record must still be counted
+    exactly once."""
+    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(shard_sizes={
+        "train": [64] * 4, "validation": [21, 9, 3], "test": [17, 6]}), max_length=8, seed=8))
+    config_path, output = _job(tmp_path, "eight", tmp_path / "data", epochs=1, batch_size=8,
+                               model={**TINY_MODEL, "embed_dim": 8, "ff_dim": 16})
+    _horovodrun(config_path, timeout=300, np=8)
+    result, report = _outputs(output)
+    ranks = report["rank_digest"]["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8)) and [r["local_size"] for r in ranks] == [8] * 8
+    assert report["rank_digest"]["agree"] and result["world_size"] == 8
+    assert report["training"]["steps_per_epoch"] == 256 // (8 * 8)
+    _assert_complete(report, manifest)
+    for split in ("validation", "test"):
+        assert sum(map(sum, report["evaluation"][split]["confusion_matrix"])) == manifest.split(split).records
 
 
 def test_single_process_without_horovodrun(tmp_path: Path) -> None:
@@ -154,9 +184,10 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
     features = dict(epochs=4, fp16_allreduce=True, lr_schedule="cosine", warmup_steps=5, clip_norm=1.0,
                     early_stopping={"metric": "loss", "patience": 1}, progress="log", progress_every_steps=5)
     np2_config, np2_out = _job(tmp_path / "np2", "np2", tmp_path / "data", **features)
-    proc = _horovodrun(np2_config)
+    timeline = tmp_path / "timeline.json"
+    proc = _horovodrun(np2_config, timeout=400, launcher=("--timeline-filename", str(timeline)))
     one_config, one_out = _job(tmp_path / "one", "one", tmp_path / "data", **features)
-    _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=120)
+    _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=300)
     (two, report), (one, _) = _outputs(np2_out), _outputs(one_out)
 
     assert report["rank_digest"]["agree"] and two["world_size"] == 2 and one["world_size"] == 1
@@ -164,7 +195,9 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
     gap = abs(two["test_accuracy"] - one["test_accuracy"])
     assert gap <= 0.01 + 1e-9, (two["test_accuracy"], one["test_accuracy"])  # within 1 point (2 of 200 records)
     training = report["training"]
-    assert training["steps_per_epoch"] == 640 // 32 and training["fp16_allreduce"]
+    assert training["steps_per_epoch"] == 640 // 32
+    grads = {name: dtypes for name, dtypes in wire_dtypes(timeline).items() if "GroupedAllreduce" in name}
+    assert grads and all(dtypes == {"float16"} for dtypes in grads.values()), grads  # float16 on the wire
     assert training["learning_rate"] == pytest.approx(0.006) and training["decay_steps"] == 4 * 20
     stopping = report["early_stopping"]
     assert len(stopping["values"]) == training["epochs"] and 1 <= stopping["best_epoch"] <= training["epochs"]

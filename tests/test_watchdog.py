@@ -1,4 +1,5 @@
 """The stall watchdog: fires on no progress, stays quiet while beats come, names rank and phase."""
+import re
 import subprocess
 import sys
 import threading
@@ -68,7 +69,13 @@ def test_a_stalled_process_dumps_stacks_and_exits_nonzero():
     assert proc.returncode == watchdog.EXIT_STALLED
     assert time.time() - start < 20
     assert "rank 1: no progress for" in proc.stderr and "waiting for input batch" in proc.stderr
-    assert "Thread" in proc.stderr and "time.sleep" not in proc.stdout  # faulthandler's stack dump
+    # faulthandler's dump of every thread, on stderr, before the message: the stuck main thread's frame
+    # (line 4 of the script: the sleep) and the watchdog thread that wrote it
+    dump = proc.stderr[:proc.stderr.index("rank 1: no progress for")]
+    assert re.search(r'Thread 0x[0-9a-f]+ \(most recent call first\):\n  File "<string>", line 4 in <module>', dump), \
+        proc.stderr
+    assert re.search(r"Current thread 0x[0-9a-f]+ \(most recent call first\):\n  File .*watchdog\.py", dump)
+    assert proc.stdout == ""
 
 
 def test_horovod_env_bounds_peer_waits():

@@ -30,9 +30,9 @@ import logging  # noqa: E402
 from typing import Any, Optional, Sequence  # noqa: E402
 
 from hvdtrain import config as config_mod  # noqa: E402
-from hvdtrain import checkpoint, fs, supervise  # noqa: E402
+from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
-from hvdtrain.errors import HvdtrainError  # noqa: E402
+from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
@@ -117,12 +117,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         summary = {**summarize(records), "restarts": [vars(r) for r in outcome.restarts]}
         fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return console.print_error(exc, "hvdtrain")
     if outcome.failure is not None and not records:
-        print(f"hvdtrain: error: the Horovod job failed: {outcome.failure.cause}; the ranks' messages above say "
-              "why", file=sys.stderr)
-        return 1
+        return console.print_error(StepFailed(f"the Horovod job failed: {outcome.failure.cause}; the ranks' messages "
+                                              "above say why"), "hvdtrain")
     if summary["result"] is not None:
         print(RESULT_MARK, json.dumps(summary["result"], indent=2), sep="\n")
     print(f"hvdtrain: every rank's record: {args.result}", flush=True)

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import envcheck, fs
+from hvdtrain import console, envcheck, fs
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ConfigError, EnvironmentProblem, HvdtrainError
+from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
 from yarn import packaging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -485,7 +485,7 @@ def run(args: argparse.Namespace, deps: Collaborators) -> int:
             code = sub.wait()
             if code != 0:
                 where = (f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else "")
-                raise HvdtrainError(f"spark-submit failed (exit code {code}); see the messages above{where}")
+                raise StepFailed(f"spark-submit failed (exit code {code}); see the messages above{where}")
         print(result_summary(plan.result_uri), file=deps.out)
         return 0
     finally:
@@ -513,11 +513,10 @@ def main(argv: Optional[Sequence[str]] = None, deps: Optional[Collaborators] = N
     try:
         return run(args, deps)
     except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
+        return console.print_error(exc, "hvdtrain")
     except KeyboardInterrupt:
         print("hvdtrain: interrupted; the application was released", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
