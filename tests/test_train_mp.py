@@ -120,19 +120,30 @@ def test_uneven_shards_and_fewer_shards_than_ranks_do_not_hang(tmp_path: Path) -
 
 
 def test_eight_ranks_train_and_evaluate_exactly_with_fewer_shards_than_ranks(tmp_path: Path) -> None:
-    """8 Gloo ranks (1 intra-op thread each: 2 cores / 8 local ranks), a tiny model, 4 steps; validation has
-    3 shards and test 2 for 8 ranks, so most ranks own no whole shard and every record must still be counted
-    exactly once."""
+    """8 Gloo ranks (1 intra-op thread each: 2 cores / 8 local ranks), a tiny model, 2 epochs of 3 steps on a
+    train split of 3 uneven shards; validation has 3 shards and test 2. No hang; every rank runs the same
+    steps on an equal share; the record trace shows each record at most once per epoch; evaluation counts
+    every record exactly once."""
+    from hvdtrain.data.trace import read_trace
+
     manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(shard_sizes={
-        "train": [64] * 4, "validation": [21, 9, 3], "test": [17, 6]}), max_length=8, seed=8))
-    config_path, output = _job(tmp_path, "eight", tmp_path / "data", epochs=1, batch_size=8,
-                               model={**TINY_MODEL, "embed_dim": 8, "ff_dim": 16})
+        "train": [90, 60, 50], "validation": [21, 9, 3], "test": [17, 6]}), max_length=8, seed=8))
+    trace = tmp_path / "trace"
+    config_path, output = _job(tmp_path, "eight", tmp_path / "data", epochs=2, batch_size=8,
+                               model={**TINY_MODEL, "embed_dim": 8, "ff_dim": 16}, record_trace=str(trace))
     _horovodrun(config_path, timeout=300, np=8)
     result, report = _outputs(output)
     ranks = report["rank_digest"]["ranks"]
     assert [r["rank"] for r in ranks] == list(range(8)) and [r["local_size"] for r in ranks] == [8] * 8
     assert report["rank_digest"]["agree"] and result["world_size"] == 8
-    assert report["training"]["steps_per_epoch"] == 256 // (8 * 8)
+    steps = report["training"]["steps_per_epoch"]
+    assert steps == 200 // (8 * 8) == 3
+    batches = [read_trace(str(trace / f"rank{r}.keys")) for r in range(8)]
+    assert all(sorted(b) == list(range(2 * steps)) for b in batches)  # equal steps on every rank
+    for epoch in range(2):
+        seen = [k for b in batches for n in range(epoch * steps, (epoch + 1) * steps) for k in b[n]]
+        assert len(seen) == len(set(seen)) == 8 * steps * 8  # each record at most once in the epoch
+        assert 200 - len(seen) < 8 * 8  # fewer than size x batch left out
     _assert_complete(report, manifest)
     for split in ("validation", "test"):
         assert sum(map(sum, report["evaluation"][split]["confusion_matrix"])) == manifest.split(split).records
