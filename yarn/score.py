@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import shutil
 import sys
-import tempfile
 from typing import Optional, Sequence
 
 from hvdtrain import config as config_mod
 from hvdtrain import envcheck, fs
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import ConfigError, EnvironmentProblem, HvdtrainError
+from hvdtrain.errors import ConfigError, HvdtrainError
 from yarn import packaging, submit
 
 SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
@@ -108,47 +105,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
     cfg = config_mod.load(args.config, list(args.overrides) + submit.flag_overrides(_as_submit(args), os.getcwd()))
-    local = submit.is_local_master(args.master)
-    try:
-        spark_submit = deps.find_spark_submit()
-    except EnvironmentProblem:
-        if not args.dry_run:
-            raise
-        spark_submit = "spark-submit"
-    if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
-        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
-                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
-    staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-score-{cfg.name}") if args.dry_run
-               else tempfile.mkdtemp(prefix=f"hvdtrain-score-{cfg.name}-"))
-    try:
-        archive = None
-        if not local:  # the same identity, hence the same cached archive, as training's submissions
-            identity = (deps.identity or packaging.current_identity)(deps.probe_build())
-            archive = (packaging.planned_archive(cfg.yarn, identity).uri if args.dry_run
-                       else (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri)
-        inputs = submit.Inputs(spark_submit, sys.executable, os.path.join(staging, submit.CODE_ZIP),
-                               os.path.join(staging, submit.JOB_YAML), archive, envcheck.HorovodBuild())
+    # The same identity, hence the same cached env archive, as training's submissions.
+    build = deps.probe_build() if not submit.is_local_master(args.master) else envcheck.HorovodBuild()
+    with submit.staged_inputs(cfg, args, deps, build, "score") as inputs:
         plan = build_score_plan(cfg, args.master, inputs, job_args(args))
-        if args.dry_run:
-            print(f"# dry run: the code zip and the resolved config are written at submit time\n"
-                  f"{submit.format_plan(plan)}", file=deps.out)
-            return 0
-        with open(inputs.job_yaml, "w") as fh:
-            fh.write(cfg.to_yaml())
-        packaging.build_code_zip(inputs.code_zip)
-        for note in plan.notes:
-            print(f"hvdtrain: note: {note}", file=sys.stderr)
-        print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
-        with deps.submission(plan) as sub:
-            code = sub.wait()
-            if code != 0:
-                where = f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else ""
-                raise HvdtrainError(f"spark-submit of the scoring job failed (exit code {code}); see the messages "
-                                    f"above{where}")
-        return 0
-    finally:
-        if not args.dry_run:
-            shutil.rmtree(staging, ignore_errors=True)
+        submit.launch(cfg, plan, inputs, args, deps, job=" of the scoring job")
+    return 0
 
 
 def _as_submit(args: argparse.Namespace) -> argparse.Namespace:

@@ -27,6 +27,7 @@ Spark with this interpreter (no archive): a rehearsal of the cluster job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import json
 import os
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from hvdtrain import config as config_mod
 from hvdtrain import console, envcheck, fs
@@ -444,8 +445,11 @@ def prepare(args: argparse.Namespace, deps: Collaborators) -> tuple[JobConfig, H
     return cfg, build
 
 
-def run(args: argparse.Namespace, deps: Collaborators) -> int:
-    cfg, build = prepare(args, deps)
+@contextlib.contextmanager
+def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators, build: HorovodBuild,
+                  kind: str) -> Iterator[Inputs]:
+    """What any hvdtrain spark-submit needs (training, scoring): spark-submit, the cluster's client configs,
+    a staging folder (removed afterwards) and, on YARN, the environment archive (packed once per identity)."""
     local = is_local_master(args.master)
     try:
         spark_submit = deps.find_spark_submit()
@@ -456,8 +460,8 @@ def run(args: argparse.Namespace, deps: Collaborators) -> int:
     if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
         raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
                                  "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
-    staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-submit-{cfg.name}") if args.dry_run
-               else tempfile.mkdtemp(prefix=f"hvdtrain-submit-{cfg.name}-"))
+    staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-{kind}-{cfg.name}") if args.dry_run
+               else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
         archive = None
         if not local:
@@ -466,31 +470,44 @@ def run(args: argparse.Namespace, deps: Collaborators) -> int:
                 archive = packaging.planned_archive(cfg.yarn, identity).uri
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
-        inputs = Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP),
-                        os.path.join(staging, JOB_YAML), archive, build)
-        plan = build_plan(cfg, args.master, inputs)
-        if args.dry_run:
-            what = "the code zip and the resolved config are written at submit time"
-            if archive is not None and cfg.yarn.env_archive is None:
-                what += "; the env archive is packed and uploaded if it is not cached yet"
-            print(f"# dry run: {what}\n{format_plan(plan)}", file=deps.out)
-            return 0
-        with open(inputs.job_yaml, "w") as fh:
-            fh.write(cfg.to_yaml())
-        packaging.build_code_zip(inputs.code_zip)
-        for note in plan.notes:
-            print(f"hvdtrain: note: {note}", file=sys.stderr)
-        print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
-        with deps.submission(plan) as sub:
-            code = sub.wait()
-            if code != 0:
-                where = (f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else "")
-                raise StepFailed(f"spark-submit failed (exit code {code}); see the messages above{where}")
-        print(result_summary(plan.result_uri), file=deps.out)
-        return 0
+        yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
+                     archive, build)
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Namespace, deps: Collaborators,
+           job: str = "") -> bool:
+    """Print the plan (``--dry-run``: returns False) or write the config and code zip and run spark-submit,
+    releasing the application on the way out; raises :class:`StepFailed` naming ``job`` when it fails."""
+    if args.dry_run:
+        what = "the code zip and the resolved config are written at submit time"
+        if inputs.archive_uri is not None and cfg.yarn.env_archive is None:
+            what += "; the env archive is packed and uploaded if it is not cached yet"
+        print(f"# dry run: {what}\n{format_plan(plan)}", file=deps.out)
+        return False
+    with open(inputs.job_yaml, "w") as fh:
+        fh.write(cfg.to_yaml())
+    packaging.build_code_zip(inputs.code_zip)
+    for note in plan.notes:
+        print(f"hvdtrain: note: {note}", file=sys.stderr)
+    print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
+    with deps.submission(plan) as sub:
+        code = sub.wait()
+        if code != 0:
+            where = (f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else "")
+            raise StepFailed(f"spark-submit{job} failed (exit code {code}); see the messages above{where}")
+    return True
+
+
+def run(args: argparse.Namespace, deps: Collaborators) -> int:
+    cfg, build = prepare(args, deps)
+    with staged_inputs(cfg, args, deps, build, "submit") as inputs:
+        plan = build_plan(cfg, args.master, inputs)
+        if launch(cfg, plan, inputs, args, deps):
+            print(result_summary(plan.result_uri), file=deps.out)
+    return 0
 
 
 def result_summary(uri: str) -> str:
