@@ -36,19 +36,10 @@ Training reads an endless stream per rank. Rules:
   ``train_dataset(start_record=n)`` starts that pass and skips the offset,
   giving the same records an uninterrupted run reads.
 
-Pipeline: files read in chunks of ``CHUNK`` records, interleaved chunk by
-chunk (sequential, deterministic order) -> one vectorized ``tf.io.parse_example``
-per chunk (in parallel, in order), with a spec built from the manifest's
-features only; packed features decoded to their narrow stored type ->
-shuffle windows of ``shuffle_buffer`` parsed records, each permuted uniformly,
-with boundaries that move from pass to pass -> batch -> packed features cast
-to int64 -> prefetch. Every step handles whole tensors: tf.data's cost per
-element is paid per chunk or window, and the shuffle moves parsed rows, not
-serialized strings (``make bench``: input_pipeline).
-
-Evaluation reads each record of a split exactly once across ranks (whole
-shards per rank, or record-level when there are fewer shards than ranks), in
-manifest order, without repeat, keeping the final partial batch.
+The tf.data graphs (chunked reads, vectorized parsing, shuffle windows of
+parsed rows) are described in :mod:`hvdtrain.data.pipeline`. Evaluation reads
+each rank's share in manifest order without repeat, keeping the final partial
+batch: across ranks, every record exactly once.
 
 Remote shards (``hdfs://``, ``webhdfs://``) are staged to local disk by a
 background thread a few shards ahead of the reader and deleted behind it
