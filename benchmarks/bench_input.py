@@ -52,7 +52,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
     from hvdtrain import data
     from hvdtrain.data import contract
-    from hvdtrain.data import pipeline
+    from hvdtrain.data import pipeline as data_pipeline
 
     records = 20_000 if quick else 200_000
     root = tempfile.mkdtemp(prefix="bench-input-")
@@ -79,7 +79,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
         pipe_sec = median_time(pipeline)
         del batches
-        parser = pipeline.Parser(m)
+        parser = data_pipeline.Parser(m)
         serialized = list(tf.data.TFRecordDataset(paths[:2]).take(4096).as_numpy_iterator())
         src = tf.data.Dataset.from_tensor_slices(serialized)
 
