@@ -58,3 +58,15 @@ def ssh_hosts() -> Iterator[mp.SshHosts]:
     finally:
         mp.stop_sshd(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_MLFLOW_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI in this process: a test that calls it (directly,
+    or through hvdtrain.tracking in-process) must not point later tests' default store at its temporary one."""
+    if _MLFLOW_URI_AT_START is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = _MLFLOW_URI_AT_START

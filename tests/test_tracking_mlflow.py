@@ -187,19 +187,19 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
         server = _start_server(root, port)
         out, err = job.communicate(timeout=600)
         seen += err
+        assert job.returncode == 0, seen[-4000:]
+        assert "buffering metrics and retrying for up to 300s" in seen and "MLflow answers again after" in seen
+        result = json.loads(out)
+        assert result["tracking"] == {"active": True, "not_logged": []}
+        client = MlflowClient(tracking_uri=uri)  # while the restarted server still runs
+        for key in ("train_loss", "val_accuracy", "learning_rate"):
+            assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == [1, 2, 3, 4, 5, 6], key
+        run = client.get_run(result["run_id"])
+        assert run.info.status == "FINISHED" and "test_accuracy" in run.data.metrics
     finally:
         if job.poll() is None:
             job.kill()
         _stop_server(server)
-    assert job.returncode == 0, seen[-4000:]
-    assert "buffering metrics and retrying for up to 300s" in seen and "MLflow answers again after" in seen
-    result = json.loads(out)
-    assert result["tracking"] == {"active": True, "not_logged": []}
-    client = MlflowClient(tracking_uri=uri)
-    for key in ("train_loss", "val_accuracy", "learning_rate"):
-        assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == [1, 2, 3, 4, 5, 6], key
-    assert client.get_run(result["run_id"]).info.status == "FINISHED"
-    assert "test_accuracy" in client.get_run(result["run_id"]).data.metrics
 
 
 def test_which_mlflow_failures_are_worth_waiting_for() -> None:
