@@ -25,7 +25,6 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
 
 from benchmarks.common import Entry, median_time
 

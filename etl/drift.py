@@ -6,7 +6,7 @@ the same expressions, so the two distributions are comparable bin for bin.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from hvdtrain import drift as drift_lib
 from hvdtrain.config import JobConfig

@@ -126,7 +126,7 @@ def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureS
 
 
 def _tokenizer(rows: Any, cfg: JobConfig):
-    from etl import text, writer
+    from etl import text
 
     opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:

@@ -17,7 +17,6 @@ Policies (when to save, what to keep) are pure functions; the writer acts.
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os

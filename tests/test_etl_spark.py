@@ -49,7 +49,6 @@ def read_back(m, split):
     """Every record of a split through tf.data + parse_example, using only the manifest's features."""
     import tensorflow as tf
 
-    from hvdtrain import data
     from hvdtrain.data import pipeline
 
     parser = pipeline.Parser(m)

@@ -151,7 +151,6 @@ def test_scoring_features_are_the_etl_bytes_and_predictions_equal_the_driver_sid
 
 def test_mlflow_model_resolves_by_every_reference_and_works_through_pyfunc_spark_udf(world) -> None:
     import mlflow
-    from pyspark.sql import functions as F
 
     folder = score_lib.load_bundle(world.model)
     weights = score_lib.load_keras(folder.model_bytes).get_weights()
