@@ -1,35 +1,41 @@
-"""allreduce_busbw: Gloo all-reduce between 2 local ranks vs memcpy; fusion on vs off."""
+"""All-reduce between 2 local ranks against its peers, and fusion on vs off.
+
+allreduce_vs_tcp      Horovod Gloo bus bandwidth at 64 MB / loopback TCP with two concurrent streams,
+                      one each way, between the same 2 processes (the transport's ceiling).
+allreduce_vs_tf_ring  the same Horovod all-reduce / TensorFlow's ring collective all-reduce
+                      (MultiWorkerMirroredStrategy, CommunicationImplementation.RING) in the same processes.
+allreduce_fusion      200 x 4 KB all-reduces without / with Horovod's tensor fusion.
+The three transports are interleaved (Horovod, TF, TCP, Horovod, ...); each ratio is
+reported as min/median/max over the pairs.
+"""
 from __future__ import annotations
 
-import numpy as np
+import statistics
 
-from benchmarks.common import Entry, median_time
-from benchmarks.launch import horovodrun
+from benchmarks.common import Entry
+from benchmarks.launch import free_ports, horovodrun
 
 SIZE_64MB = 64 << 20
-
-
-def memcpy_gbps(nbytes: int = SIZE_64MB) -> float:
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    return nbytes / median_time(lambda: np.copyto(dst, src)) / 1e9
+NO_FUSION = {"HOROVOD_FUSION_THRESHOLD": "0"}  # large tensors skip the fusion buffer's extra copy (DESIGN.md)
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
     args = ["--quick"] if quick else []
-    # Large tensors skip the fusion buffer (its extra copy halves bandwidth here, see DESIGN.md).
-    sweep = horovodrun(2, "benchmarks.allreduce_worker", ["sweep", *args],
-                       env={"HOROVOD_FUSION_THRESHOLD": "0"})["sweep"]
-    memcpy = memcpy_gbps()
+    sweep = horovodrun(2, "benchmarks.allreduce_worker", ["sweep", *args], env=NO_FUSION)["sweep"]
+    ports = ",".join(map(str, free_ports(3)))
+    peers = horovodrun(2, "benchmarks.allreduce_worker", ["peers", ports, *args], env=NO_FUSION)
+    bw = peers["busbw_gbps"]
     extra["allreduce_sweep"] = sweep
-    extra["memcpy_gbps"] = memcpy
-    at = next((p for p in sweep if p["bytes"] == SIZE_64MB), sweep[-1])
+    extra["tcp_gbps"] = statistics.median(bw["tcp"])
     fused = horovodrun(2, "benchmarks.allreduce_worker", ["fusion", *args])["fusion_seconds"]
-    unfused = horovodrun(2, "benchmarks.allreduce_worker", ["fusion", *args],
-                         env={"HOROVOD_FUSION_THRESHOLD": "0"})["fusion_seconds"]
+    unfused = horovodrun(2, "benchmarks.allreduce_worker", ["fusion", *args], env=NO_FUSION)["fusion_seconds"]
+    notes = {"bytes": peers["bytes"], "ranks": 2, "reps": len(bw["horovod"]), **NO_FUSION}
+    mb = peers["bytes"] >> 20
     return [
-        Entry("allreduce_busbw", at["busbw_gbps"], "GB/s", f"memcpy of {at['bytes'] >> 20} MB", memcpy, 0.15,
-              notes={"bytes": at["bytes"], "ranks": 2, "HOROVOD_FUSION_THRESHOLD": "0"}),
+        Entry.paired("allreduce_vs_tcp", bw["horovod"], "GB/s", f"loopback TCP, 2 streams one each way, {mb} MB",
+                     bw["tcp"], 0.5, notes=notes),
+        Entry.paired("allreduce_vs_tf_ring", bw["horovod"], "GB/s", f"TF ring collective all-reduce (MWMS), {mb} MB",
+                     bw["tf_ring"], 1.0, notes=notes),
         # value = time without fusion, baseline = time with it: the ratio is off/on.
         Entry("allreduce_fusion", unfused, "s", "200 x 4 KB with fusion (default threshold)", fused, 1.5,
               notes={"tensors": 200, "tensor_bytes": 4096}),
