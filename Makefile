@@ -1,6 +1,7 @@
 # make demo   create the environment if missing, run the main job on embedded defaults
 # make test   create the environment if missing, run every test tier
 # make bench  benchmarks (ratios against in-run baselines)
+# make bench-gpu  GPU benchmarks (NCCL, mixed precision, scaling); stops with one line without a GPU
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.hvdtrain-env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-m 'not e2e'"
 PYTEST_ARGS ?=
 
-.PHONY: env demo test bench clean check-build
+.PHONY: env demo test bench bench-gpu clean check-build
 env: $(STAMP)
 
 $(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
@@ -23,6 +24,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+bench-gpu: $(STAMP)
+	$(PY) -m benchmarks.gpu
 
 check-build: $(STAMP)
 	$(VENV)/bin/horovodrun --check-build

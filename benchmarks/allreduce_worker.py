@@ -1,13 +1,14 @@
 """Runs under horovodrun: times hvd.allreduce; rank 0 prints one JSON line.
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker sweep|fusion [--quick]
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker peers TF0,TF1,TCP [--quick]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker sweep TF0,TF1,TCP [--quick]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker fusion [--quick]
 
-``peers`` times, between the same 2 processes and interleaved (Horovod, TF,
+``sweep`` first times, between the same 2 processes and interleaved (Horovod, TF,
 TCP, Horovod, ...), a 64 MB Horovod all-reduce, TensorFlow's ring collective
 all-reduce of the same tensor (MultiWorkerMirroredStrategy with
 ``CommunicationImplementation.RING``, on ports TF0/TF1), and loopback TCP with
-two concurrent streams, one each way, of the same bytes (rank 0 listens on TCP).
+two concurrent streams, one each way, of the same bytes (rank 0 listens on TCP);
+then Horovod's bus bandwidth over tensor sizes.
 """
 from __future__ import annotations
 
@@ -106,10 +107,30 @@ def peers(ports: list[int], quick: bool) -> dict:
     return {"size": size, "rank": hvd.rank(), "bytes": nbytes, "busbw_gbps": busbw}
 
 
+def sweep(hvd, quick: bool) -> list[dict]:
+    """Horovod all-reduce bus bandwidth from 4 KB to 4 MB (quick) or 256 MB."""
+    import tensorflow as tf
+
+    points = []
+    top = 22 if quick else 28
+    for log2 in range(12, top + 1, 2):
+        n = (1 << log2) // 4
+        x = tf.constant(np.ones(n, dtype=np.float32))
+        sec = median_time(lambda: hvd.allreduce(x, op=hvd.Sum, name=f"ar{log2}").numpy(), 5)
+        algbw = n * 4 / sec / 1e9
+        # NCCL-tests bus bandwidth: algbw * 2(n-1)/n (equal to algbw for 2 ranks).
+        points.append({"bytes": n * 4, "seconds": sec, "algbw_gbps": algbw,
+                       "busbw_gbps": algbw * 2 * (hvd.size() - 1) / hvd.size()})
+    return points
+
+
 def main() -> None:
     mode, quick = sys.argv[1], "--quick" in sys.argv
-    if mode == "peers":
+    if mode == "sweep":  # one launch for the peers and the sweep: each horovodrun costs ~10-20 s here
         out = peers([int(p) for p in sys.argv[2].split(",")], quick)
+        import horovod.tensorflow as hvd
+
+        out["sweep"] = sweep(hvd, quick)
         if out["rank"] == 0:
             print("BENCH " + json.dumps(out), flush=True)
         return
@@ -117,28 +138,13 @@ def main() -> None:
     import tensorflow as tf
 
     hvd.init()
-    reps = 5
-    out: dict = {"size": hvd.size()}
-    if mode == "sweep":
-        points = []
-        top = 22 if quick else 28  # 4 MB or 256 MB
-        for log2 in range(12, top + 1, 2):
-            n = (1 << log2) // 4
-            x = tf.constant(np.ones(n, dtype=np.float32))
-            sec = median_time(lambda: hvd.allreduce(x, op=hvd.Sum, name=f"ar{log2}").numpy(), reps)
-            algbw = n * 4 / sec / 1e9
-            # NCCL-tests bus bandwidth: algbw * 2(n-1)/n (equal to algbw for 2 ranks).
-            points.append({"bytes": n * 4, "seconds": sec, "algbw_gbps": algbw,
-                           "busbw_gbps": algbw * 2 * (hvd.size() - 1) / hvd.size()})
-        out["sweep"] = points
-    else:
-        xs = [tf.constant(np.full(1024, float(i), dtype=np.float32)) for i in range(200)]  # 200 x 4 KB
+    xs = [tf.constant(np.full(1024, float(i), dtype=np.float32)) for i in range(200)]  # 200 x 4 KB
 
-        @tf.function
-        def many() -> list:
-            return [hvd.allreduce(x, op=hvd.Sum, name=f"small{i}") for i, x in enumerate(xs)]
+    @tf.function
+    def many() -> list:
+        return [hvd.allreduce(x, op=hvd.Sum, name=f"small{i}") for i, x in enumerate(xs)]
 
-        out["fusion_seconds"] = median_time(lambda: [t.numpy() for t in many()], reps)
+    out = {"size": hvd.size(), "fusion_seconds": median_time(lambda: [t.numpy() for t in many()], 5)}
     if hvd.rank() == 0:
         print("BENCH " + json.dumps(out), flush=True)
 

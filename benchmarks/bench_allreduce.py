@@ -21,10 +21,9 @@ NO_FUSION = {"HOROVOD_FUSION_THRESHOLD": "0"}  # large tensors skip the fusion b
 
 def run(quick: bool, extra: dict) -> list[Entry]:
     args = ["--quick"] if quick else []
-    sweep = horovodrun(2, "benchmarks.allreduce_worker", ["sweep", *args], env=NO_FUSION)["sweep"]
     ports = ",".join(map(str, free_ports(3)))
-    peers = horovodrun(2, "benchmarks.allreduce_worker", ["peers", ports, *args], env=NO_FUSION)
-    bw = peers["busbw_gbps"]
+    peers = horovodrun(2, "benchmarks.allreduce_worker", ["sweep", ports, *args], env=NO_FUSION)
+    bw, sweep = peers["busbw_gbps"], peers["sweep"]
     extra["allreduce_sweep"] = sweep
     extra["tcp_gbps"] = statistics.median(bw["tcp"])
     fused = horovodrun(2, "benchmarks.allreduce_worker", ["fusion", *args])["fusion_seconds"]
