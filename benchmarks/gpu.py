@@ -33,12 +33,12 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 def gpu_problem(gpus: int, nccl_built: bool) -> Optional[str]:
     """Why the GPU benchmark cannot run here (one line naming the fix), or None."""
     if gpus == 0:
-        return ("bench-gpu: no CUDA GPU is visible to TensorFlow (tf.config.list_physical_devices('GPU') is empty); "
-                "run it on a host with NVIDIA drivers, TensorFlow with CUDA (pip install 'tensorflow[and-cuda]') and "
-                "Horovod built with HOROVOD_GPU_OPERATIONS=NCCL")
+        return ("bench-gpu: no CUDA GPU is visible here (no NVIDIA driver, or TensorFlow lists no GPU); run it on a "
+                "host with NVIDIA GPUs after `HOROVOD_GPU_OPERATIONS=NCCL make env` and "
+                "`HVDTRAIN_TF=gpu pip install -e '.[gpu]'` (the CUDA TensorFlow build)")
     if not nccl_built:
         return (f"bench-gpu: {gpus} GPU(s) found but Horovod was built without NCCL (nccl_built() is false); "
-                "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL")
+                "rebuild it with `HOROVOD_GPU_OPERATIONS=NCCL make env`")
     return None
 
 

@@ -35,7 +35,7 @@ def test_paired_entry_refuses_unmatched_repetitions():
 
 
 def test_gpu_problem_names_the_missing_piece_and_the_fix():
-    assert "no CUDA GPU" in gpu.gpu_problem(0, False) and "tensorflow[and-cuda]" in gpu.gpu_problem(0, False)
+    assert "no CUDA GPU" in gpu.gpu_problem(0, False) and "HVDTRAIN_TF=gpu" in gpu.gpu_problem(0, False)
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in gpu.gpu_problem(2, False)
     assert gpu.gpu_problem(2, True) is None
 
