@@ -25,7 +25,8 @@ from typing import Any, Iterator, Optional
 if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo importable
     import os
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Last, so the code shipped with --py-files (hvdtrain yarn etl's zip, on PYTHONPATH) wins over the checkout.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
 from hvdtrain import config as config_mod

@@ -179,13 +179,32 @@ def act(plan: PublishPlan) -> dict[str, Any]:
         raise
     if not plan.generation:
         _place_side_outputs(plan)
-    uri = manifest.write(plan.manifest, out)  # readers switch to the new dataset here
+    uri = _swap(plan)  # readers switch to the new dataset here
     if plan.generation:
         for name in fs.listdir(out):
             if name not in plan.keep:  # the replaced dataset, and any dead run's version folder
                 _discard(fs.join(out, name))
         _place_side_outputs(plan)
     return {**plan.report, "manifest": uri}
+
+
+def _swap(plan: PublishPlan) -> str:
+    """Write the manifest; when that fails and readers still get the old one, drop the new version folder."""
+    try:
+        return manifest.write(plan.manifest, plan.output)
+    except BaseException:
+        if plan.generation and _still_old(plan):
+            _discard(manifest.manifest_uri(plan.output) + manifest.NEXT_SUFFIX)
+            _discard(fs.join(plan.output, plan.generation))
+        raise
+
+
+def _still_old(plan: PublishPlan) -> bool:
+    """Whether readers get a manifest other than the plan's (False when that cannot be told: keep everything)."""
+    try:
+        return manifest.read(plan.output).digest() != plan.manifest.digest()
+    except Exception:  # noqa: BLE001 - storage trouble: the next publish cleans up
+        return False
 
 
 def _top_name(base: str, uri: str) -> str:
