@@ -75,7 +75,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     from etl import faults, publish, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
-    fs.prepare_hdfs_client(cfg.etl.output)  # this driver publishes there (the write tasks set up their own)
+    fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
     replacing = check_output(cfg)
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]

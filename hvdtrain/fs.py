@@ -244,12 +244,15 @@ def replace(src: str, dst: str) -> None:
     fs, src_path = resolve(src)
     _, dst_path = resolve(dst)
     over = getattr(getattr(fs, "handler", None), "replace", None)  # a PyFileSystem handler that can (WebHDFS)
-    if over is None and not isinstance(fs, pafs.LocalFileSystem):
-        def over(s: str, d: str) -> None:
-            if fs.get_file_info(d).type == pafs.FileType.File:
-                fs.delete_file(d)
-            fs.move(s, d)
-    with_retries(lambda: _rename(fs, src_path, dst_path, over or fs.move), f"rename {src} -> {dst}")
+    if over is None:
+        over = fs.move if isinstance(fs, pafs.LocalFileSystem) else functools.partial(_delete_then_move, fs)
+    with_retries(lambda: _rename(fs, src_path, dst_path, over), f"rename {src} -> {dst}")
+
+
+def _delete_then_move(fs: pafs.FileSystem, src: str, dst: str) -> None:
+    if fs.get_file_info(dst).type == pafs.FileType.File:
+        fs.delete_file(dst)
+    fs.move(src, dst)
 
 
 def _rename(fs: pafs.FileSystem, src: str, dst: str, rename: Callable[[str, str], None]) -> None:

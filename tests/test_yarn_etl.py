@@ -90,7 +90,7 @@ def test_local_master_runs_the_etl_driver_on_demo_data(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "yarn.etl_submit", str(path), "--master", "local[2]", "--create-sample-table"]
     proc = run_submit(cmd, timeout=300, env=submit_env())
     assert "hvdtrain: ETL finished; dataset: " + str(tmp_path / "data" / "manifest.json") in proc.stdout
-    assert "--master local[2]" in proc.stdout  # the launcher echoed the spark-submit it ran
+    assert "--master 'local[2]'" in proc.stdout  # the launcher echoed the spark-submit it ran
     m = manifest.read(str(tmp_path / "data"))
     assert sum(m.split(s).records for s in m.splits) + m.source["rows_rejected"] \
         + m.source["duplicates_dropped"] == 400
