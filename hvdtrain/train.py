@@ -226,8 +226,9 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        cfg.train.fp16_allreduce, guard)
+                        reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
