@@ -62,12 +62,13 @@ def main() -> None:
     p.add_argument("--trace", default="")
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--width", type=int, default=WIDTH)
-    p.add_argument("--inter-op", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="TensorFlow intra- and inter-op threads (0: default)")
     args = p.parse_args()
-    if args.inter_op:
+    if args.threads:
         import tensorflow as tf
 
-        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # before Horovod starts: lets --trace record on demand
     from hvdtrain import distributed
 
@@ -94,7 +95,8 @@ def main() -> None:
                 distributed.stop_timeline()
     if rank.rank == 0:
         print("BENCH " + json.dumps({"step_seconds": times, "size": rank.size, "layers": args.layers + 1,
-                                     "params": params, "batch": BATCH}), flush=True)
+                                     "params": params, "gradient_bytes": 4 * params, "batch": BATCH}),
+              flush=True)
 
 
 if __name__ == "__main__":
