@@ -27,6 +27,9 @@ def plain(args: list[str]) -> dict:
     raise RuntimeError(f"overlap_worker {args} printed no result:\n{out.stderr[-3000:]}")
 
 
+QUICK_MODEL = {True: ["--width", "128"], False: []}  # --quick (the suite's smoke run): a narrow model
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"min": round(min(values), 4), "median": round(statistics.median(values), 4),
             "max": round(max(values), 4)}
@@ -38,8 +41,8 @@ def load() -> list[float]:
 
 def overlap_gain(quick: bool) -> Entry:
     """Grouped ÷ overlapped step time, interleaved in the same 2 processes (default threads)."""
-    reps, steps = (2, "3") if quick else (7, "5")
-    out = horovodrun(2, "benchmarks.overlap_worker", [steps, "--reps", str(reps)])
+    reps, steps = (2, "2") if quick else (7, "5")
+    out = horovodrun(2, "benchmarks.overlap_worker", [steps, "--reps", str(reps), *QUICK_MODEL[quick]])
     grouped, overlap = out["step_seconds"]["grouped"], out["step_seconds"]["overlap"]
     ratios = [g / o for g, o in zip(grouped, overlap)]
     return Entry("overlap_gain", statistics.median(ratios), "x", "grouped all-reduce (ratio of step times)", 1.0,
@@ -57,15 +60,14 @@ def measured_link(quick: bool) -> sm.Link:
 def model_check(quick: bool) -> list[Entry]:
     """Predicted step time (scale_model) ÷ measured, at 1 and 2 ranks, 1 thread per rank, grouped all-reduce."""
     link = measured_link(quick)
-    reps, steps = (1, "3") if quick else (5, "5")
+    reps, steps = (1, "2") if quick else (5, "5")
+    args = [steps, "--threads", "1", *QUICK_MODEL[quick]]
     compute, np1, np2, size = [], [], [], {}
     for _ in range(reps):  # interleaved: plain, np1, np2, plain, np1, np2, ...
-        compute.append(statistics.median(plain([steps, "--threads", "1"])["step_seconds"]["grouped"]))
-        one = horovodrun(1, "benchmarks.overlap_worker", [steps, "--threads", "1"])
-        np1.append(statistics.median(one["step_seconds"]["grouped"]))
-        two = horovodrun(2, "benchmarks.overlap_worker", [steps, "--threads", "1"])
-        np2.append(statistics.median(two["step_seconds"]["grouped"]))
-        size = two
+        compute.append(statistics.median(plain(args)["step_seconds"]["grouped"]))
+        np1.append(statistics.median(horovodrun(1, "benchmarks.overlap_worker", args)["step_seconds"]["grouped"]))
+        size = horovodrun(2, "benchmarks.overlap_worker", args)
+        np2.append(statistics.median(size["step_seconds"]["grouped"]))
     # the model's measured input: compute per step of a plain process (no launcher, no Horovod)
     work = sm.Workload(compute_seconds=statistics.median(compute), gradient_bytes=size["gradient_bytes"])
     notes = {"bandwidth_gbps": round(link.bandwidth / 1e9, 3), "latency_us": round(link.latency * 1e6, 1),

@@ -5,10 +5,10 @@ Horovod's TensorFlow ops; launched as plain ``python -m hvdtrain.train`` it
 falls back to a single process and never imports Horovod, so laptops and unit
 tests need no Horovod build.
 
-Keras 3 note (verified on this project's build, see DESIGN.md): Horovod's
-``DistributedGradientTape`` and its Keras wrappers fail on Keras 3 variables.
-The supported recipe is a plain ``tf.GradientTape`` followed by
-:func:`allreduce_grads` (``hvd.grouped_allreduce(op=Average)``), and
+hvdtrain's recipe: a plain ``tf.GradientTape`` followed by
+:func:`allreduce_grads` (one ``hvd.grouped_allreduce(op=Average)``, or one
+``hvd.allreduce`` per gradient as ``hvd.DistributedGradientTape`` does, which
+the step needs separable from the tape for accumulation and timing), and
 :func:`broadcast_state` (``hvd.broadcast_variables``) of model and optimizer
 variables from rank 0 once the optimizer is built.
 
