@@ -22,7 +22,7 @@ from tests import mp
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 12
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
