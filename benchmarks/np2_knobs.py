@@ -39,15 +39,18 @@ def main() -> None:
                                          vocab_size=2000, seed=3))
         for _ in range(reps):
             runs.setdefault("loadavg", []).append(os.getloadavg()[0])
+            print(f"loadavg {os.getloadavg()}", flush=True)
             one = horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"])
             for name, env in NP2_VARIANTS.items():
                 two = horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"], env=env)
                 runs.setdefault(f"scaling_np2 {name}", []).append(
                     two["samples_per_sec"] / (2 * one["samples_per_sec"]))
+                print(f"scaling_np2 {name}: {runs[f'scaling_np2 {name}'][-1]:.3f}", flush=True)
             keras_fit = plain([root, "keras", steps])["samples_per_sec"]
             for name, env in NP1_VARIANTS.items():
                 np1 = horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps], env=env)
                 runs.setdefault(f"hvd_overhead {name}", []).append(np1["samples_per_sec"] / keras_fit)
+                print(f"hvd_overhead {name}: {runs[f'hvd_overhead {name}'][-1]:.3f}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for name, values in runs.items():
