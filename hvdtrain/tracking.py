@@ -550,6 +550,19 @@ class StudyRun:
     def set_child_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         self._call("set_tag", lambda: [self._client.set_tag(run_id, k, str(v)) for k, v in tags.items()])
 
+    def fail_trial_runs(self, trial: int) -> None:
+        """A trial whose driver died left its run RUNNING (or KILLED): mark it FAILED."""
+        def fail() -> None:
+            run = self._client.get_run(self.run_id)
+            found = self._client.search_runs([run.info.experiment_id],
+                                             f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.tune_trial = "
+                                             f"'{trial}' and attributes.status != 'FINISHED'")
+            for child in found:
+                if child.info.status != "FAILED":
+                    self._client.set_terminated(child.info.run_id, status="FAILED")
+
+        self._call("set_terminated", fail)
+
     def register(self, run_id: str, name: str) -> Optional[str]:
         """Register the run's logged model (``runs:/RUN/model``) as a new version of ``name``."""
         def register() -> str:

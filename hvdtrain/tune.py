@@ -565,6 +565,9 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
     print("\n" + table(records, opts.metric, maximize), flush=True)
     complete = [r for r in records if r["state"] == "COMPLETE"]
     best = summary_rows(complete, maximize)[0] if complete else None
+    for record in records:
+        if record["state"] == "FAIL" and not record["run_id"]:
+            parent.fail_trial_runs(record["number"])
     plot = _plot(cfg, records, opts.metric)
     if plot:
         parent.log_artifact(plot)
