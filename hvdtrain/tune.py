@@ -215,6 +215,12 @@ def storage_url(cfg: config_lib.JobConfig) -> str:
     return f"sqlite:///{os.path.abspath(cfg.tune.output)}/{cfg.tune.study}.db"
 
 
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLite: wait up to a minute for a lock (the driver's heartbeats and every trial's rank 0 write to one
+    file) instead of failing after sqlite's default 5 s."""
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
+
+
 def trial_folder(cfg: config_lib.JobConfig, number: int) -> str:
     return fs.join(cfg.tune.output, cfg.tune.study, f"trial-{number:04d}")
 
@@ -283,7 +289,7 @@ def _short(value: Any) -> str:
 def _quiet_optuna() -> Any:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # hvdtrain prints each trial's end (no tracebacks)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
@@ -307,7 +313,7 @@ class TrialReporter:
         self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
         try:
             optuna = _quiet_optuna()
-            storage = optuna.storages.RDBStorage(tune_cfg.storage)
+            storage = optuna.storages.RDBStorage(tune_cfg.storage, engine_kwargs=engine_kwargs(tune_cfg.storage))
             study_id = storage.get_study_id_from_name(tune_cfg.study)
             attrs = storage.get_study_user_attrs(study_id)
             study = optuna.load_study(study_name=tune_cfg.study, storage=storage,
@@ -483,7 +489,8 @@ def open_study(cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Pa
     if url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
     storage = optuna.storages.RDBStorage(
-        url, heartbeat_interval=cfg.tune.heartbeat_seconds, grace_period=2 * cfg.tune.heartbeat_seconds,
+        url, engine_kwargs=engine_kwargs(url), heartbeat_interval=cfg.tune.heartbeat_seconds,
+        grace_period=2 * cfg.tune.heartbeat_seconds,
         heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=cfg.tune.max_retries))
     study = optuna.create_study(storage=storage, study_name=cfg.tune.study, direction=direction(opts.metric),
                                 load_if_exists=True, pruner=make_pruner(opts.eta, opts.min_epochs),

@@ -192,3 +192,40 @@ def test_done_count_skips_failures_queued_again():
 
     trials = [T(0, "COMPLETE"), T(1, "FAIL"), T(2, "PRUNED"), T(3, "RUNNING", retry=[1]), T(4, "FAIL")]
     assert tune.done_count(trials) == 3  # 0, 2 and the crashed 4; 1 is being retried as 3
+
+
+# A trial run that reports to the study like rank 0 of a real one, without TensorFlow, and crashes (the
+# fault injected) when its learning rate is above 1e-3: the driver's side of crash isolation.
+FAKE_TRIAL = """
+import sys
+from hvdtrain import config, tune
+over = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+lr = float(over["train.learning_rate"])
+if lr > 1e-3:
+    print("hvdtrain: error: rank 1 ran out of memory (injected)", file=sys.stderr)
+    sys.exit(5)
+cfg = config.TuneConfig(storage=over["tune.storage"], study=over["tune.study"], trial=int(over["tune.trial"]))
+reporter = tune.TrialReporter(cfg)
+for epoch in (1, 2, 3):
+    if reporter.report(epoch, 0.5 + lr * 100 * epoch):
+        break
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_a_crashing_trial_is_failed_with_its_error_and_the_study_goes_on(tmp_path, monkeypatch, capsys):
+    cfg = _cfg(tmp_path)
+    cfg.tracking.enabled = False
+    space = _space(tmp_path, "train.learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    monkeypatch.setattr(tune, "trial_command", lambda opts, overrides, timeout: [
+        sys.executable, "-c", FAKE_TRIAL, *overrides])
+    summary = tune.run_study(cfg, tune.TuneOptions(str(tmp_path / "job.yaml"), (), space, 6, eta=3))
+    trials = summary["trials"]
+    failed = [t for t in trials if t["state"] == "FAIL"]
+    assert len(trials) == 6 and failed and len(failed) < 6  # every trial ran; the crashes did not stop the study
+    for t in failed:
+        assert t["params"]["train.learning_rate"] > 1e-3
+        assert "training exited with code 5: hvdtrain: error: rank 1 ran out of memory (injected)" in t["error"]
+    out = capsys.readouterr().out
+    assert f"  trial {failed[0]['number']}: training exited with code 5" in out
+    assert summary["best"]["params"]["train.learning_rate"] <= 1e-3
