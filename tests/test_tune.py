@@ -168,8 +168,10 @@ def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path):
     study = tune.open_study(cfg, opts, space)
     for value in (0.9, 0.8, 0.7):  # three trials reached epoch 1: only the top third goes on
         done = study.ask()
-        done.report(value, 1)
-        done.should_prune()  # records the trial at the first rung (as TrialReporter does)
+        for epoch in (1, 3):  # rungs at epochs 1 and 3; should_prune records the trial at each (as TrialReporter)
+            done.report(value, epoch)
+            if done.should_prune():
+                break
         study.tell(done, value)
     trial = study.ask()
     cfg.tune.storage, cfg.tune.trial = tune.storage_url(cfg), trial.number
@@ -179,7 +181,8 @@ def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path):
     good = study.ask()
     cfg.tune.trial = good.number
     assert tune.TrialReporter(cfg.tune).report(1, 0.95) is False
-    assert tune.TrialReporter(cfg.tune).report(3, 0.1) is False  # the full budget: it completes
+    assert tune.TrialReporter(cfg.tune).report(3, 0.1) is False  # worse than 0.9 at the second rung, but
+    assert "pruned_at_epoch" not in study.trials[good.number].user_attrs  # at the full budget: it completes
     study.tell(good, state=optuna.trial.TrialState.FAIL)
     assert tune.TrialReporter(cfg.tune).report(2, 0.95) is True  # the driver gave it up: stop
 
