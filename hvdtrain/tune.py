@@ -511,6 +511,9 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     from hvdtrain import tracking
 
     opts.check(cfg)
+    if opts.launcher == "yarn" and storage_url(cfg).startswith("sqlite:"):
+        raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach (mysql://, "
+                                                            "postgresql://) with --launcher yarn: SQLite is a local file")
     params = load_space(opts.space, cfg)  # a bad space fails here, before any trial
     cfg.tune.metric = opts.metric
     study = open_study(cfg, opts, params)

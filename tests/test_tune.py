@@ -232,3 +232,8 @@ def test_a_crashing_trial_is_failed_with_its_error_and_the_study_goes_on(tmp_pat
     out = capsys.readouterr().out
     assert f"  trial {failed[0]['number']}: training exited with code 5" in out
     assert summary["best"]["params"]["train.learning_rate"] <= 1e-3
+
+
+def test_yarn_trials_need_a_storage_the_executors_reach(tmp_path):
+    with pytest.raises(ConfigError, match="tune.storage must be a database the YARN executors reach"):
+        tune.run_study(_cfg(tmp_path), _opts(launcher="yarn"))
