@@ -231,7 +231,8 @@ def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str,
     to the study after every epoch, and its MLflow run under the study's."""
     folder = trial_folder(cfg, number)
     out = [override(key, value) for key, value in values.items()]
-    out += [override("train.output", fs.join(folder, "model")), override("checkpoint.dir", fs.join(folder, "checkpoints")),
+    out += [override("train.output", fs.join(folder, "model")),
+            override("checkpoint.dir", fs.join(folder, "checkpoints")),
             "train.validate_every_epoch=true", "tracking.registered_model_name=null",
             override("tune.storage", storage), override("tune.study", cfg.tune.study), f"tune.trial={number}",
             override("tune.metric", cfg.tune.metric)]
@@ -512,8 +513,8 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
 
     opts.check(cfg)
     if opts.launcher == "yarn" and storage_url(cfg).startswith("sqlite:"):
-        raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach (mysql://, "
-                                                            "postgresql://) with --launcher yarn: SQLite is a local file")
+        raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach "
+                          "(mysql://, postgresql://) with --launcher yarn: SQLite is a local file")
     params = load_space(opts.space, cfg)  # a bad space fails here, before any trial
     cfg.tune.metric = opts.metric
     study = open_study(cfg, opts, params)

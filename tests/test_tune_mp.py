@@ -7,7 +7,6 @@ again and must finish the study (the killed driver's trials failed by the heartb
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
