@@ -37,6 +37,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -524,6 +525,7 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     if parent.run_id:
         study.set_user_attr("mlflow_parent_run_id", parent.run_id)
     _requeue_stale(study)
+    _one_ask_at_a_time(study)
     driver = Driver(cfg, opts, params, study, parent)
     status = "FAILED"
     try:
@@ -537,6 +539,20 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
         summary = summarize(cfg, opts, study, parent)
         parent.end(status)
     return summary
+
+
+def _one_ask_at_a_time(study: Any) -> None:
+    """``--parallel`` runs trials in threads, each asking the study for its next trial. On SQLite, Optuna's
+    ``SELECT ... FOR UPDATE`` locks nothing, so two threads could both take the same queued (re-queued) trial
+    and run it twice: this driver's asks go one at a time. (Several drivers on one study need a server
+    database: mysql://, postgresql://.)"""
+    ask, lock = study.ask, threading.Lock()
+
+    def locked_ask(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return ask(*args, **kwargs)
+
+    study.ask = locked_ask
 
 
 def _requeue_stale(study: Any) -> None:
