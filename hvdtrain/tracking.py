@@ -563,13 +563,13 @@ class StudyRun:
 
         self._call("set_terminated", fail)
 
-    def register(self, run_id: str, name: str) -> Optional[str]:
-        """Register the run's logged model (``runs:/RUN/model``) as a new version of ``name``."""
+    def register(self, model_uri: str, name: str) -> Optional[str]:
+        """Register a logged model (``models:/m-...`` or ``runs:/RUN/model``) as a new version of ``name``."""
         def register() -> str:
             import mlflow
 
             with contextlib.redirect_stdout(sys.stderr):
-                mv = mlflow.register_model(f"runs:/{run_id}/model", name)
+                mv = mlflow.register_model(model_uri, name)
             return f"models:/{name}/{mv.version}"
 
         return self._call("register_model", register)

@@ -457,9 +457,12 @@ class Driver:
         """The trial's MLflow run (its result.json names it): pruned or not, and the trial number."""
         result_path = fs.join(trial_folder(self.cfg, trial.number), "model", "result.json")
         try:
-            run_id = json.loads(fs.read_bytes(result_path)).get("run_id") if code == 0 else None
+            result = json.loads(fs.read_bytes(result_path)) if code == 0 else {}
         except Exception:  # noqa: BLE001 - a trial without outputs has no run to tag
-            run_id = None
+            result = {}
+        run_id = result.get("run_id")
+        if result.get("mlflow_model_uri"):
+            trial.set_user_attr("mlflow_model_uri", result["mlflow_model_uri"])
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
             self.parent.set_child_tags(run_id, {"pruned": "pruned_at_epoch" in frozen.user_attrs,
@@ -581,7 +584,8 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
             error = "its driver died while it ran (no heartbeat); queued again as a new trial"
         out.append({"number": t.number, "state": t.state.name, "value": value, "epochs": len(values),
                     "params": dict(t.params), "curve": sorted(values.items()), "error": error,
-                    "output": t.user_attrs.get("output"), "run_id": t.user_attrs.get("mlflow_run_id")})
+                    "output": t.user_attrs.get("output"), "run_id": t.user_attrs.get("mlflow_run_id"),
+                    "model_uri": t.user_attrs.get("mlflow_model_uri")})
     return out
 
 
@@ -607,8 +611,9 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
     parent.log_metrics({f"best_{opts.metric}": best["value"], "best_trial": best["number"],
                         "trials_pruned": sum(r["state"] == "PRUNED" for r in records),
                         "trials_failed": sum(r["state"] == "FAIL" for r in records)})
-    if cfg.tracking.registered_model_name and best.get("run_id"):
-        summary["registered"] = parent.register(best["run_id"], cfg.tracking.registered_model_name)
+    if cfg.tracking.registered_model_name and (best.get("model_uri") or best.get("run_id")):
+        summary["registered"] = parent.register(best.get("model_uri") or f"runs:/{best['run_id']}/model",
+                                                cfg.tracking.registered_model_name)
     print(f"\nbest trial {best['number']}: {opts.metric} {best['value']:.4f} with {_params_text(best['params'])}\n"
           f"  model folder  {best['output']}\n  MLflow run    {best.get('run_id')} (study run {parent.run_id})"
           + (f"\n  registered    {summary['registered']}" if summary["registered"] else ""), flush=True)
