@@ -155,7 +155,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
         restore_seconds = time.perf_counter() - looking
-        with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
+        with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg)},
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
@@ -226,11 +226,13 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        cfg.train.fp16_allreduce, guard)
+                        reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
+    skips += _pruning(ctx)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
     with _observers(ctx, observed) as observers:
         history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
@@ -245,6 +247,19 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
+    """A ``hvdtrain tune`` trial (``tune.trial`` set): the hook reporting to the study, on every rank."""
+    tune_cfg = ctx.cfg.tune
+    if tune_cfg.trial is None:
+        return []
+    from hvdtrain import tune
+
+    report = tune.TrialReporter(tune_cfg).report if ctx.rank.is_chief else None
+    return [hooks.PruningHook(tune.epoch_metric(tune_cfg.metric), report,
+                              lambda stop, epoch: bool(distributed.broadcast_object(
+                                  stop, name=f"hvdtrain.prune.{epoch}")))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,6 +438,7 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
         "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "allreduce": train.allreduce,
         "skipped_steps": sum(h.skipped_steps for h in history),
         "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
         "history": [h.to_dict() for h in history],
@@ -596,6 +612,16 @@ def _run_tags(manifest: Manifest, rank: distributed.RankInfo, hosts: Sequence[st
     commit = tracking.git_commit(os.path.dirname(os.path.abspath(__file__)))
     if commit:
         tags["git_commit"] = commit
+    return tags
+
+
+def _tune_tags(cfg: JobConfig) -> dict[str, str]:
+    """A ``hvdtrain tune`` trial's run sits under the study's run (MLflow's parent/child tag)."""
+    tags = {}
+    if cfg.tune.trial is not None:
+        tags.update({"hvdtrain.tune.study": cfg.tune.study, "tune_trial": str(cfg.tune.trial)})
+    if cfg.tune.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.tune.parent_run_id
     return tags
 
 
