@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import Entry
+import numpy as np
+
+from benchmarks.common import Entry, median_time
 from benchmarks.launch import free_ports, horovodrun
 
 SIZE_64MB = 64 << 20
 NO_FUSION = {"HOROVOD_FUSION_THRESHOLD": "0"}  # large tensors skip the fusion buffer's extra copy (DESIGN.md)
+
+
+def memcpy_gbps(nbytes: int = SIZE_64MB) -> float:
+    """Host memory copy bandwidth (benchmarks.bench_scale's copy term; no longer an all-reduce baseline)."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    return nbytes / median_time(lambda: np.copyto(dst, src)) / 1e9
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
