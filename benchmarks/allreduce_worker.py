@@ -1,9 +1,9 @@
 """Runs under horovodrun: times hvd.allreduce; rank 0 prints one JSON line.
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker sweep TF0,TF1,TCP [--quick]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker sweep [TF0,TF1,TCP] [--quick]
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker fusion [--quick]
 
-``sweep`` first times, between the same 2 processes and interleaved (Horovod, TF,
+``sweep`` with ports first times, between the same 2 processes and interleaved (Horovod, TF,
 TCP, Horovod, ...), a 64 MB Horovod all-reduce, TensorFlow's ring collective
 all-reduce of the same tensor (MultiWorkerMirroredStrategy with
 ``CommunicationImplementation.RING``, on ports TF0/TF1), and loopback TCP with
@@ -126,8 +126,9 @@ def sweep(hvd, quick: bool) -> list[dict]:
 
 def main() -> None:
     mode, quick = sys.argv[1], "--quick" in sys.argv
-    if mode == "sweep":  # one launch for the peers and the sweep: each horovodrun costs ~10-20 s here
-        out = peers([int(p) for p in sys.argv[2].split(",")], quick)
+    ports = [a for a in sys.argv[2:] if a != "--quick"]
+    if mode == "sweep" and ports:  # one launch for the peers and the sweep: each horovodrun costs ~10-20 s here
+        out = peers([int(p) for p in ports[0].split(",")], quick)
         import horovod.tensorflow as hvd
 
         out["sweep"] = sweep(hvd, quick)
@@ -138,6 +139,10 @@ def main() -> None:
     import tensorflow as tf
 
     hvd.init()
+    if mode == "sweep":  # the sweep alone (bench_scale fits its link model to it)
+        if hvd.rank() == 0:
+            print("BENCH " + json.dumps({"size": hvd.size(), "sweep": sweep(hvd, quick)}), flush=True)
+        return
     xs = [tf.constant(np.full(1024, float(i), dtype=np.float32)) for i in range(200)]  # 200 x 4 KB
 
     @tf.function
