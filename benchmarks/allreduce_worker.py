@@ -140,8 +140,9 @@ def main() -> None:
 
     hvd.init()
     if mode == "sweep":  # the sweep alone (bench_scale fits its link model to it)
+        out = {"size": hvd.size(), "sweep": sweep(hvd, quick)}  # every rank takes part
         if hvd.rank() == 0:
-            print("BENCH " + json.dumps({"size": hvd.size(), "sweep": sweep(hvd, quick)}), flush=True)
+            print("BENCH " + json.dumps(out), flush=True)
         return
     xs = [tf.constant(np.full(1024, float(i), dtype=np.float32)) for i in range(200)]  # 200 x 4 KB
 
