@@ -99,7 +99,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
                                              cfg.etl.packed_tokens) if tok is not None else {})
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
-                                      cfg.etl.min_shards_per_split)
+                                      cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
             results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
                                     manifest.encodings(text_specs), fault)
         rows.unpersist()

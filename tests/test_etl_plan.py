@@ -41,12 +41,31 @@ def test_split_is_by_key_hash_and_matches_fractions():
 
 def test_shard_plan_has_enough_shards_for_ranks_and_size():
     plan = writer.plan_shards({"train": 1000, "validation": 10, "test": 0}, max_length=64, target_mb=64,
-                              min_shards=4)
+                              min_shards=4, min_shard_mb=0)
     assert plan.counts == {"train": 4, "validation": 4, "test": 0}
     big = writer.plan_shards({"train": 2_000_000, "validation": 1, "test": 3}, 128, 64, 2)
-    assert big.counts["train"] > 10 and big.counts["validation"] == 1 and big.counts["test"] == 2
+    assert big.counts["train"] > 10 and big.counts["validation"] == 1 and big.counts["test"] == 1
     assert [plan.locate(i) for i in range(plan.total)] == [("train", i) for i in range(4)] + \
         [("validation", i) for i in range(4)]
+
+
+@pytest.mark.parametrize("rows", [1, 50, 2_000, 20_000, 100_000, 400_000, 3_000_000, 50_000_000, 500_000_000])
+def test_default_shard_counts_fit_a_large_cluster_and_keep_small_shards_above_a_megabyte(rows: int):
+    from hvdtrain.config import EtlConfig
+
+    etl = EtlConfig()
+    plan = writer.plan_shards({"train": rows, "validation": 0, "test": 0}, etl.max_length, etl.target_shard_mb,
+                              etl.min_shards_per_split, etl.min_shard_mb)
+    n = plan.counts["train"]
+    split_mb = rows * writer.record_bytes(etl.max_length) / 1e6
+    assert 1 <= n <= rows
+    assert split_mb / n <= etl.target_shard_mb  # no shard above the target size
+    if split_mb >= 64 * etl.min_shard_mb:
+        assert n >= 64  # a large split spreads over 16 hosts x 4 GPUs
+    if n > 1:
+        assert split_mb / n >= etl.min_shard_mb * 0.999  # no shard below about 1 MB
+    # As many shards as the bounds allow: one more would break the 1 MB floor, or the 64 minimum is met.
+    assert n >= 64 or n == int(split_mb // etl.min_shard_mb) or n == 1
 
 
 def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():

@@ -20,7 +20,7 @@ def hive_cfg(tmp_path_factory):
     return config.from_dict({
         "name": "etltest", "workdir": str(base),
         "source": {"table": "etltest.reviews", "sample": {"rows": 1500, "num_classes": 3, "seed": 11}},
-        "etl": {"max_length": 24, "vocab_size": 300, "min_shards_per_split": 2},
+        "etl": {"max_length": 24, "vocab_size": 300, "min_shards_per_split": 2, "min_shard_mb": 0},
     }, base_dir=str(base))
 
 
