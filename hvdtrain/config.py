@@ -187,6 +187,8 @@ class EtlConfig:
     min_shards_per_split: int = 64
     # ...but never shards smaller than this (MB, estimated): a small split gets fewer, fuller shards. 0: no bound.
     min_shard_mb: float = 1.0
+    # spark.sql.shuffle.partitions for the ETL's aggregations; null leaves it to Spark's adaptive execution.
+    shuffle_partitions: Optional[int] = None
     compression: Literal["none", "gzip"] = "none"
     # input_ids / attention_mask stored packed, one bytes value per record (ids as uint8/uint16/int32, the
     # narrowest that holds the vocabulary; the mask as uint8): far cheaper to parse than int64 lists. false writes
@@ -205,6 +207,8 @@ class EtlConfig:
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
         _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
         _require(self.min_shards_per_split >= 1, "min_shards_per_split", self.min_shards_per_split, "must be >= 1")
+        _require(self.shuffle_partitions is None or self.shuffle_partitions >= 1, "shuffle_partitions",
+                 self.shuffle_partitions, "must be >= 1, or null to let Spark's adaptive execution choose")
         _require(self.min_shard_mb >= 0, "min_shard_mb", self.min_shard_mb, "must be >= 0 (0: no lower bound)")
 
 
