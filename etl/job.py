@@ -25,7 +25,8 @@ from typing import Any, Iterator, Optional
 if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo importable
     import os
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Last, so the code shipped with --py-files (hvdtrain yarn etl's zip, on PYTHONPATH) wins over the checkout.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
 from hvdtrain import config as config_mod
@@ -51,18 +52,20 @@ class StageTimer:
         log.info("etl: %s done in %.1fs", name, self.seconds[name])
 
 
-def check_output(cfg: JobConfig) -> None:
-    """Refuse to clobber a published dataset unless asked; clear a dead run's staging."""
+def check_output(cfg: JobConfig) -> bool:
+    """Refuse to clobber a published dataset unless asked; True when one is there to be replaced."""
     out = cfg.etl.output
     if not fs.exists(out):
-        return
+        return False
     names = [n for n in fs.listdir(out) if n != "_staging"]
-    if manifest.MANIFEST_NAME in names and not cfg.etl.overwrite:
+    published = manifest.MANIFEST_NAME in names or manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX in names
+    if published and not cfg.etl.overwrite:
         raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
                         "(or etl.overwrite=true) to replace it, or choose another etl.output")
-    if names and manifest.MANIFEST_NAME not in names and not cfg.etl.overwrite:
+    if names and not published and not cfg.etl.overwrite:
         raise DataError(f"etl.output {out} is not empty and holds no manifest ({', '.join(names[:5])}); "
                         "pass --overwrite to replace it, or choose an empty folder")
+    return published
 
 
 def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
@@ -72,7 +75,8 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     from etl import faults, publish, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
-    check_output(cfg)
+    fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
+    replacing = check_output(cfg)
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]
     staging = fs.join(cfg.etl.output, "_staging", run_id)
@@ -106,7 +110,8 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         with timer.stage("publish"):
             fitted = _fitted(labels, tok, text_specs, stats)
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
-                                     created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+                                     created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                     generation=f"v-{run_id}" if replacing else "")
             report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
         _clean(staging)

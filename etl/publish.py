@@ -5,13 +5,22 @@ and everything fitted before the write, checks the row accounting, and returns
 a :class:`PublishPlan`: which staged file moves where, which small files are
 written, the manifest and the report. It touches no filesystem, so a plan that
 would lose rows fails before anything moves. :func:`act` carries a plan out in
-the order readers need: the old dataset's manifest goes first, the new one is
+the order readers need: the manifest, which names every file of a dataset, is
 written last.
+
+Publishing over a dataset (``etl.overwrite``) never touches the old one until the
+new one is complete: the new shards, vocabulary and tokenizer go to a version
+folder ``v-<run>/`` beside the old files, then ``manifest.json`` is replaced in
+one rename (:func:`hvdtrain.manifest.write`), and only then are the old files
+deleted and ``rejects/`` and ``etl_report.json`` replaced. A run that fails or is
+killed before the rename leaves the old dataset whole and readable; a dead
+run's version folder is deleted by the next publish.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,6 +28,8 @@ from etl import accounting, writer
 from etl.accounting import RowCounts
 from hvdtrain import fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
+
+log = logging.getLogger("hvdtrain.etl")
 
 
 @dataclass(frozen=True)
@@ -40,17 +51,28 @@ class RunFacts:
     stage_seconds: dict[str, float]
     created_at: str
     versions: dict[str, str]
+    generation: str = ""  # "v-<run>": a published dataset is being replaced, the new one goes to this folder
 
 
 @dataclass(frozen=True)
 class PublishPlan:
     output: str
-    clear_existing: bool  # delete the published dataset at ``output`` first (etl.overwrite)
+    clear_existing: bool  # delete what is at ``output`` first: it holds no dataset to keep readable (etl.overwrite)
     dirs: list[str]  # folders to create under ``output``
-    moves: list[tuple[str, str]]  # (staged uri, final uri): the successful attempts' shards, then rejects
-    files: list[tuple[str, bytes]]  # (uri, content) written atomically before the manifest
+    moves: list[tuple[str, str]]  # (staged uri, final uri): the successful attempts' shards
+    files: list[tuple[str, bytes]]  # (uri, content) the manifest names (vocabulary, tokenizer), written atomically
     manifest: manifest.Manifest
     report: dict[str, Any]
+    side_moves: list[tuple[str, str]] = field(default_factory=list)  # rejects/: beside the dataset, not named by it
+    side_files: list[tuple[str, bytes]] = field(default_factory=list)  # etl_report.json
+    generation: str = ""  # the version folder of a dataset that replaces a published one ("": files at the top)
+
+    @property
+    def keep(self) -> set[str]:
+        """Names under ``output`` that belong to the new dataset; the rest is the old one, once it is replaced."""
+        side = {_top_name(self.output, dst) for dst, _ in self.side_files}
+        side |= {_top_name(self.output, dst) for _, dst in self.side_moves}
+        return {manifest.MANIFEST_NAME, "_staging", self.generation, *side} - {""}
 
 
 def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.ShardResult], fitted: Fitted,
@@ -60,41 +82,46 @@ def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.
                                                   for s in SPLITS})
     accounting.check(counts)
     out = cfg.etl.output
+    generation = run.generation if cfg.etl.overwrite else ""
+    prefix = f"{generation}/" if generation else ""  # manifest paths are relative to its folder
     splits = {s: manifest.Split([]) for s in SPLITS}
     moves = []
     for r in sorted(results, key=lambda r: r.partition):
-        rel = writer.shard_name(r.split, r.index, shards.counts[r.split], cfg.etl.compression)
+        rel = prefix + writer.shard_name(r.split, r.index, shards.counts[r.split], cfg.etl.compression)
         moves.append((r.staged, fs.join(out, rel)))
         splits[r.split].shards.append(manifest.Shard(
             path=rel, records=r.records, bytes=r.bytes, sha256=r.sha256,
             class_counts={fitted.labels[k]: v for k, v in r.class_counts.items()}))
+    side_moves = []
     if counts.rejected_total or counts.duplicates:
-        moves.append((fs.join(run.staging, "rejects"), fs.join(out, "rejects")))
+        side_moves.append((fs.join(run.staging, "rejects"), fs.join(out, "rejects")))
     report = {
         "rows_in": counts.rows_in, "rows_written": counts.rows_written, "rows_rejected": counts.rejected_total,
         "duplicates_dropped": counts.duplicates, "rejects_by_rule": counts.by_rule,
         "rows_by_split": dict(counts.written), "shards_by_split": shards.counts, "stage_seconds": run.stage_seconds,
     }
-    files = _small_files(fitted, out) + [(fs.join(out, "etl_report.json"), json.dumps(report, indent=2).encode())]
-    features, vocab_info, preprocessing = _features(cfg, fitted)
+    features, vocab_info, preprocessing = _features(cfg, fitted, prefix)
     m = manifest.Manifest(
         features=features, label_feature="label", labels=fitted.labels, splits=splits,
         compression=cfg.etl.compression, vocab=vocab_info, preprocessing=preprocessing,
         source=source_info(cfg, counts), etl_config_hash=cfg.section_hash("source", "validation", "etl"),
         versions=run.versions, created_at=run.created_at)
-    dirs = sorted({fs.join(out, r.split) for r in results})
-    return PublishPlan(output=out, clear_existing=cfg.etl.overwrite, dirs=dirs, moves=moves, files=files,
-                       manifest=m, report=report)
+    dirs = sorted({fs.join(out, prefix + r.split) for r in results})
+    return PublishPlan(output=out, clear_existing=cfg.etl.overwrite and not generation, dirs=dirs, moves=moves,
+                       files=_small_files(fitted, out, prefix), manifest=m, report=report, side_moves=side_moves,
+                       side_files=[(fs.join(out, "etl_report.json"), json.dumps(report, indent=2).encode())],
+                       generation=generation)
 
 
-def _small_files(fitted: Fitted, out: str) -> list[tuple[str, bytes]]:
+def _small_files(fitted: Fitted, out: str, prefix: str = "") -> list[tuple[str, bytes]]:
     if fitted.vocab is None:
         return []
-    return [(fs.join(out, "vocab.txt"), ("\n".join(fitted.vocab) + "\n").encode()),
-            (fs.join(out, "tokenizer.json"), (fitted.tokenizer_json or "").encode())]
+    return [(fs.join(out, prefix + "vocab.txt"), ("\n".join(fitted.vocab) + "\n").encode()),
+            (fs.join(out, prefix + "tokenizer.json"), (fitted.tokenizer_json or "").encode())]
 
 
-def _features(cfg: JobConfig, fitted: Fitted) -> tuple[dict[str, manifest.FeatureSpec], dict, dict]:
+def _features(cfg: JobConfig, fitted: Fitted,
+              prefix: str = "") -> tuple[dict[str, manifest.FeatureSpec], dict, dict]:
     """(feature specs, vocabulary reference, preprocessing) for the manifest."""
     from etl import tabular, text
 
@@ -103,8 +130,8 @@ def _features(cfg: JobConfig, fitted: Fitted) -> tuple[dict[str, manifest.Featur
     preprocessing: dict[str, Any] = {}
     if fitted.vocab is not None:
         features.update(fitted.text_specs)
-        vocab_info = {"path": "vocab.txt", "tokenizer": "tokenizer.json", "size": len(fitted.vocab), "pad_id": 0,
-                      "learned": cfg.etl.vocab_file is None}
+        vocab_info = {"path": prefix + "vocab.txt", "tokenizer": prefix + "tokenizer.json",
+                      "size": len(fitted.vocab), "pad_id": 0, "learned": cfg.etl.vocab_file is None}
         preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}
     stats = fitted.tabular_stats
     if stats is not None:
@@ -130,20 +157,73 @@ def source_info(cfg: JobConfig, counts: RowCounts) -> dict[str, Any]:
 
 
 def act(plan: PublishPlan) -> dict[str, Any]:
-    """Carry out a plan: readers stop seeing the old dataset first and see the new one last.
+    """Carry out a plan: everything the new manifest names is in place before the manifest is.
 
     Returns the report with the manifest's URI added.
     """
     out = plan.output
-    if plan.clear_existing and fs.exists(out):
-        fs.delete(manifest.manifest_uri(out))  # readers stop seeing the old dataset first
+    if plan.clear_existing and fs.exists(out):  # no manifest there: nothing a reader could be using
         for name in fs.listdir(out):
             if name != "_staging":
                 fs.delete(fs.join(out, name))
-    for folder in plan.dirs:
-        fs.makedirs(folder)
-    for src, dst in plan.moves:
+    try:
+        for folder in plan.dirs:
+            fs.makedirs(folder)
+        for src, dst in plan.moves:
+            fs.move(src, dst)
+        for uri, data in plan.files:
+            fs.write_bytes_atomic(uri, data)
+    except BaseException:
+        if plan.generation:  # the old dataset was never touched; drop the new one's half
+            _discard(fs.join(out, plan.generation))
+        raise
+    if not plan.generation:
+        _place_side_outputs(plan)
+    uri = _swap(plan)  # readers switch to the new dataset here
+    if plan.generation:
+        for name in fs.listdir(out):
+            if name not in plan.keep:  # the replaced dataset, and any dead run's version folder
+                _discard(fs.join(out, name))
+        _place_side_outputs(plan)
+    return {**plan.report, "manifest": uri}
+
+
+def _swap(plan: PublishPlan) -> str:
+    """Write the manifest; when that fails and readers still get the old one, drop the new version folder."""
+    try:
+        return manifest.write(plan.manifest, plan.output)
+    except BaseException:
+        if plan.generation and _still_old(plan):
+            _discard(manifest.manifest_uri(plan.output) + manifest.NEXT_SUFFIX)
+            _discard(fs.join(plan.output, plan.generation))
+        raise
+
+
+def _still_old(plan: PublishPlan) -> bool:
+    """Whether readers get a manifest other than the plan's (False when that cannot be told: keep everything)."""
+    try:
+        return manifest.read(plan.output).digest() != plan.manifest.digest()
+    except Exception:  # noqa: BLE001 - storage trouble: the next publish cleans up
+        return False
+
+
+def _top_name(base: str, uri: str) -> str:
+    """The name right under ``base`` that ``uri`` lies in ("" when it is not under ``base``)."""
+    prefix = base.rstrip("/") + "/"
+    return uri[len(prefix):].split("/")[0] if uri.startswith(prefix) else ""
+
+
+def _place_side_outputs(plan: PublishPlan) -> None:
+    """rejects/ and etl_report.json: not part of the dataset readers use, replaced whole."""
+    for src, dst in plan.side_moves:
+        fs.delete(dst)
         fs.move(src, dst)
-    for uri, data in plan.files:
+    for uri, data in plan.side_files:
         fs.write_bytes_atomic(uri, data)
-    return {**plan.report, "manifest": manifest.write(plan.manifest, out)}
+
+
+def _discard(uri: str) -> None:
+    try:
+        fs.delete(uri)
+    except Exception as exc:  # noqa: BLE001 - readers do not see it; the next publish deletes it
+        log.warning("could not delete %s (%s); the next publish to this folder deletes it", uri, exc)

@@ -102,6 +102,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     """
     from pyspark import TaskContext
 
+    fs.prepare_hdfs_client(staging)  # libhdfs in this executor: the Hadoop classpath, as training ranks get it
     split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"

@@ -20,11 +20,12 @@ import logging
 import os
 import posixpath
 import random
+import subprocess
 import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -62,8 +63,8 @@ def is_transient(exc: BaseException) -> bool:
     if getattr(exc, "exception", None) in REMOTE_TRANSIENT:  # a WebHDFS RemoteException (hdfs.HdfsError)
         return True
     text = str(exc).lower()
-    return any(s in text for s in ("connection reset", "connection refused", "timed out", "temporarily",
-                                   "broken pipe", "retry", "unavailable", "too many open"))
+    return any(s in text for s in ("connection reset", "connection refused", "connection aborted", "timed out",
+                                   "temporarily", "broken pipe", "retry", "unavailable", "too many open"))
 
 
 def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPolicy(),
@@ -149,6 +150,58 @@ def join(base: str, *parts: str) -> str:
     return posixpath.join(base, *parts)
 
 
+# -- the Hadoop client that libhdfs loads ------------------------------------------
+
+LIBHDFS_SCHEMES = ("hdfs://", "viewfs://")
+
+
+def hdfs_client_env(env: Mapping[str, str], hadoop_classpath: Callable[[str], Optional[str]],
+                    is_file: Callable[[str], bool] = os.path.isfile) -> dict[str, str]:
+    """Settings libhdfs needs that ``env`` lacks (pure, given its probes).
+
+    libhdfs starts a JVM through JNI, which does not expand the ``dir/*``
+    wildcards a YARN container's CLASSPATH holds: it needs ``hadoop classpath --glob``.
+    """
+    updates: dict[str, str] = {}
+    home = env.get("HADOOP_HOME") or env.get("HADOOP_COMMON_HOME")
+    entries = env.get("CLASSPATH", "").split(os.pathsep)
+    if not any("hadoop-common" in os.path.basename(e) and e.endswith(".jar") for e in entries):
+        hadoop = os.path.join(home, "bin", "hadoop") if home and is_file(os.path.join(home, "bin", "hadoop")) \
+            else "hadoop"
+        jars = hadoop_classpath(hadoop)
+        if jars:
+            updates["CLASSPATH"] = os.pathsep.join(p for p in (jars, env.get("CLASSPATH")) if p)
+    if not env.get("ARROW_LIBHDFS_DIR") and home and is_file(os.path.join(home, "lib", "native", "libhdfs.so")):
+        updates["ARROW_LIBHDFS_DIR"] = os.path.join(home, "lib", "native")
+    return updates
+
+
+@functools.lru_cache(maxsize=4)
+def _hadoop_classpath(hadoop: str) -> Optional[str]:
+    """``hadoop classpath --glob`` (once per process: a JVM start costs seconds); None without a Hadoop client."""
+    try:
+        out = subprocess.run([hadoop, "classpath", "--glob"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def prepare_hdfs_client(*uris: Optional[str]) -> dict[str, str]:
+    """Point libhdfs at this host's Hadoop client when any of ``uris`` is ``hdfs://`` or ``viewfs://``.
+
+    Call it in every process that may touch HDFS, before its first access: the
+    JVM libhdfs starts reads CLASSPATH once. Training ranks (yarn/executor.py)
+    and the ETL's shard-writing Spark tasks (etl/writer.py) do. Idempotent and
+    cheap after the first call; a no-op for local and ``webhdfs://`` paths.
+    Returns the variables it set.
+    """
+    if not any(u and str(u).startswith(LIBHDFS_SCHEMES) for u in uris):
+        return {}
+    updates = hdfs_client_env(os.environ, _hadoop_classpath)
+    os.environ.update(updates)
+    return updates
+
+
 # -- operations ---------------------------------------------------------------
 
 def exists(uri: str) -> bool:
@@ -173,9 +226,49 @@ def delete(uri: str) -> None:
 
 
 def move(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``; a rename whose response was lost but which took effect counts as done."""
     fs, src_path = resolve(src)
     _, dst_path = resolve(dst)
-    with_retries(lambda: fs.move(src_path, dst_path), f"rename {src} -> {dst}")
+    with_retries(lambda: _rename(fs, src_path, dst_path, fs.move), f"rename {src} -> {dst}")
+
+
+def replace(src: str, dst: str) -> None:
+    """Rename the file ``src`` over the file ``dst``, atomically where the filesystem can.
+
+    Local files: rename(2) replaces atomically. WebHDFS: RENAME with
+    ``renameoptions=OVERWRITE`` (the NameNode's rename2, atomic). libhdfs has no
+    rename-over, so there ``dst`` is deleted first: a reader can find no ``dst``
+    for a moment, which :func:`hvdtrain.manifest.read` tolerates by reading the
+    complete ``src`` (``manifest.json.next``). A lost response counts as done.
+    """
+    fs, src_path = resolve(src)
+    _, dst_path = resolve(dst)
+    over = getattr(getattr(fs, "handler", None), "replace", None)  # a PyFileSystem handler that can (WebHDFS)
+    if over is None:
+        over = fs.move if isinstance(fs, pafs.LocalFileSystem) else functools.partial(_delete_then_move, fs)
+    with_retries(lambda: _rename(fs, src_path, dst_path, over), f"rename {src} -> {dst}")
+
+
+def _delete_then_move(fs: pafs.FileSystem, src: str, dst: str) -> None:
+    if fs.get_file_info(dst).type == pafs.FileType.File:
+        fs.delete_file(dst)
+    fs.move(src, dst)
+
+
+def _rename(fs: pafs.FileSystem, src: str, dst: str, rename: Callable[[str, str], None]) -> None:
+    """``rename(src, dst)``; when it raises but ``src`` is gone and ``dst`` is there, the rename happened and only
+    its answer was lost (a dropped connection, a retried RPC whose first try succeeded): that is success."""
+    try:
+        rename(src, dst)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless the rename visibly took effect
+        try:
+            src_info, dst_info = fs.get_file_info([src, dst])
+        except Exception:  # noqa: BLE001 - cannot tell: the rename's own error is the one to report
+            raise exc from None
+        if src_info.type != pafs.FileType.NotFound or dst_info.type == pafs.FileType.NotFound:
+            raise
+        log.warning("rename %s -> %s reported %s, but the file is in place: counted as done", src, dst,
+                    type(exc).__name__)
 
 
 def listdir(uri: str) -> list[str]:
@@ -253,11 +346,7 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
 
     try:
         with_retries(write, f"write {tmp}")
-        fs, path = resolve(uri)
-        _, tmp_path = resolve(tmp)
-        if fs.get_file_info(path).type != pafs.FileType.NotFound and not isinstance(fs, pafs.LocalFileSystem):
-            fs.delete_file(path)  # HDFS rename does not replace an existing file
-        with_retries(lambda: fs.move(tmp_path, path), f"rename {tmp} -> {uri}")
+        replace(tmp, uri)
     except BaseException:
         try:
             delete(tmp)

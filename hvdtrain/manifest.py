@@ -200,20 +200,49 @@ def manifest_uri(dataset: str) -> str:
     return dataset if dataset.endswith(".json") else fs.join(dataset, MANIFEST_NAME)
 
 
+NEXT_SUFFIX = ".next"  # manifest.json.next: the complete new manifest, renamed over manifest.json
+
+
 def read(dataset: str) -> Manifest:
     uri = manifest_uri(dataset)
-    if not fs.exists(uri):
+    data = _published_bytes(uri)
+    if data is None:
         raise DataError(f"no dataset at {dataset}: {uri} does not exist. Run the ETL first "
                         "(hvdtrain etl CONFIG), or point etl.output at a published dataset")
     try:
-        data = json.loads(fs.read_bytes(uri))
+        doc = json.loads(data)
     except json.JSONDecodeError as exc:
         raise DataError(f"{uri}: not valid JSON ({exc}); rerun the ETL") from None
-    return Manifest.from_dict(data, location=uri)
+    return Manifest.from_dict(doc, location=uri)
+
+
+def _published_bytes(uri: str) -> Optional[bytes]:
+    """The manifest's bytes; None when there is none.
+
+    Where the filesystem cannot rename over a file (libhdfs), :func:`write` deletes
+    ``manifest.json`` just before renaming the complete ``manifest.json.next`` onto it;
+    in that moment the ``.next`` file is the published manifest. Looking at
+    ``manifest.json``, then ``.next``, then ``manifest.json`` again always finds one
+    while a single publish is under way.
+    """
+    for candidate in (uri, uri + NEXT_SUFFIX, uri):
+        try:
+            if fs.exists(candidate):
+                return fs.read_bytes(candidate)
+        except FileNotFoundError:  # renamed away between the two calls
+            continue
+    return None
 
 
 def write(manifest: Manifest, dataset: str) -> str:
-    """Publish the manifest atomically; call this last, after every shard is in place."""
+    """Publish the manifest atomically; call this last, after every file it names is in place.
+
+    The new manifest is written whole to ``manifest.json.next``, then renamed over
+    ``manifest.json`` (:func:`hvdtrain.fs.replace`: atomic on local disks and
+    WebHDFS), so a reader finds the old manifest or the new one, never none.
+    """
     uri = manifest_uri(dataset)
-    fs.write_bytes_atomic(uri, manifest.to_json().encode())
+    staged = uri + NEXT_SUFFIX
+    fs.write_bytes_atomic(staged, manifest.to_json().encode())
+    fs.replace(staged, uri)
     return uri

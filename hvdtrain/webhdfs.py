@@ -118,6 +118,13 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         self.client.rename(src, dest)
 
     @_builtin_errors
+    def replace(self, src: str, dest: str) -> None:
+        """Rename a file over an existing one atomically: WebHDFS RENAME with ``renameoptions=OVERWRITE`` runs the
+        NameNode's rename2 (what ``FileContext.rename(..., OVERWRITE)`` does). The ``hdfs`` package's ``rename``
+        has no such option, so its request method is called with the extra parameter."""
+        self.client._rename(src, destination=self.client.resolve(dest), renameoptions="OVERWRITE")
+
+    @_builtin_errors
     def copy_file(self, src: str, dest: str) -> None:
         with self.client.read(src) as reader:
             self.client.write(dest, reader, overwrite=True)

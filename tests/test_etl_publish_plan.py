@@ -1,4 +1,5 @@
 """Pure parts of publishing: row accounting per stage, and the publish plan from typed shard results."""
+import dataclasses
 import json
 
 import pytest
@@ -68,15 +69,40 @@ def test_publish_plan_moves_successful_attempts_and_builds_the_manifest():
     assert plan.moves == [("/out/_staging/r/0.tf", "/out/train/part-00000-of-00002.tfrecord"),
                           ("/out/_staging/r/1.tf", "/out/train/part-00001-of-00002.tfrecord"),
                           ("/out/_staging/r/2.tf", "/out/validation/part-00000-of-00001.tfrecord"),
-                          ("/out/_staging/r/3.tf", "/out/test/part-00000-of-00001.tfrecord"),
-                          ("/out/_staging/r/rejects", "/out/rejects")]
+                          ("/out/_staging/r/3.tf", "/out/test/part-00000-of-00001.tfrecord")]
+    assert plan.side_moves == [("/out/_staging/r/rejects", "/out/rejects")] and plan.clear_existing is False
     assert plan.dirs == ["/out/test", "/out/train", "/out/validation"]
     m = plan.manifest
     assert m.split("train").class_counts() == {"neg": 40, "pos": 40} and m.split("test").records == 5
     assert m.source["rows_in"] == 100 and m.source["duplicates_dropped"] == 2 and m.vocab["size"] == 4
     files = dict(plan.files)
     assert files["/out/vocab.txt"] == b"[PAD]\n[UNK]\na\nb\n"
-    report = json.loads(files["/out/etl_report.json"])
+    report = json.loads(dict(plan.side_files)["/out/etl_report.json"])
     assert report["rows_by_split"] == {"train": 80, "validation": 7, "test": 5} and report["rows_rejected"] == 6
     with pytest.raises(DataError, match=r"stage 'write \(train\)'"):  # a lost record: no plan, nothing moves
         publish.plan_publish(cfg, shards, [result(0, "train", 0, 40, {0: 40})] + results[1:], fitted, counts(), facts)
+
+
+def test_replacing_a_dataset_plans_the_new_one_in_a_version_folder_the_manifest_names():
+    """Over a published dataset (etl.overwrite), nothing of the new one lands on the old one's paths."""
+    cfg = config.from_dict({"name": "p", "workdir": "/w", "source": {"table": "db.t"},
+                            "etl": {"output": "/out", "max_length": 8, "overwrite": True}}, base_dir="/w")
+    shards = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
+    results = [result(0, "train", 0, 80, {0: 80}), result(1, "validation", 0, 7, {1: 7}),
+               result(2, "test", 0, 5, {0: 5})]
+    fitted = publish.Fitted(labels=["neg", "pos"], text_specs=manifest.text_features(8, 4),
+                            vocab=["[PAD]", "[UNK]", "a", "b"], tokenizer_json="{}")
+    facts = publish.RunFacts(staging="/out/_staging/r", stage_seconds={}, created_at="T", versions={},
+                             generation="v-r")
+    plan = publish.plan_publish(cfg, shards, results, fitted, counts(), facts)
+    assert [dst for _, dst in plan.moves] == ["/out/v-r/train/part-00000-of-00001.tfrecord",
+                                              "/out/v-r/validation/part-00000-of-00001.tfrecord",
+                                              "/out/v-r/test/part-00000-of-00001.tfrecord"]
+    assert [uri for uri, _ in plan.files] == ["/out/v-r/vocab.txt", "/out/v-r/tokenizer.json"]
+    assert plan.manifest.split("train").shards[0].path == "v-r/train/part-00000-of-00001.tfrecord"
+    assert (plan.manifest.vocab["path"], plan.manifest.vocab["tokenizer"]) == ("v-r/vocab.txt", "v-r/tokenizer.json")
+    assert plan.clear_existing is False  # the old dataset stays until the manifest is replaced
+    assert plan.keep == {"manifest.json", "_staging", "v-r", "rejects", "etl_report.json"}
+    fresh = publish.plan_publish(cfg, shards, results, fitted, counts(),
+                                 dataclasses.replace(facts, generation=""))
+    assert fresh.clear_existing and fresh.moves[0][1] == "/out/train/part-00000-of-00001.tfrecord"

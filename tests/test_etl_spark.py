@@ -1,5 +1,6 @@
 """ETL on a local SparkSession with an embedded Hive (Derby) metastore."""
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -154,6 +155,9 @@ def test_rerun_is_refused_without_overwrite_and_identical_with_it(spark, hive_cf
     data["source"]["table"] = "etltest.reviews_7"
     etl_job.run(spark, config.from_dict(data))
     second = manifest.read(cfg.etl.output)
+    names = os.listdir(cfg.etl.output)  # published beside the old dataset, which is gone once replaced
+    assert "train" not in names and [n for n in names if n.startswith("v-")] == [second.split("train").shards[0]
+                                                                                 .path.split("/")[0]]
     for name in first.splits:
         assert [s.sha256 for s in first.split(name).shards] == [s.sha256 for s in second.split(name).shards]
 
@@ -402,14 +406,18 @@ def test_a_row_dropped_between_stages_fails_naming_the_stage(spark, hive_cfg, tm
 
 def published_files(out: str) -> dict[str, bytes]:
     """Every published file's bytes by relative path; rejects (Parquet part names carry a job id) as sorted rows,
-    the manifest without its timestamp and the report without its timings."""
+    the manifest without its timestamp and the report without its timings. A dataset published over another
+    lies in a version folder v-<run>/ the manifest names: paths are compared without it."""
+    import re
+
     import pyarrow.parquet as pq
 
+    unversioned = functools.partial(re.sub, r"^v-[0-9a-f]+/", "")
     files = {}
     for root, _, names in os.walk(out):
         for name in names:
             rel = os.path.relpath(os.path.join(root, name), out)
-            files[rel] = open(os.path.join(root, name), "rb").read()
+            files[unversioned(rel)] = open(os.path.join(root, name), "rb").read()
     rejects = [rel for rel in files if rel.startswith("rejects" + os.sep)]
     rows = sorted(map(str, pq.read_table(os.path.join(out, "rejects")).to_pylist())) if rejects else []
     for rel in rejects:
@@ -417,6 +425,10 @@ def published_files(out: str) -> dict[str, bytes]:
     files["rejects (rows)"] = "\n".join(rows).encode()
     doc = json.loads(files.pop("manifest.json"))
     doc.pop("created_at")
+    for split in doc["splits"].values():
+        for shard in split["shards"]:
+            shard["path"] = unversioned(shard["path"])
+    doc["vocab"] = {k: unversioned(v) if k in ("path", "tokenizer") else v for k, v in doc["vocab"].items()}
     files["manifest.json (no created_at)"] = json.dumps(doc, sort_keys=True).encode()
     report = json.loads(files.pop("etl_report.json"))
     report.pop("stage_seconds")
@@ -462,3 +474,32 @@ def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(
     stages = [st for j in tracker.getJobIdsForGroup(group) for st in tracker.getJobInfo(j).stageIds]
     failed = sum(tracker.getStageInfo(st).numFailedTasks for st in stages if tracker.getStageInfo(st))
     assert failed == (1 if hook.startswith("fail") else 0)
+
+
+def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path):
+    """A YARN container has HADOOP_HOME but only wildcard CLASSPATH entries, which libhdfs's JVM cannot use: each
+    write task must run the set-up training ranks run (hvdtrain.fs.prepare_hdfs_client) before it opens its shard.
+    The real write function runs in Spark tasks over an hdfs:// stand-in (tests/hdfs_standin.py) that records the
+    environment every shard was opened under."""
+    from functools import partial
+
+    from etl import writer
+    from tests import hdfs_standin
+
+    home, root = str(tmp_path / "hadoop"), tmp_path / "hdfs"
+    root.mkdir()
+    jars = hdfs_standin.fake_hadoop_client(home)
+    plan = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
+    rows = [((p, f"k{p}-{i}"), (None, i % 2, (), ())) for p in range(4) for i in range(5)]
+    task = partial(hdfs_standin.write_partition_in_container, root=str(root), hadoop_home=home, plan=plan,
+                   staging="hdfs://namenode:8020/data/_staging/r1", tokenizer_json=None, tabular_stats=None,
+                   compression="none")
+    results = (spark.sparkContext.parallelize(rows, 4).keyBy(lambda r: r[0][0]).partitionBy(4, lambda p: p)
+               .values().mapPartitionsWithIndex(task).collect())
+    assert sorted(r.records for r in results) == [5, 5, 5, 5]
+    seen = hdfs_standin.writes(str(root))
+    assert len(seen) == 4 and all(os.getpid() != w["pid"] for w in seen)  # opened in the tasks, not here
+    for w in seen:
+        assert w["CLASSPATH"] == f"{jars}:{hdfs_standin.CONTAINER_CLASSPATH}", w
+        assert w["ARROW_LIBHDFS_DIR"] == os.path.join(home, "lib", "native"), w
+    assert all((root / "data" / "_staging" / "r1" / os.path.basename(r.staged)).is_file() for r in results)

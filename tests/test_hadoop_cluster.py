@@ -64,27 +64,16 @@ def run_root() -> Iterator[str]:
     fs.delete(root)
 
 
-def etl_command(config_path: Path, master: str, archive: str | None, code_zip: str) -> list[str]:
-    """spark-submit of etl/job.py, shipping code and (on YARN) the packed environment."""
-    from hvdtrain.envcheck import find_spark_submit
-
-    cmd = [find_spark_submit(), "--master", master, "--deploy-mode", "client", "--py-files", code_zip,
-           "--conf", f"spark.pyspark.driver.python={sys.executable}"]
-    if archive:
-        cmd += ["--archives", f"{archive}#env", "--conf", "spark.pyspark.python=./env/bin/python",
-                "--conf", "spark.executor.instances=2", "--conf", "spark.executor.memory=2g"]
-        cmd += queue_flags() + kerberos_flags()
-    else:
-        cmd += ["--conf", f"spark.pyspark.python={sys.executable}"]
-    return cmd + [str(REPO / "etl" / "job.py"), "--config", str(config_path), "--create-sample-table", "--overwrite"]
+def etl_command(config_path: Path, master: str) -> list[str]:
+    """``hvdtrain yarn etl``: spark-submit of etl/job.py, shipping code and (on YARN) the packed environment."""
+    flags = (queue_flags() + kerberos_flags() + ["--num-executors", "2"]) if master == "yarn" else []
+    return [sys.executable, "-m", "yarn.etl_submit", str(config_path), "--master", master, "--create-sample-table",
+            "--overwrite", *flags]
 
 
 @pytest.fixture(scope="module")
 def hdfs_dataset(run_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Run the ETL (on YARN when configured, else local Spark) into HDFS; returns the dataset URI."""
-    from yarn import packaging
-    from hvdtrain.envcheck import probe_horovod_build
-
     folder = tmp_path_factory.mktemp("hadoop-etl")
     data = fs.join(run_root, "data")
     cfg = config.from_dict({
@@ -95,15 +84,11 @@ def hdfs_dataset(run_root: str, tmp_path_factory: pytest.TempPathFactory) -> str
         "hive": {"embedded": True, "metastore_dir": str(folder / "metastore"),
                  "warehouse_dir": fs.join(run_root, "warehouse") if YARN else str(folder / "warehouse")},
         "etl": {"output": data, "max_length": 32, "vocab_size": 600, "min_shards_per_split": 2, "min_shard_mb": 0},
+        "yarn": small_yarn_block(executor_memory="2g"),
     }, base_dir=str(folder))
     path = folder / "etl.yaml"
     path.write_text(cfg.to_yaml())
-    code_zip = packaging.build_code_zip(str(folder / "hvdtrain-code.zip"))
-    archive = None
-    if YARN:
-        yarn_cfg = config.from_dict({"source": {"table": "a.b"}, "yarn": {"env_cache": f"{HDFS}/envs"}}).yarn
-        archive = packaging.ensure_env_archive(yarn_cfg, packaging.current_identity(probe_horovod_build())).uri
-    cmd = etl_command(path, "yarn" if YARN else "local[2]", archive, code_zip)
+    cmd = etl_command(path, "yarn" if YARN else "local[2]")
     run_submit(cmd, timeout=1800, env=submit_env(PYSPARK_PYTHON=sys.executable))
     return data
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from hvdtrain import config
+from hvdtrain import config, fs
 from hvdtrain.envcheck import CommandResult, HorovodBuild
 from hvdtrain.errors import ConfigError, EnvironmentProblem
 from yarn import driver, executor, packaging, submit
@@ -500,14 +500,15 @@ def test_rank_gets_a_libhdfs_classpath_when_the_container_lacks_one() -> None:
     env = {"HADOOP_HOME": "/opt/hadoop", "CLASSPATH": "/c/__spark_libs__/*"}
     files = {"/opt/hadoop/bin/hadoop", "/opt/hadoop/lib/native/libhdfs.so"}
     asked: list[str] = []
-    got = executor.hdfs_client_env(env, lambda hadoop: asked.append(hadoop) or "/opt/h/hadoop-common-3.3.6.jar",
-                                   files.__contains__)
+    got = fs.hdfs_client_env(env, lambda hadoop: asked.append(hadoop) or "/opt/h/hadoop-common-3.3.6.jar",
+                             files.__contains__)
     assert got == {"CLASSPATH": "/opt/h/hadoop-common-3.3.6.jar:/c/__spark_libs__/*",
                    "ARROW_LIBHDFS_DIR": "/opt/hadoop/lib/native"} and asked == ["/opt/hadoop/bin/hadoop"]
     ready = {"CLASSPATH": "/opt/h/hadoop-common-3.3.6.jar", "ARROW_LIBHDFS_DIR": "/x"}
-    assert executor.hdfs_client_env(ready, Refuse("hadoop classpath"), files.__contains__) == {}
-    assert executor.uses_hdfs(job().to_dict()) and not executor.uses_hdfs(
-        config.from_dict({"source": {"table": "a.b"}, "workdir": "/w"}).to_dict())
+    assert fs.hdfs_client_env(ready, Refuse("hadoop classpath"), files.__contains__) == {}
+    assert executor.uses_hdfs(job().to_dict()) == ["hdfs://nn:8020/data/reviews", "hdfs://nn:8020/runs/reviews"]
+    assert not executor.uses_hdfs(config.from_dict({"source": {"table": "a.b"}, "workdir": "/w"}).to_dict())
+    assert fs.prepare_hdfs_client("/local/out", "webhdfs://nn:9870/x", None) == {}  # nothing to set up
 
 
 def test_driver_summary_takes_rank_0s_result_and_collects_errors() -> None:

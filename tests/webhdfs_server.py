@@ -7,7 +7,11 @@ answered with a 307 redirect to a "DataNode" URL that moves the bytes, with
 HDFS's rename rules (no replacing an existing file, into an existing folder).
 It stands in for the cluster only: hvdtrain's handler, the ``hdfs`` client
 and every request are real. ``fail_next(n)`` answers the next ``n`` requests
-with HTTP 503 ``RetriableException``, as a NameNode in safe mode does.
+with HTTP 503 ``RetriableException``, as a NameNode in safe mode does;
+``lose_response(op)`` carries out the next ``op`` request and then drops the
+connection without answering (the client sees a reset, the change happened).
+RENAME with ``renameoptions=OVERWRITE`` is the NameNode's rename2: it replaces
+an existing file atomically and answers with an empty body.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class WebHdfsServer:
         self.requests: list[tuple[str, str, str]] = []  # (method, op, path)
         self._failures = 0
         self.denied: list[str] = []  # path prefixes answered with AccessControlException (see deny())
+        self.lost: dict[str, int] = {}  # op -> how many more of its answers to drop (see lose_response())
         self._lock = threading.Lock()
         server = self
 
@@ -51,6 +56,18 @@ class WebHdfsServer:
     def deny(self, prefix: str) -> None:
         """Answer every request under ``prefix`` as HDFS does when permissions forbid it."""
         self.denied.append(prefix)
+
+    def lose_response(self, op: str, n: int = 1) -> None:
+        """Carry out the next ``n`` ``op`` requests but close the connection instead of answering them."""
+        with self._lock:
+            self.lost[op.upper()] = n
+
+    def take_lost(self, op: str) -> bool:
+        with self._lock:
+            if self.lost.get(op, 0) > 0:
+                self.lost[op] -= 1
+                return True
+            return False
 
     def take_failure(self) -> bool:
         with self._lock:
@@ -149,7 +166,18 @@ class _Handler(BaseHTTPRequestHandler):
         handler = getattr(self, f"op_{op.replace(':', '_').lower()}", None)
         if handler is None:
             return self._error(400, "IllegalArgumentException", f"unsupported operation {method} {op}")
+        if self.owner.take_lost(op):
+            self._drop_answer()
         handler(path, local, params, body)
+
+    def _drop_answer(self) -> None:
+        """Let the operation run, then close the connection instead of sending its answer."""
+        def discard(*args, **kwargs) -> None:
+            pass
+
+        self.send_response = self.send_header = self.end_headers = discard  # type: ignore[method-assign]
+        self.wfile.write = lambda data: len(data)  # type: ignore[method-assign]
+        self.close_connection = True
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -197,6 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"boolean": True})
 
     def op_rename(self, path, local, params, body) -> None:
+        if params.get("renameoptions", "").upper() == "OVERWRITE":
+            return self._rename_over(path, local, params.get("destination", ""))
         dest = self._local(params.get("destination", ""))
         if os.path.isdir(dest):
             dest = os.path.join(dest, os.path.basename(local))
@@ -204,6 +234,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"boolean": False})
         os.rename(local, dest)
         self._json({"boolean": True})
+
+    def _rename_over(self, path: str, local: str, destination: str) -> None:
+        """rename2(src, dst, OVERWRITE): dst, if there, must not be a non-empty folder; its parent must exist."""
+        dest = self._local(destination)
+        if not os.path.exists(local):
+            return self._missing(path)
+        if not os.path.isdir(os.path.dirname(dest)):
+            return self._error(404, "FileNotFoundException", f"rename destination parent {destination} not found")
+        if os.path.isdir(dest) and os.listdir(dest):
+            return self._error(403, "fs.FileAlreadyExistsException", f"rename destination {destination} is a "
+                                                                       "non-empty directory")
+        os.replace(local, dest)
+        self._send(200, ctype="application/octet-stream")
 
     def op_open(self, path, local, params, body) -> None:
         if not os.path.isfile(local):

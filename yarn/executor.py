@@ -8,7 +8,8 @@ in the task's Python worker itself). Before TensorFlow is imported it:
    otherwise the resources Horovod's task service forwarded from it;
 2. points libhdfs at the Hadoop client of the container (``CLASSPATH`` from
    ``hadoop classpath --glob``, ``ARROW_LIBHDFS_DIR``) when the job reads or
-   writes ``hdfs://`` and the container's environment lacks them;
+   writes ``hdfs://`` and the container's environment lacks them
+   (:func:`hvdtrain.fs.prepare_hdfs_client`, which the ETL's write tasks run too);
 
 then rebuilds the job config from a plain dict and calls
 :func:`hvdtrain.train.run`. It returns a small record: rank, host, GPUs, where
@@ -22,12 +23,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
-from hvdtrain import cpus  # no TensorFlow import either
+from hvdtrain import cpus, fs  # no TensorFlow import either
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
@@ -61,38 +61,10 @@ def assigned_gpus() -> list[str]:
     return [str(a) for a in task_info.get_available_devices()]
 
 
-def uses_hdfs(cfg_dict: Mapping[str, Any]) -> bool:
+def uses_hdfs(cfg_dict: Mapping[str, Any]) -> list[str]:
+    """The job's ``hdfs://`` / ``viewfs://`` locations (an empty list: no libhdfs needed)."""
     paths = [cfg_dict["etl"]["output"], cfg_dict["train"]["output"], cfg_dict.get("tracking", {}).get("uri") or ""]
-    return any(str(p).startswith(("hdfs://", "viewfs://")) for p in paths)
-
-
-def hdfs_client_env(env: Mapping[str, str], hadoop_classpath: Callable[[str], Optional[str]],
-                    is_file: Callable[[str], bool] = os.path.isfile) -> dict[str, str]:
-    """Settings libhdfs needs that ``env`` lacks (pure, given its probes).
-
-    libhdfs starts a JVM through JNI, which does not expand the ``dir/*``
-    wildcards a container's CLASSPATH holds: it needs ``hadoop classpath --glob``.
-    """
-    updates: dict[str, str] = {}
-    home = env.get("HADOOP_HOME") or env.get("HADOOP_COMMON_HOME")
-    entries = env.get("CLASSPATH", "").split(os.pathsep)
-    if not any("hadoop-common" in os.path.basename(e) and e.endswith(".jar") for e in entries):
-        hadoop = os.path.join(home, "bin", "hadoop") if home and is_file(os.path.join(home, "bin", "hadoop")) \
-            else "hadoop"
-        jars = hadoop_classpath(hadoop)
-        if jars:
-            updates["CLASSPATH"] = os.pathsep.join(p for p in (jars, env.get("CLASSPATH")) if p)
-    if not env.get("ARROW_LIBHDFS_DIR") and home and is_file(os.path.join(home, "lib", "native", "libhdfs.so")):
-        updates["ARROW_LIBHDFS_DIR"] = os.path.join(home, "lib", "native")
-    return updates
-
-
-def _hadoop_classpath(hadoop: str) -> Optional[str]:
-    try:
-        out = subprocess.run([hadoop, "classpath", "--glob"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return [str(p) for p in paths if str(p).startswith(fs.LIBHDFS_SCHEMES)]
 
 
 def rank_record(rank: int, gpus: Sequence[str], result: Optional[dict[str, Any]], error: Optional[str],
@@ -111,8 +83,7 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     # On YARN each rank is one task of spark.task.cpus = yarn.executor_cores CPUs (yarn/submit.py): TensorFlow's
     # pools are sized from that, not from the host (hvdtrain.cpus takes the smallest limit that applies).
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
-    if uses_hdfs(cfg_dict):
-        os.environ.update(hdfs_client_env(os.environ, _hadoop_classpath))
+    fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
     import hvdtrain
     from hvdtrain import config, distributed, train
