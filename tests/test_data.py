@@ -123,22 +123,6 @@ def test_train_stream_repeats_reshuffles_and_covers_every_record(dataset: manife
     assert again == keys  # deterministic for a seed
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 256])
-def test_a_record_range_is_cut_at_chunk_level_exactly_as_skip_take_batch(tmp_path, chunk: int) -> None:
-    import tensorflow as tf
-
-    path = str(tmp_path / "r.tfrecord")
-    with tf.io.TFRecordWriter(path) as w:
-        for i in range(600):
-            w.write(b"r%d" % i)
-    for first, count in ((0, 600), (0, 599), (3, 10), (250, 350), (255, 1), (256, 256), (599, 1), (7, 593)):
-        want = [c.tolist() for c in tf.data.TFRecordDataset(path).skip(first).take(count).batch(chunk)
-                .as_numpy_iterator()]
-        got = pipeline._record_range(tf.data.TFRecordDataset(path), tf.constant(first, tf.int64),
-                                     tf.constant(count, tf.int64), chunk)
-        assert [c.tolist() for c in got.as_numpy_iterator()] == want, (first, count)
-
-
 def test_shuffle_windows_are_uniform_local_and_move_from_pass_to_pass(tmp_path) -> None:
     # One shard of 90 records in key order, windows of 30: each pass is a permutation of the shard in
     # which a record moves less than two windows, and the boundaries move, so records 0 and 31 share

@@ -123,7 +123,7 @@ def _chunks(manifest: Manifest, source: FileSource, cycle_length: int, files: "t
     compression = "GZIP" if manifest.compression == "gzip" else ""
 
     def read(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
-        chunks = _record_range(tf.data.TFRecordDataset(path, compression_type=compression), first, count, chunk)
+        chunks = tf.data.TFRecordDataset(path, compression_type=compression).skip(first).take(count).batch(chunk)
         if source.release is None:
             return chunks
         # After the range's last record: release (delete) the staged copy; the marker itself is dropped.
@@ -134,27 +134,6 @@ def _chunks(manifest: Manifest, source: FileSource, cycle_length: int, files: "t
     # Sequential interleave: every file read here is on local disk (in place or staged), and a parallel
     # interleave's hand-off between threads costs more than the reads on 2 cores.
     return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1)
-
-
-def _record_range(records: "tf.data.Dataset", first: Any, count: Any, chunk: int) -> "tf.data.Dataset":
-    """Records ``first .. first + count - 1`` of a file as chunks of ``chunk`` records counted from ``first``
-    (the last one shorter), the same as ``records.skip(first).take(count).batch(chunk)``.
-
-    Cut at chunk level: the file is batched from its start, the chunks outside the range are dropped and the
-    edge ones trimmed, and ``rebatch`` realigns them to ``first``. A record-level skip/take would cost two
-    more iterator calls per record; here the per-record work is the batching alone.
-    """
-    import tensorflow as tf
-
-    first, end = tf.cast(first, tf.int64), tf.cast(first, tf.int64) + tf.cast(count, tf.int64)
-    size = tf.constant(chunk, tf.int64)
-
-    def trim(j: tf.Tensor, c: tf.Tensor) -> tf.Tensor:
-        start = j * size
-        return c[tf.maximum(first - start, 0):tf.maximum(end - start, 0)]
-
-    kept = records.batch(chunk).take(-(-end // size)).enumerate().skip(first // size)
-    return kept.map(trim).rebatch(chunk)
 
 
 def _parsed(chunks: "tf.data.Dataset", parser: Parser) -> "tf.data.Dataset":
