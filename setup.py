@@ -36,6 +36,9 @@ setup(
         "venv-pack>=0.2,<0.3",
         # hvdtrain/monitoring.py: start_http_server returns (server, thread) from 0.20; tested with 0.26.0
         "prometheus_client>=0.20,<0.27",
+        # hvdtrain/tune.py: RetryHeartbeatStaleTrialCallback and heartbeat_stale_trial_callback are 4.9+/5.x
+        # names (the old ones go in 6.0); tested with 5.0.0
+        "optuna>=5.0,<6",
         # Horovod 0.28.1 itself is built from its sdist by scripts/build_horovod.sh
         # (it needs a patch for TF 2.21); these are its runtime requirements.
         "cloudpickle>=2,<4",

@@ -1,6 +1,6 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
-    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score] [--out DIR]
+    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score,tune] [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -26,6 +26,7 @@ GROUPS = {
     "checkpoint": "benchmarks.bench_checkpoint",
     "monitoring": "benchmarks.bench_monitoring",
     "score": "benchmarks.bench_score",
+    "tune": "benchmarks.bench_tune",
 }
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

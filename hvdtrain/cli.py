@@ -1,4 +1,4 @@
-"""``hvdtrain`` command line: demo, etl, train, yarn, checkpoints, env, config.
+"""``hvdtrain`` command line: demo, etl, train, tune, yarn, checkpoints, env, config.
 
 The ETL runs in its own process (``python -m etl.job``, the same entry point
 spark-submit runs), and local training under ``horovodrun``; this module only
@@ -54,13 +54,14 @@ def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str
     return cmd + list(overrides)
 
 
-def train_command(config_path: str, overrides: Sequence[str], np: int, start_timeout: int = 120) -> list[str]:
+def train_command(config_path: str, overrides: Sequence[str], np: int, start_timeout: int = 120,
+                  hosts: Optional[str] = None) -> list[str]:
     """``horovodrun -np N -H localhost:N --gloo --start-timeout S python -m hvdtrain.train ...``
-    (or plain python for N=1)."""
+    (or plain python for N=1 on this host); ``hosts`` (``h1:2,h2:2``) runs the ranks there."""
     train = [sys.executable, "-m", "hvdtrain.train", config_path, *overrides]
-    if np == 1:
+    if np == 1 and hosts is None:
         return train
-    return [_bin("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+    return [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo",
             "--start-timeout", str(start_timeout), *train]
 
 
@@ -247,6 +248,17 @@ def cmd_yarn(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``hvdtrain tune``: successive halving over training runs (hvdtrain/tune.py owns Optuna)."""
+    from hvdtrain import tune
+
+    cfg = config_mod.load(args.config, args.overrides)
+    opts = tune.TuneOptions(args.config, tuple(args.overrides), args.space, args.trials, args.parallel, args.np,
+                            args.launcher, args.hosts, args.eta, args.min_epochs, args.metric)
+    tune.run_study(cfg, opts)
+    return 0
+
+
 def cmd_env_check(args: argparse.Namespace) -> int:
     from hvdtrain import envcheck
 
@@ -305,6 +317,21 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--partition", help="k=v[,k=v] to write (default score.partition, else ds=<UTC date>)")
     score.add_argument("--overwrite", action="store_true", help="replace a non-empty partition (atomically)")
     score.add_argument("--master", help="Spark master (default: spark.master from the config)")
+    tune = _command(sub, "tune", cmd_tune, "hyperparameter search: successive halving (Optuna ASHA) over training "
+                    "runs, tracked in MLflow; rerun the same command to resume")
+    tune.add_argument("--space", required=True, help="YAML of dotted config key -> {loguniform|uniform|int: "
+                      "[low, high]} or {choice: [...]}")
+    tune.add_argument("--trials", type=int, required=True, help="trials in the study (a rerun tops it up)")
+    tune.add_argument("--parallel", type=int, default=1, help="trials running at once (default 1)")
+    _np_option(tune, "ranks per trial (default 2)")
+    tune.add_argument("--launcher", default="local", choices=["local", "horovodrun", "yarn"],
+                      help="local: horovodrun on this host; horovodrun: on --hosts; yarn: hvdtrain yarn submit")
+    tune.add_argument("--hosts", help="horovodrun -H for --launcher horovodrun, e.g. host1:2,host2:2")
+    tune.add_argument("--eta", type=int, default=3, help="successive halving keeps 1/eta per rung (default 3)")
+    tune.add_argument("--min-epochs", type=int, default=1, help="epochs before the first pruning rung (default 1)")
+    tune.add_argument("--metric", default="validation_accuracy",
+                      help="validation_accuracy (default), validation_macro_f1, validation_roc_auc or "
+                           "validation_loss (minimized)")
     _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
     yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
                     config=False, add_help=False)

@@ -535,6 +535,26 @@ def parse_partition(spec: str) -> dict[str, str]:
 
 
 @dataclass
+class TuneConfig:
+    """``hvdtrain tune``: where the Optuna study lives. ``trial`` and ``parent_run_id`` are set by the tune
+    driver on each trial's command line (a trial run reports to the study after each epoch); leave them unset."""
+
+    storage: Optional[str] = None  # an Optuna RDB URL (sqlite:///..., mysql://, postgresql://); default below
+    study: str = "{name}"  # the study's name in the storage
+    output: str = path_field("{workdir}/tune")  # the default SQLite storage, trial outputs and the study's plot
+    heartbeat_seconds: int = 30  # a RUNNING trial whose driver is silent 2x this long is failed and re-queued
+    max_retries: int = 1  # times a trial whose driver died is re-queued
+    trial: Optional[int] = None
+    parent_run_id: Optional[str] = None
+    metric: str = "validation_accuracy"
+
+    def __post_init__(self) -> None:
+        _require(self.heartbeat_seconds > 0, "heartbeat_seconds", self.heartbeat_seconds, "must be > 0 seconds")
+        _require(self.max_retries >= 0, "max_retries", self.max_retries, "must be >= 0")
+        _require(bool(self.study) and "/" not in self.study, "study", self.study, "must be a non-empty name")
+
+
+@dataclass
 class JobConfig:
     name: str = "job"
     workdir: str = path_field("work/{name}")
@@ -551,6 +571,7 @@ class JobConfig:
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
     yarn: YarnConfig = field(default_factory=YarnConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
@@ -729,6 +750,7 @@ def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
     cfg.spark.app_name = cfg.spark.app_name.replace("{name}", cfg.name)
     cfg.tracking.experiment = cfg.tracking.experiment.replace("{name}", cfg.name)
     cfg.monitoring.job = cfg.monitoring.job.replace("{name}", cfg.name)
+    cfg.tune.study = cfg.tune.study.replace("{name}", cfg.name)
     return cfg
 
 

@@ -10,6 +10,8 @@
   stop; every rank gets the same answer;
 * :class:`SkippedSteps` (with ``train.fp16_allreduce``): steps skipped for
   non-finite all-reduced gradients, counted and warned about;
+* :class:`PruningHook` (a ``hvdtrain tune`` trial): reports the validation metric to the
+  study and stops every rank together when the study prunes the trial;
 * :class:`EpochReport`: the epoch's learning rate, log line and MLflow metrics
   (after validation, so they include it);
 * :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective);
@@ -184,6 +186,27 @@ class SkippedSteps(Hook):
                         "train.clip_norm, or turn train.fp16_allreduce off", stats.epoch, stats.skipped_steps,
                         stats.steps, total)
         return False
+
+
+class PruningHook(Hook):
+    """A hyperparameter trial (``hvdtrain tune``): rank 0 reports the epoch's validation metric to the study
+    (``report`` returns whether to prune; None on other ranks), and ``share`` gives rank 0's answer to every
+    rank (a broadcast), so all ranks stop at the same epoch. Runs after validation, before the checkpointer:
+    a pruned trial still saves its last epoch."""
+
+    def __init__(self, metric: str, report: Optional[Callable[[int, float], bool]],
+                 share: Callable[[bool, int], bool]):
+        self.metric, self._report, self._share = metric, report, share
+        self.pruned_at: Optional[int] = None
+
+    def end_epoch(self, stats: EpochStats) -> bool:
+        decision = False
+        if self._report is not None:
+            decision = bool(self._report(stats.epoch, float(stats.metrics()[self.metric])))
+        if self._share(decision, stats.epoch):
+            self.pruned_at = stats.epoch
+            log.info("stopping after epoch %d: the study pruned this trial", stats.epoch)
+        return self.pruned_at is not None
 
 
 class EpochReport(Hook):

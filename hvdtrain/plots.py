@@ -1,7 +1,7 @@
 """Charts written next to the evaluation report (matplotlib, Agg backend: no display needed)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,29 @@ def confusion_matrix_png(cm: np.ndarray, labels: Sequence[str], path: str, title
             for j in range(n):
                 ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
                         color="white" if cm[i, j] > threshold else "black")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def trial_curves_png(curves: Mapping[str, Sequence[tuple[int, float]]], path: str, metric: str,
+                     title: str = "") -> str:
+    """One line per trial of ``metric`` by epoch (a hyperparameter search); saves a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=100)
+    ax = fig.add_subplot()
+    for label, points in curves.items():
+        if points:
+            epochs, values = zip(*points)
+            ax.plot(epochs, values, marker="o", linewidth=1, markersize=3, label=label)
+    ax.set(xlabel="epoch", ylabel=metric, title=title)
+    ax.grid(alpha=0.3)
+    if len(curves) <= 30:  # a legend stays legible up to about this many trials
+        ax.legend(fontsize=7, loc="best", ncol=2 if len(curves) > 10 else 1)
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path

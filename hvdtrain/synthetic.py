@@ -158,11 +158,17 @@ def make_text_dataset(root: str, spec: TextSpec = TextSpec()) -> Manifest:
     return manifest_lib.read(root)
 
 
+def tabular_centers(num_classes: int, num_numeric: int, signal: float) -> np.ndarray:
+    """Each class's mean of the numeric features: the nearest center is the best possible classifier of the
+    numeric part (unit-variance noise, equal class sizes), which gives a dataset's accuracy ceiling."""
+    return np.random.default_rng(1000 + num_classes).normal(0.0, signal, size=(num_classes, num_numeric))
+
+
 def _tabular_rows(rng: np.random.Generator, n: int, num_classes: int, num_numeric: int,
                   cardinalities: list[int], signal: float, label_noise: float) -> dict[str, np.ndarray]:
     """Class-dependent numeric means and category preferences; ``label_noise`` of labels replaced."""
     y = rng.integers(0, num_classes, size=n)
-    centers = np.random.default_rng(1000 + num_classes).normal(0.0, signal, size=(num_classes, num_numeric))
+    centers = tabular_centers(num_classes, num_numeric, signal)
     numeric = (centers[y] + rng.normal(0.0, 1.0, size=(n, num_numeric))).astype(np.float32)
     categorical = np.zeros((n, len(cardinalities)), np.int64)
     for j, card in enumerate(cardinalities):

@@ -472,3 +472,108 @@ def pyfunc_spark_udf(spark: Any, model_uri: str, result_type: str = "array<float
     import mlflow
 
     return mlflow.pyfunc.spark_udf(spark, model_uri, result_type=result_type, env_manager="local")
+
+
+# -- a hyperparameter study's parent run (the tune driver) --------------------------------------
+
+class StudyRun:
+    """The parent MLflow run of a study, driven through the client API (trials run in other processes).
+
+    Like :class:`Tracker`, it never stops the work: an MLflow failure warns and the call is skipped.
+    """
+
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+        self.run_id: Optional[str] = None
+        self._client: Any = None
+
+    def _call(self, what: str, fn: Callable[[], T]) -> Optional[T]:
+        if not self.cfg.tracking.enabled or (self._client is None and what != "open"):
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - tracking never stops the study
+            log.warning("MLflow %s for the study failed (%s: %s); the study goes on", what, type(exc).__name__,
+                        str(exc).splitlines()[0] if str(exc) else "")
+            return None
+
+    def open(self, run_id: Optional[str], name: str, tags: Mapping[str, str]) -> Optional[str]:
+        """Reopen the study's run ``run_id`` (a resumed study), or start a new one; returns its id."""
+        def start() -> str:
+            import mlflow
+
+            store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
+            if store.tracking_uri.startswith("sqlite:///"):
+                os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
+            mlflow.set_tracking_uri(store.tracking_uri)  # register_model() reads it
+            self._client = mlflow.MlflowClient(store.tracking_uri)
+            if run_id:
+                try:
+                    self._client.get_run(run_id)
+                    self._client.update_run(run_id, status="RUNNING")
+                    return run_id
+                except mlflow.exceptions.MlflowException:
+                    log.warning("the study's MLflow run %s is not in %s; starting a new one", run_id,
+                                store.tracking_uri)
+            experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
+            return self._client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
+
+        self.run_id = self._call("open", start)
+        return self.run_id
+
+    def log_best(self, params: Mapping[str, Any]) -> None:
+        """The best trial's values: as tags (they change when a resumed study finds a better trial) and,
+        the first time, as params."""
+        values = {k: "" if v is None else str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
+
+        def log_all() -> None:
+            from mlflow.entities import Param, RunTag
+
+            existing = self._client.get_run(self.run_id).data.params  # params are write-once in MLflow
+            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in values.items() if k not in existing],
+                                   tags=[RunTag(k, v) for k, v in values.items()])
+
+        self._call("log_params", log_all)
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        def log_all() -> None:
+            from mlflow.entities import Metric
+
+            ms = int(time.time() * 1000)
+            self._client.log_batch(self.run_id, metrics=[Metric(k, float(v), ms, 0) for k, v in metrics.items()])
+
+        self._call("log_metrics", log_all)
+
+    def log_artifact(self, path: str) -> None:
+        self._call("log_artifact", lambda: self._client.log_artifact(self.run_id, path))
+
+    def set_child_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        self._call("set_tag", lambda: [self._client.set_tag(run_id, k, str(v)) for k, v in tags.items()])
+
+    def fail_trial_runs(self, trial: int) -> None:
+        """A trial whose driver died left its run RUNNING (or KILLED): mark it FAILED."""
+        def fail() -> None:
+            run = self._client.get_run(self.run_id)
+            found = self._client.search_runs([run.info.experiment_id],
+                                             f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.tune_trial = "
+                                             f"'{trial}' and attributes.status != 'FINISHED'")
+            for child in found:
+                if child.info.status != "FAILED":
+                    self._client.set_terminated(child.info.run_id, status="FAILED")
+
+        self._call("set_terminated", fail)
+
+    def register(self, model_uri: str, name: str) -> Optional[str]:
+        """Register a logged model (``models:/m-...`` or ``runs:/RUN/model``) as a new version of ``name``."""
+        def register() -> str:
+            import mlflow
+
+            with contextlib.redirect_stdout(sys.stderr):
+                mv = mlflow.register_model(model_uri, name)
+            return f"models:/{name}/{mv.version}"
+
+        return self._call("register_model", register)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self._call("end", lambda: self._client.set_terminated(self.run_id, status=status))
+

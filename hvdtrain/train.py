@@ -155,7 +155,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
         restore_seconds = time.perf_counter() - looking
-        with tracking.start(cfg, rank.is_chief, _run_tags(manifest, rank, hosts),
+        with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg)},
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
@@ -230,6 +230,7 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
+    skips += _pruning(ctx)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
     with _observers(ctx, observed) as observers:
         history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan,
@@ -244,6 +245,19 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
+    """A ``hvdtrain tune`` trial (``tune.trial`` set): the hook reporting to the study, on every rank."""
+    tune_cfg = ctx.cfg.tune
+    if tune_cfg.trial is None:
+        return []
+    from hvdtrain import tune
+
+    report = tune.TrialReporter(tune_cfg).report if ctx.rank.is_chief else None
+    return [hooks.PruningHook(tune.epoch_metric(tune_cfg.metric), report,
+                              lambda stop, epoch: bool(distributed.broadcast_object(
+                                  stop, name=f"hvdtrain.prune.{epoch}")))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -595,6 +609,16 @@ def _run_tags(manifest: Manifest, rank: distributed.RankInfo, hosts: Sequence[st
     commit = tracking.git_commit(os.path.dirname(os.path.abspath(__file__)))
     if commit:
         tags["git_commit"] = commit
+    return tags
+
+
+def _tune_tags(cfg: JobConfig) -> dict[str, str]:
+    """A ``hvdtrain tune`` trial's run sits under the study's run (MLflow's parent/child tag)."""
+    tags = {}
+    if cfg.tune.trial is not None:
+        tags.update({"hvdtrain.tune.study": cfg.tune.study, "tune_trial": str(cfg.tune.trial)})
+    if cfg.tune.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.tune.parent_run_id
     return tags
 
 

@@ -17,7 +17,7 @@ FIELDS = {"name", "value", "unit", "baseline_name", "baseline_value", "ratio", "
 EXPECTED = {"etl_write", "input_raw", "input_pipeline", "parse_vectorized", "staging_overlap", "allreduce_busbw",
             "allreduce_fusion", "hvd_overhead", "scaling_np2", "launch_overhead", "checkpoint_save",
             "checkpoint_restore", "monitoring_overhead", "monitoring_overhead_breakdown", "score_throughput",
-            "score_vs_pyfunc", "vocab_driver_memory"}
+            "score_vs_pyfunc", "tune_efficiency", "tune_best_accuracy", "vocab_driver_memory"}
 
 
 def test_quick_benchmarks_write_json_markdown_and_charts(tmp_path):
