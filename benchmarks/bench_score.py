@@ -7,29 +7,36 @@ logged to a throwaway MLflow store with hvdtrain's Keras flavor logging.
 
 - score_throughput: rows/s of hvdtrain.score.score (read parquet, tokenize, predict in the pandas UDF,
   rows written to Spark's noop sink) ÷ rows/s of one plain process reading the same parquet with pyarrow,
-  tokenizing with the same tokenizer and calling the model in batches of the same size (TensorFlow free
-  to use every core).
-- score_vs_pyfunc: on the same cached pre-tokenized rows, hvdtrain.score.predict_features ÷
-  mlflow.pyfunc.spark_udf of the logged model.
+  tokenizing with the same tokenizer and calling the same compiled model graph
+  (:func:`hvdtrain.score.compile_predict`) in batches of the same size (TensorFlow and the tokenizer free to
+  use every core). 100,000 rows: a nightly job scores millions, and at 20,000 rows (two tasks of about a
+  second) Spark's fixed costs per job and per task were a large share of the time measured.
+- score_vs_pyfunc: on the same cached pre-tokenized rows (the first 20,000), hvdtrain.score.predict_features
+  ÷ mlflow.pyfunc.spark_udf of the logged model.
 
 Spark start-up, the first (model-loading) pass and caching are excluded: both
-sides get a warm-up run, then the median of ``REPS`` runs.
+sides get a warm-up run, then ``REPS`` runs of each, interleaved (A, B, A, B,
+...) so a change in the machine's load hits both; the figure is the median,
+and the notes give min/median/max.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 
-from benchmarks.common import Entry, median_time
+from benchmarks.common import Entry
 
 REPS = 3
 PREDICT_BATCH = 256
+ROWS = 100_000
+PYFUNC_ROWS = 20_000
 
 
 def make_model(folder: str, rows: list[tuple[str, str, str]]) -> tuple[Any, dict]:
@@ -63,14 +70,13 @@ def make_model(folder: str, rows: list[tuple[str, str, str]]) -> tuple[Any, dict
 def plain_process(parquet: str, folder: str) -> Any:
     """The baseline: one process, pyarrow read, the same tokenizer, the model in batches."""
     import pyarrow.parquet as pq
-    import tensorflow as tf
 
     from hvdtrain import score as score_lib
     from hvdtrain.features import FeatureEncoder
 
     bundle = score_lib.bundle_from_folder(folder)
-    model = score_lib.load_keras(bundle.model_bytes)
-    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    predict = score_lib.compile_predict(score_lib.load_keras(bundle.model_bytes),
+                                        bundle.labels_doc["input_specs"])
     enc = FeatureEncoder(bundle.tokenizer_json, None)
 
     def run() -> int:
@@ -78,7 +84,7 @@ def plain_process(parquet: str, folder: str) -> Any:
         done = 0
         for start in range(0, len(texts), PREDICT_BATCH):
             x = enc.encode(texts[start:start + PREDICT_BATCH])
-            score_lib.softmax(predict(x).numpy())
+            score_lib.softmax(predict(x))
             done += len(x["input_ids"])
         return done
 
@@ -94,7 +100,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    n = 2_000 if quick else 20_000
+    n = 2_000 if quick else ROWS
     tmp = tempfile.mkdtemp(prefix="bench-score-")
     try:
         rows = list(sample.generate(SampleConfig(rows=n, num_classes=4, seed=7)))
@@ -106,26 +112,47 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         spark.createDataFrame([(str(i), t, lab) for i, t, lab in rows], "id string, text string, label string") \
             .repartition(4).write.parquet(parquet)
         baseline_fn = plain_process(parquet, folder)
-        base_s = median_time(baseline_fn, REPS)
         bundle = score_lib.bundle_from_folder(folder)
         raw = spark.read.parquet(parquet)
 
         def ours() -> None:
-            score_lib.score(spark, raw, bundle, score_lib.ScoreOptions(predict_batch=PREDICT_BATCH)).write.format("noop").mode("overwrite") \
-                .save()
+            score_lib.score(spark, raw, bundle, score_lib.ScoreOptions(predict_batch=PREDICT_BATCH)) \
+                .write.format("noop").mode("overwrite").save()
 
-        ours_s = median_time(ours, REPS)
-        entries = [Entry("score_throughput", n / ours_s, "rows/s", "1 process: tokenize + model in batches",
-                         n / base_s, 1.3, notes={"rows": n, "spark_master": "local[2]", "predict_batch": PREDICT_BATCH,
-                                                 "threads_per_task": 1})]
-        entries.append(_vs_pyfunc(spark, tmp, bundle, made, model, rows, n))
+        ours_t, base_t = interleaved(ours, baseline_fn, REPS)
+        entries = [Entry("score_throughput", n / statistics.median(ours_t), "rows/s",
+                         "1 process: tokenize + model in batches", n / statistics.median(base_t), 1.3,
+                         notes={"rows": n, "spark_master": "local[2]", "predict_batch": PREDICT_BATCH,
+                                "threads_per_task": 1, "tasks": raw.rdd.getNumPartitions(),
+                                **spread("ours", n, ours_t), **spread("baseline", n, base_t),
+                                "load_average": os.getloadavg()[0]})]
+        entries.append(_vs_pyfunc(spark, tmp, bundle, made, model, rows[:min(n, PYFUNC_ROWS)]))
         spark.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entries
 
 
-def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: list, n: int) -> Entry:
+def interleaved(a: Callable[[], Any], b: Callable[[], Any], reps: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``reps`` runs of a and of b, alternated after one warm-up run of each."""
+    a()
+    b()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        for fn, out in ((a, times[0]), (b, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return times
+
+
+def spread(name: str, n: int, times: list[float]) -> dict[str, list[float]]:
+    """rows/s at min/median/max of the runs' times (slowest first)."""
+    return {f"{name}_rows_per_s_min_median_max": [round(n / t) for t in (max(times), statistics.median(times),
+                                                                           min(times))]}
+
+
+def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: list) -> Entry:
     from hvdtrain import config, score as score_lib, tracking
     from hvdtrain.features import FeatureEncoder
 
@@ -134,6 +161,7 @@ def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: 
     tracker.start({})
     uri = tracker.log_keras_model(model, made["shape"].input_specs(), made["shape"].num_classes)
     tracker.end()
+    n = len(rows)
     enc = FeatureEncoder(bundle.tokenizer_json, None)
     feats = enc.encode([t for _, t, _ in rows])
     tokenized = spark.createDataFrame(
@@ -151,8 +179,9 @@ def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: 
             .write.format("noop").mode("overwrite").save()
 
     started = time.perf_counter()
-    pyfunc_s = median_time(pyfunc, REPS)
-    ours_s = median_time(ours, REPS)
-    return Entry("score_vs_pyfunc", n / ours_s, "rows/s", "mlflow.pyfunc.spark_udf", n / pyfunc_s, 1.2,
+    ours_t, pyfunc_t = interleaved(ours, pyfunc, REPS)
+    return Entry("score_vs_pyfunc", n / statistics.median(ours_t), "rows/s", "mlflow.pyfunc.spark_udf",
+                 n / statistics.median(pyfunc_t), 1.2,
                  notes={"rows": n, "spark_master": "local[2]", "model_uri": uri,
-                        "timing_s": round(time.perf_counter() - started, 1)})
+                        **spread("ours", n, ours_t), **spread("pyfunc", n, pyfunc_t),
+                        "timing_s": round(time.perf_counter() - started, 1), "load_average": os.getloadavg()[0]})

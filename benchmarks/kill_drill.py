@@ -121,7 +121,10 @@ def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -
         "name": name, "workdir": drill.workdir, "source": {"table": "demo.reviews"},
         "etl": {"output": drill.data_dir}, "model": TINY_MODEL,
         "train": {"epochs": drill.epochs, "batch_size": drill.batch_size, "learning_rate": 0.003,
-                  "shuffle_buffer": 64, "progress": "log", "record_trace": os.path.join(drill.workdir, name, "trace")},
+                  "shuffle_buffer": 64, "progress": "log", "record_trace": os.path.join(drill.workdir, name, "trace"),
+                  # the non-default all-reduce mode: exact resume is checked in it too (grouped and overlap
+                  # give bit-identical updates, tests/test_fp16_safety_mp.py)
+                  "allreduce": "overlap"},
         "checkpoint": {"every_steps": drill.every_steps, "keep_last": 2},
         "fault": {"peer_timeout": 30, "stall_timeout": 120, "restart_backoff": 1, **fault},
         "tracking": {"enabled": tracking},

@@ -1,6 +1,7 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
-    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score,tune] [--out DIR]
+    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score,tune,scale]
+                             [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -27,6 +28,7 @@ GROUPS = {
     "monitoring": "benchmarks.bench_monitoring",
     "score": "benchmarks.bench_score",
     "tune": "benchmarks.bench_tune",
+    "scale": "benchmarks.bench_scale",
 }
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

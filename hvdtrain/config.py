@@ -307,6 +307,9 @@ class TrainConfig:
     clip_norm: Optional[float] = None  # clip gradients by global norm (after the all-reduce)
     grad_accum_steps: int = 1
     fp16_allreduce: bool = False  # send gradients as float16 (Horovod fp16 compression)
+    # grouped: one all-reduce of all gradients after the backward pass; overlap: one per gradient, issued as soon
+    # as it exists, so communication overlaps backprop (hvdtrain.steps.Reduction; README "Overlapped all-reduce")
+    allreduce: Literal["grouped", "overlap"] = "grouped"
     mixed_precision: Literal["none", "bfloat16", "float16"] = "none"
     validate_every_epoch: bool = False
     early_stopping: Optional[EarlyStoppingConfig] = None

@@ -5,10 +5,10 @@ Horovod's TensorFlow ops; launched as plain ``python -m hvdtrain.train`` it
 falls back to a single process and never imports Horovod, so laptops and unit
 tests need no Horovod build.
 
-Keras 3 note (verified on this project's build, see DESIGN.md): Horovod's
-``DistributedGradientTape`` and its Keras wrappers fail on Keras 3 variables.
-The supported recipe is a plain ``tf.GradientTape`` followed by
-:func:`allreduce_grads` (``hvd.grouped_allreduce(op=Average)``), and
+hvdtrain's recipe: a plain ``tf.GradientTape`` followed by
+:func:`allreduce_grads` (one ``hvd.grouped_allreduce(op=Average)``, or one
+``hvd.allreduce`` per gradient as ``hvd.DistributedGradientTape`` does, which
+the step needs separable from the tape for accumulation and timing), and
 :func:`broadcast_state` (``hvd.broadcast_variables``) of model and optimizer
 variables from rank 0 once the optimizer is built.
 
@@ -128,14 +128,22 @@ def _horovod() -> Any:
 
 # -- collectives ----------------------------------------------------------------
 
-def allreduce_grads(grads: Sequence[Any], fp16: bool = False) -> list[Any]:
-    """Average gradients over ranks in one fused group (callable inside tf.function).
+def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = True) -> list[Any]:
+    """Average gradients over ranks (callable inside tf.function).
+
+    ``grouped``: one ``hvd.grouped_allreduce`` of all gradients, which Horovod
+    starts only once every one of them exists. Otherwise one ``hvd.allreduce``
+    per gradient (what ``hvd.DistributedGradientTape`` does with no groups):
+    inside a tf.function each op depends on its own gradient only, so the
+    executor hands it to Horovod as soon as backprop produced that gradient,
+    while the layers below are still being differentiated, and Horovod's
+    tensor fusion batches whatever is ready each cycle.
 
     Sparse gradients (embedding lookups) are made dense first, as Horovod's
     ``sparse_as_dense=True`` does: one fused all-reduce instead of allgathers.
     With ``fp16`` the tensors travel as float16 (``hvd.Compression.fp16``,
-    which ``grouped_allreduce`` supports: verified under Gloo) and come back in
-    their own dtype; values beyond float16's range (65504) arrive as inf.
+    verified under Gloo for both forms) and come back in their own dtype;
+    values beyond float16's range (65504) arrive as inf.
     """
     hvd = _horovod()
     if hvd is None:
@@ -144,7 +152,15 @@ def allreduce_grads(grads: Sequence[Any], fp16: bool = False) -> list[Any]:
 
     dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-    return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
+    if grouped:
+        return hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
+    # tf.function runs stateful ops (Horovod's) in the order they were created, one after another. Backprop
+    # produces the gradients of the last layers first, i.e. in about the reverse of the variables' order, so
+    # create the all-reduces in that order: created in variable order, the first would wait for the whole
+    # backward pass and hold up the rest behind it.
+    reduced = [None if g is None else hvd.allreduce(g, op=hvd.Average, compression=compression)
+               for g in reversed(dense)]
+    return reduced[::-1]
 
 
 def broadcast_state(model: Any, optimizer: Any, root_rank: int = 0) -> None:

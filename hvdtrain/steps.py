@@ -1,8 +1,9 @@
 """Compiled training and evaluation steps.
 
 One optimizer step on every rank: forward and backward with a plain
-``tf.GradientTape``, ONE grouped all-reduce of the gradients (averaged over
-ranks; optionally sent as float16), then ``optimizer.apply``. Clipping by
+``tf.GradientTape``, an all-reduce of the gradients (averaged over ranks;
+optionally sent as float16; one grouped all-reduce after the backward pass, or
+one per gradient overlapping it: :class:`Reduction`), then ``optimizer.apply``. Clipping by
 global norm is the optimizer's ``global_clipnorm``, applied inside ``apply``,
 i.e. after the all-reduce (every rank clips the same averaged gradients the
 same way) and, under float16 loss scaling, after unscaling.
@@ -32,7 +33,8 @@ the weights. Skipped steps are counted (:meth:`FiniteGuard.count`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -43,6 +45,30 @@ Batch = dict[str, tf.Tensor]
 Allreduce = Callable[[Sequence[Any]], list[Any]]
 # One optimizer step over k micro-batches -> (this rank's sum of per-example losses, correct predictions).
 OptimizerStep = Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor]]
+
+
+AllreduceMode = Literal["grouped", "overlap"]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How the step averages gradients over ranks (``train.allreduce``, ``train.fp16_allreduce``).
+
+    ``grouped``: one grouped all-reduce once the whole backward pass is done.
+    ``overlap``: one all-reduce per gradient in the same compiled step as the
+    backward pass, so each starts as soon as its gradient exists and the
+    transfer of the top layers' gradients overlaps backprop through the lower
+    ones (Horovod's tensor fusion batches what is ready). The arithmetic is
+    the same either way. With accumulation (``k > 1``) and in :class:`TimedStep`
+    the all-reduce runs in its own compiled call after the gradients are
+    complete, so ``overlap`` there only changes how the tensors are grouped.
+    """
+
+    fp16: bool = False
+    mode: AllreduceMode = "grouped"
+
+    def __call__(self, grads: Sequence[Any]) -> list[Any]:
+        return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped")
 
 
 def _loss_fn() -> keras.losses.Loss:
@@ -220,27 +246,21 @@ def _ready(tensors: Sequence[Any]) -> None:
 
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
-                        inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False,
+                        inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
                         guard: Optional[FiniteGuard] = None) -> OptimizerStep:
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
-    ``fp16_allreduce`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
-    def allreduce(grads: Sequence[Any]) -> list[Any]:
-        return distributed.allreduce_grads(grads, fp16=fp16_allreduce)
-
+    ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
     if accum_steps == 1:
-        fused = make_train_step(model, optimizer, label_feature, inputs, allreduce, guard)
+        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard)
         return lambda batches: fused(batches[0])
-    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, allreduce, guard)
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
 
 
 def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
-                    inputs: Sequence[str], accum_steps: int = 1, fp16_allreduce: bool = False,
+                    inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
                     guard: Optional[FiniteGuard] = None) -> TimedStep:
     """:func:`make_optimizer_step`'s step as a :class:`TimedStep`, which measures its all-reduce."""
-    def allreduce(grads: Sequence[Any]) -> list[Any]:
-        return distributed.allreduce_grads(grads, fp16=fp16_allreduce)
-
-    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, allreduce, guard)
+    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard)
 
 
 def make_eval_step(model: keras.Model, label_feature: str,

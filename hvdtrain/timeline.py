@@ -131,6 +131,52 @@ def summarize(path: str) -> str:
     return "\n".join(rows)
 
 
+@dataclass(frozen=True)
+class StepQueue:
+    """One step's all-reduces as rank 0's timeline shows them (microseconds)."""
+
+    first_tensor: str  # the first to enter Horovod's queue (its negotiation began first)
+    last_tensor: str  # the last to enter it: its gradient was the last one computed
+    spread_us: float  # from the first tensor entering the queue to the last
+    lead_us: float  # how long before the last tensor entered the queue a transfer had already started (<0: none)
+
+
+def per_tensor(events: list[dict[str, Any]], activity: str) -> dict[str, list[tuple[float, float]]]:
+    """Tensor name -> its (start, end) intervals of ``activity``, in time order (pure)."""
+    names = {e.get("pid"): e.get("args", {}).get("name") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for pid, name in names.items():
+        if name:
+            spans = intervals(e for e in events if e.get("pid") == pid)
+            out[name] = sorted(spans.get(activity, []))
+    return {k: v for k, v in out.items() if v}
+
+
+def step_queues(events: list[dict[str, Any]], op: str = "ALLREDUCE") -> list[StepQueue]:
+    """When each step's tensors entered Horovod's queue, and whether a transfer began before the last did (pure).
+
+    A step all-reduces every gradient once, so the k-th negotiation of each
+    tensor belongs to step k. A tensor enters the queue when a rank submits it,
+    i.e. when that rank has computed the gradient: its ``NEGOTIATE_<op>`` begins.
+    One grouped all-reduce submits all tensors at once (spread ~0); per-tensor
+    all-reduces inside the backward pass submit them as backprop produces them.
+    """
+    negotiations = per_tensor(events, f"NEGOTIATE_{op}")
+    transfers = {name: spans for name, spans in per_tensor(events, op).items() if name in negotiations}
+    if not negotiations:
+        return []
+    steps = min(len(spans) for spans in negotiations.values())
+    out = []
+    for k in range(steps):
+        starts = {name: spans[k][0] for name, spans in negotiations.items()}
+        first, last = min(starts, key=starts.get), max(starts, key=starts.get)
+        began = [spans[k][0] for spans in transfers.values() if len(spans) > k]
+        lead = starts[last] - min(began) if began else float("-inf")
+        out.append(StepQueue(first, last, starts[last] - starts[first], lead))
+    return out
+
+
 class TimelineHook(Hook):
     """Records Horovod's timeline over global steps ``start_step`` .. ``start_step + steps - 1``; rank 0
     attaches the file (``attach``) at the next epoch end after it stopped, or at :meth:`close`."""

@@ -225,8 +225,9 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        cfg.train.fp16_allreduce, guard)
+                        reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
@@ -436,6 +437,7 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
         "learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
         "warmup_steps": train.warmup_steps, "lr_schedule": train.lr_schedule, "min_lr_ratio": train.min_lr_ratio,
         "decay_steps": steps * train.epochs, "clip_norm": train.clip_norm, "fp16_allreduce": train.fp16_allreduce,
+        "allreduce": train.allreduce,
         "skipped_steps": sum(h.skipped_steps for h in history),
         "seconds": seconds, "samples_per_sec": examples / seconds if seconds > 0 else 0.0,
         "history": [h.to_dict() for h in history],

@@ -37,6 +37,7 @@ def test_overrides_parse_yaml_values_and_nest():
     ("train.batch_size=0", "train.batch_size must be > 0 (got 0)"),
     ("train.batch_sise=3", "train.batch_sise is not a known key; allowed: epochs, batch_size"),
     ("etl.compression=zip", "etl.compression must be one of none, gzip (got 'zip')"),
+    ("train.allreduce=ring", "train.allreduce must be one of grouped, overlap (got 'ring')"),
     ("train.epochs=two", "train.epochs must be an integer (got 'two')"),
     ("model.num_heads=3", "model.embed_dim must be divisible by model.num_heads (3) (got 64)"),
     ("source.sample.label_noise=1.5", "source.sample.label_noise must be in [0, 1) (got 1.5)"),

@@ -28,26 +28,29 @@ from hvdtrain.data.contract import InputShape
 from hvdtrain.models import build_model
 rank = distributed.init()
 shape = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric",), numeric_features=4)
-tf.keras.utils.set_random_seed(3)
-model = build_model(ModelConfig(kind="mlp", hidden_units=[8], dropout=0.0), shape)
-optimizer = train.build_optimizer(TrainConfig(learning_rate=0.01), rank.size, 10)
-optimizer.build(model.trainable_variables)
-distributed.broadcast_state(model, optimizer)
-guard = steps.FiniteGuard()
-step = steps.make_optimizer_step(model, optimizer, "label", ("numeric",), 1, fp16_allreduce=True, guard=guard)
-rng = np.random.default_rng(rank.rank)
-def digest():
-    return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
-seen = [digest()]
-for k in range(3):
-    x = rng.normal(size=(8, 4)).astype(np.float32)
-    if k == 1 and rank.rank == 1:
-        x *= 1e9
-    step([{"numeric": tf.constant(x), "label": tf.constant(rng.integers(0, 3, 8))}])
-    seen.append(digest())
-finite = all(np.isfinite(w).all() for w in model.get_weights())
-print("RESULT " + json.dumps({"rank": rank.rank, "digests": seen, "skipped": guard.count(), "finite": bool(finite),
-                              "iterations": int(optimizer.iterations.numpy())}), flush=True)
+def run(mode):
+    tf.keras.utils.set_random_seed(3)
+    model = build_model(ModelConfig(kind="mlp", hidden_units=[8], dropout=0.0), shape)
+    optimizer = train.build_optimizer(TrainConfig(learning_rate=0.01), rank.size, 10)
+    optimizer.build(model.trainable_variables)
+    distributed.broadcast_state(model, optimizer)
+    guard = steps.FiniteGuard()
+    step = steps.make_optimizer_step(model, optimizer, "label", ("numeric",), 1, steps.Reduction(True, mode), guard)
+    rng = np.random.default_rng(rank.rank)
+    def digest():
+        return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
+    seen = [digest()]
+    for k in range(3):
+        x = rng.normal(size=(8, 4)).astype(np.float32)
+        if k == 1 and rank.rank == 1:
+            x *= 1e9
+        step([{"numeric": tf.constant(x), "label": tf.constant(rng.integers(0, 3, 8))}])
+        seen.append(digest())
+    finite = all(np.isfinite(w).all() for w in model.get_weights())
+    print("RESULT " + json.dumps({"rank": rank.rank, "mode": mode, "digests": seen, "skipped": guard.count(),
+                                  "finite": bool(finite), "iterations": int(optimizer.iterations.numpy())}), flush=True)
+for mode in ("grouped", "overlap"):  # both all-reduce modes (train.allreduce), in one launch
+    run(mode)
 """
 
 
@@ -60,10 +63,13 @@ def test_an_overflowing_float16_allreduce_is_skipped_together_and_never_applied(
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
-                      if "RESULT " in line), key=lambda r: r["rank"])
-    assert [r["rank"] for r in results] == [0, 1]
+                      if "RESULT " in line), key=lambda r: (r["mode"], r["rank"]))
+    assert [(r["mode"], r["rank"]) for r in results] == [("grouped", 0), ("grouped", 1), ("overlap", 0),
+                                                         ("overlap", 1)]
     for r in results:
         d = r["digests"]
-        assert r["finite"] and r["skipped"] == 1 and r["iterations"] == 2
-        assert d[0] != d[1] and d[2] == d[1] and d[3] != d[2]  # steps 1 and 3 applied, step 2 skipped
+        assert r["finite"] and r["skipped"] == 1 and r["iterations"] == 2, r["mode"]
+        assert d[0] != d[1] and d[2] == d[1] and d[3] != d[2], r["mode"]  # steps 1 and 3 applied, 2 skipped
     assert results[0]["digests"] == results[1]["digests"]  # the ranks skipped together and agree
+    assert results[2]["digests"] == results[3]["digests"]
+    assert results[0]["digests"] == results[2]["digests"]  # overlapped or grouped: the same arithmetic

@@ -298,3 +298,25 @@ def test_a_missing_prometheus_client_is_named_with_the_fix(monkeypatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "prometheus_client", None)  # as if not installed
     problem = monitoring.available()
     assert problem and "pip install 'prometheus_client" in problem and "monitoring.enabled=false" in problem
+
+
+def _tensor_trace(pid: int, name: str, steps: list[tuple[float, float]]) -> list[dict]:
+    """One tensor's events: per step a negotiation from its queue entry, then a transfer from ``xfer``."""
+    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
+    for queued, xfer in steps:
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": queued, "pid": pid},
+                   {"ph": "E", "ts": xfer, "pid": pid},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": xfer, "pid": pid},
+                   {"ph": "E", "ts": xfer + 50, "pid": pid}]
+    return events
+
+
+def test_step_queues_tell_overlapped_from_grouped_all_reduces() -> None:
+    # step 1: top layer queued at 0, bottom at 9000, the top's transfer began at 4000 (overlap);
+    # step 2: all queued together at 20000, transfers after (grouped)
+    events = (_tensor_trace(1, "top", [(0, 4000), (20000, 20100)])
+              + _tensor_trace(2, "bottom", [(9000, 9100), (20010, 20100)]))
+    first, second = timeline.step_queues(events)
+    assert (first.first_tensor, first.last_tensor, first.spread_us, first.lead_us) == ("top", "bottom", 9000, 5000)
+    assert second.spread_us == 10 and second.lead_us == -90
+    assert timeline.step_queues([]) == []

@@ -137,3 +137,43 @@ def test_a_folder_without_a_model_is_refused_with_what_to_pass(tmp_path) -> None
         score.bundle_from_folder(str(tmp_path))
     with pytest.raises(DataError, match="no labels.json there"):
         score.load_bundle(str(tmp_path / "nowhere/at/all"))
+
+
+@pytest.mark.skipif(__import__("sys").version_info >= (3, 12), reason="zipimport invalidation is lazy from 3.12")
+def test_zip_finders_are_released_so_the_per_task_cache_invalidation_stays_cheap(tmp_path, monkeypatch) -> None:
+    """PySpark calls importlib.invalidate_caches() before each task; cached zip finders each re-read their archive."""
+    import importlib
+    import sys
+    import zipfile
+    import zipimport
+
+    archive = tmp_path / "pkgs.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("zpkg/__init__.py", "")
+        zf.writestr("zpkg/sub/__init__.py", "")
+        zf.writestr("zpkg/sub/a.py", "VALUE = 1\n")
+        zf.writestr("zpkg/sub/b.py", "VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(archive))
+    for name in [m for m in sys.modules if m.startswith("zpkg")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.import_module("zpkg.sub.a")
+
+    def zip_finders() -> list[str]:
+        return [p for p, f in sys.path_importer_cache.items() if isinstance(f, zipimport.zipimporter)
+                and p.startswith(str(archive))]
+
+    reads = []
+    real = zipimport._read_directory
+    monkeypatch.setattr(zipimport, "_read_directory", lambda path: reads.append(path) or real(path))
+    importlib.invalidate_caches()
+    assert len(zip_finders()) >= 2 and reads.count(str(archive)) == len(zip_finders())  # one full read per finder
+    score.release_zip_finders()
+    assert zip_finders() == []
+    reads.clear()
+    importlib.invalidate_caches()
+    assert reads == []  # what each later task pays
+    assert importlib.import_module("zpkg.sub.b").VALUE == 2  # imports from the archive still work
+    monkeypatch.undo()
+    for cache in (sys.path_importer_cache, sys.modules):
+        for name in [k for k in cache if k.startswith((str(archive), "zpkg"))]:
+            cache.pop(name, None)
