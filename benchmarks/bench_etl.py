@@ -1,4 +1,7 @@
 """etl_write: Spark's TFRecord writer on local[2] vs a single-process TF loop.
+vocab_driver_memory: the driver's peak memory while the ETL gathers vocabulary candidates from a text
+column with 5 M distinct words (counts reduced on the executors, the top ones collected) vs collecting
+every word's count to the driver (how the ETL did it before).
 
 Both write the same rows (a key, 128 token ids, a label) as tf.train.Example
 TFRecords. The Spark side runs the ETL's own encoder and framing
@@ -79,7 +82,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     try:
         baseline = median_time(lambda: tf_loop(ids, labels, os.path.join(tmp, "base.tfrecord")))
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.driver.memory", "4g").getOrCreate())
+                 .config("spark.driver.memory", "4g").config("spark.sql.adaptive.enabled", "true").getOrCreate())
         rows = [(f"row-{i:09d}", ids[i], int(labels[i])) for i in range(n)]  # token ids as a tokenizer returns them
         rdd = spark.sparkContext.parallelize(rows, 8).cache()
         rdd.count()
@@ -96,13 +99,109 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         from google.protobuf.internal import api_implementation
 
         per_row_us = _serialize_cost_us(ids[:4096], labels[:4096])
+        vocab = _vocab_driver_memory(spark, 50_000 if quick else 5_000_000)
         spark.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [Entry("etl_write", n / ours, "rows/s", "tf.io.TFRecordWriter loop, 1 process", n / baseline, 1.5,
                   notes={"rows": n, "tokens_per_row": TOKENS, "serialize_us_per_row": round(per_row_us, 2),
                          "protobuf_backend": api_implementation.Type(), "spark_master": "local[2]",
-                         "spark_timing_s": round(time.perf_counter() - started, 1)})]
+                         "spark_timing_s": round(time.perf_counter() - started, 1)}),
+            vocab]
+
+
+class PeakRss:
+    """The peak resident memory of this process (the Spark driver's Python side) while in the block, and
+    its rise above where it started (``mb``)."""
+
+    def __init__(self, interval: float = 0.01):
+        import threading
+
+        self.interval, self.start, self.peak = interval, _rss(), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _rss())
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def mb(self) -> float:
+        return max(self.peak - self.start, 0) / 1e6
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _vocab_driver_memory(spark, distinct: int) -> Entry:
+    """Driver peak memory: top vocabulary candidates (etl.job.top_word_counts) vs every count collected."""
+    import gc
+
+    from etl import job as etl_job
+    from etl import text
+    from hvdtrain import wordpiece
+
+    opts, vocab_size = text.TextOptions(), 2000
+    # Ten distinct words per row (a base-36 serial) plus a few common ones, as a long-tailed column has.
+    texts = spark.range(distinct // 10).selectExpr(
+        "concat_ws(' ', 'the', 'data', transform(sequence(0, 9), j -> concat('w', conv(id * 10 + j, 10, 36)))) "
+        "AS text").repartition(8).cache()
+    texts.count()
+    etl_job.top_word_counts(texts.limit(10), opts, vocab_size)  # imports and Arrow set-up, outside the figure
+    gc.collect()
+    started = time.perf_counter()
+    with PeakRss() as top:
+        counts = etl_job.top_word_counts(texts, opts, vocab_size)
+    top_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with PeakRss() as learning:
+        vocab = text.learn_vocab(counts, vocab_size)
+    learn_s = time.perf_counter() - started
+    del counts
+    gc.collect()
+    started = time.perf_counter()
+    with PeakRss() as every:
+        everything = _collect_all_counts(texts, opts)
+    all_s = time.perf_counter() - started
+    assert len(everything) == distinct + 2, len(everything)
+    del everything
+    texts.unpersist()
+    return Entry("vocab_driver_memory", top.peak / 1e6, "MB", "every word's count collected to the driver",
+                 every.peak / 1e6, 0.5, lower_is_better=True,
+                 notes={"distinct_words": distinct, "candidates": wordpiece.candidates_limit(vocab_size),
+                        "measured": "peak RSS of the driver's Python process", "rise_mb": round(top.mb, 1),
+                        "baseline_rise_mb": round(every.mb, 1), "top_seconds": round(top_s, 1),
+                        "collect_all_seconds": round(all_s, 1), "vocab_size": len(vocab),
+                        "learn_seconds": round(learn_s, 1), "learn_rise_mb": round(learning.mb, 1)})
+
+
+def _collect_all_counts(texts, opts) -> dict:
+    """The ETL's vocabulary counting before #16: reduceByKey, then every (word, count) to the driver."""
+    from etl import text
+
+    base_json = text.base(opts).to_str()
+
+    def count_words(rows):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(base_json)
+        for r in rows:
+            for w in text.words(tok, r.text):
+                yield w, 1
+
+    return texts.rdd.mapPartitions(count_words).reduceByKey(lambda a, b: a + b).collectAsMap()
 
 
 def _serialize_cost_us(ids: np.ndarray, labels: np.ndarray) -> float:

@@ -103,7 +103,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
                                              cfg.etl.packed_tokens) if tok is not None else {})
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
-                                      cfg.etl.min_shards_per_split)
+                                      cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
             results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
                                     manifest.encodings(text_specs), fault)
         rows.unpersist()
@@ -143,19 +143,38 @@ def _tokenizer(rows: Any, cfg: JobConfig):
             return text.from_vocab(lines, opts)
         except ValueError as exc:
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
+    counts = top_word_counts(rows.where("split = 'train'").select("text"), opts, cfg.etl.vocab_size)
+    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
+
+
+def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
+    """The most frequent words of a ``text`` column and their counts, reduced on the executors.
+
+    Words are counted per Arrow batch in the tasks, summed by a Spark aggregation, and only the top
+    :func:`hvdtrain.wordpiece.candidates_limit` (by count, ties by word) reach the driver, so the driver's
+    memory is bounded by the vocabulary size, not by the number of distinct words.
+    """
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    from etl import text
+    from hvdtrain import wordpiece
+
     base_json = text.base(opts).to_str()
 
-    def count_words(texts):
+    def count_words(batches):
+        import pandas as pd
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(base_json)
-        for t in texts:
-            for w in text.words(tok, t):
-                yield w, 1
+        for batch in batches:
+            counts = Counter(w for t in batch["text"] if t is not None for w in text.words(tok, t))
+            yield pd.DataFrame({"word": list(counts), "n": list(counts.values())})
 
-    counts = (rows.where("split = 'train'").select("text").rdd.map(lambda r: r.text)
-              .mapPartitions(count_words).reduceByKey(lambda a, b: a + b).collectAsMap())
-    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
+    top = (texts.mapInPandas(count_words, "word string, n long").groupBy("word").agg(F.sum("n").alias("n"))
+           .orderBy(F.desc("n"), F.asc("word")).limit(wordpiece.candidates_limit(vocab_size)).collect())
+    return {r["word"]: r["n"] for r in top}
 
 
 def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:

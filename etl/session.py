@@ -57,10 +57,15 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
         "spark.app.name": cfg.spark.app_name,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "true" if progress_bars else "false",
-        "spark.sql.shuffle.partitions": "8",
+        # Shuffle sizes: Spark's adaptive execution coalesces shuffle partitions to the data it sees, unless
+        # etl.shuffle_partitions fixes the number.
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
         # Python workers do the tokenizing and writing; reuse them across tasks.
         "spark.python.worker.reuse": "true",
     }
+    if cfg.etl.shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(cfg.etl.shuffle_partitions)
     if master:
         conf["spark.master"] = master
     if cfg.hive.embedded:

@@ -46,15 +46,27 @@ class ShardPlan:
         raise IndexError(partition)
 
 
-def plan_shards(rows: dict[str, int], max_length: int, target_mb: float, min_shards: int) -> ShardPlan:
-    """Shards per split: enough for the target size, and at least ``min_shards``
-    (so every planned rank gets a shard), never more than one per row."""
-    est_record = 2 * max_length * _EST_BYTES_PER_TOKEN + 64
+def record_bytes(max_length: int) -> float:
+    """Estimated bytes of one record: token ids and mask as int64 varints, plus label, key and framing."""
+    return 2 * max_length * _EST_BYTES_PER_TOKEN + 64
+
+
+def plan_shards(rows: dict[str, int], max_length: int, target_mb: float, min_shards: int,
+                min_shard_mb: float = 1.0) -> ShardPlan:
+    """Shards per split (pure): enough that none exceeds ``target_mb``, and at least ``min_shards`` so a
+    large split spreads over many ranks, but never so many that shards fall below ``min_shard_mb`` (a small
+    split gets fewer, fuller shards), never more than one per row, and at least one.
+
+    Sizes are estimated from ``max_length`` (:func:`record_bytes`).
+    """
+    est_record = record_bytes(max_length)
     counts = {}
     for split in SPLITS:
         n = rows.get(split, 0)
         by_size = math.ceil(n * est_record / (target_mb * 1e6))
-        counts[split] = max(1, min(max(by_size, min_shards), n)) if n else 0
+        # How many shards of at least min_shard_mb the split fills (no bound when min_shard_mb is 0).
+        fits = int(n * est_record // (min_shard_mb * 1e6)) if min_shard_mb > 0 else min_shards
+        counts[split] = max(1, min(max(by_size, min(min_shards, fits)), n)) if n else 0
     return ShardPlan(counts)
 
 

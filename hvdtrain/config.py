@@ -183,7 +183,12 @@ class EtlConfig:
     scale: bool = True  # standard-scale numeric columns with train mean and std
     max_categories: int = 1000  # per categorical column; rarer values share the unknown bucket (index 0)
     target_shard_mb: float = 64.0
-    min_shards_per_split: int = 2
+    # At least this many shards per split, so a large split spreads over many ranks (64: 16 hosts x 4 GPUs)...
+    min_shards_per_split: int = 64
+    # ...but never shards smaller than this (MB, estimated): a small split gets fewer, fuller shards. 0: no bound.
+    min_shard_mb: float = 1.0
+    # spark.sql.shuffle.partitions for the ETL's aggregations; null leaves it to Spark's adaptive execution.
+    shuffle_partitions: Optional[int] = None
     compression: Literal["none", "gzip"] = "none"
     # input_ids / attention_mask stored packed, one bytes value per record (ids as uint8/uint16/int32, the
     # narrowest that holds the vocabulary; the mask as uint8): far cheaper to parse than int64 lists. false writes
@@ -202,6 +207,9 @@ class EtlConfig:
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
         _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
         _require(self.min_shards_per_split >= 1, "min_shards_per_split", self.min_shards_per_split, "must be >= 1")
+        _require(self.shuffle_partitions is None or self.shuffle_partitions >= 1, "shuffle_partitions",
+                 self.shuffle_partitions, "must be >= 1, or null to let Spark's adaptive execution choose")
+        _require(self.min_shard_mb >= 0, "min_shard_mb", self.min_shard_mb, "must be >= 0 (0: no lower bound)")
 
 
 @dataclass

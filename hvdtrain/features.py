@@ -8,8 +8,9 @@ Spark tasks call it on raw rows with the tokenizer and statistics the ETL saved
 Text: normalization (NFKC, control characters, lowercasing), a WordPiece
 tokenizer (the ``tokenizers`` library), truncation and padding to fixed-length
 token ids. The vocabulary is either a supplied ``vocab.txt`` (e.g. a BERT
-vocabulary) or learned from the training split only (word counts computed in
-Spark). The whole tokenizer is saved as JSON in the dataset, so executors,
+vocabulary) or learned from the training split only: word counts computed in
+Spark, subword units learned from the most frequent words
+(:mod:`hvdtrain.wordpiece`). The whole tokenizer is saved as JSON in the dataset, so executors,
 training and serving apply exactly the same thing.
 
 Tabular: imputation, categorical indexing, standard scaling with statistics
@@ -23,7 +24,7 @@ Labels: names to class indexes in the manifest's order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -80,25 +81,16 @@ def base(opts: TextOptions) -> Tokenizer:
     return _configure(Tokenizer(models.WordPiece(vocab={PAD: 0, UNK: 1}, unk_token=UNK)), opts, pad=False)
 
 
-def learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
-    """A WordPiece vocabulary from word counts, deterministically.
+def learn_vocab(word_counts: Mapping[str, int], vocab_size: int) -> list[str]:
+    """A WordPiece vocabulary of at most ``vocab_size`` entries learned from word counts, deterministically.
 
-    Special tokens, then every character seen (alone and as a ``##``
-    continuation, so any word can be spelled), then whole words by count,
-    ties broken by the word. tokenizers' own WordPieceTrainer is not used: its
-    result depends on hash-map iteration order (huggingface/tokenizers#1794),
-    so reruns of the ETL would write different token ids.
+    Special tokens, the characters (alone and as ``##`` continuations, so any word can be spelled), then
+    subword units from count-weighted pair merges (:mod:`hvdtrain.wordpiece`): the same counts give the
+    same vocabulary, byte for byte, whatever order they come in.
     """
-    chars = sorted({c for w in word_counts for c in w})
-    vocab = list(SPECIAL_TOKENS) + chars + ["##" + c for c in chars]
-    seen = set(vocab)
-    for word, _ in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if len(vocab) >= vocab_size:
-            break
-        if word not in seen:
-            vocab.append(word)
-            seen.add(word)
-    return vocab
+    from hvdtrain import wordpiece
+
+    return wordpiece.learn(word_counts, vocab_size, SPECIAL_TOKENS)
 
 
 def from_vocab(vocab_lines: Sequence[str], opts: TextOptions) -> Tokenizer:

@@ -200,10 +200,9 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
                         "hvdtrain version or set train.record_trace=null")
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
-    shards = len(manifest.split("train").shards)
-    if shards < rank.size and rank.is_chief:
-        log.warning("the train split has %d shards for %d ranks: ranks share shards and read less in parallel; "
-                    "rerun the ETL with etl.min_shards_per_split >= %d", shards, rank.size, rank.size)
+    few_shards = data.shard_warning("train", len(manifest.split("train").shards), rank.size)
+    if few_shards and rank.is_chief:
+        log.warning("%s", few_shards)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
         raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "

@@ -63,6 +63,29 @@ def test_steps_per_epoch_counts_whole_global_batches() -> None:
         data.steps_per_epoch(100, 32, 4)
 
 
+def test_shard_warning_names_the_etl_setting_when_ranks_outnumber_shards() -> None:
+    assert read_plan.shard_warning("train", 64, 64) is None and read_plan.shard_warning("train", 3, 2) is None
+    line = read_plan.shard_warning("train", 3, 8)
+    assert "3 shards for 8 ranks" in line and "etl.min_shards_per_split >= 8" in line and "etl.min_shard_mb" in line
+
+
+def test_training_warns_once_on_rank_0_when_the_train_split_has_fewer_shards_than_ranks(
+        dataset: manifest_lib.Manifest, caplog: pytest.LogCaptureFixture) -> None:
+    from hvdtrain import config as config_mod
+    from hvdtrain import distributed, train
+
+    cfg = config_mod.from_dict({"etl": {"output": dataset.location, "max_length": 12},
+                                "train": {"batch_size": 4}})
+    for rank, size, warned in ((0, 8, 1), (3, 8, 0), (0, 3, 0)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hvdtrain"):
+            train.plan(cfg, distributed.RankInfo(rank, size, rank, size, "localhost", "local"))
+        lines = [r.getMessage() for r in caplog.records if "etl.min_shards_per_split" in r.getMessage()]
+        assert len(lines) == warned, (rank, size, lines)
+        if warned:
+            assert lines[0].startswith("the train split has 3 shards for 8 ranks")
+
+
 # -- pipelines ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

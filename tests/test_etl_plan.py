@@ -41,12 +41,31 @@ def test_split_is_by_key_hash_and_matches_fractions():
 
 def test_shard_plan_has_enough_shards_for_ranks_and_size():
     plan = writer.plan_shards({"train": 1000, "validation": 10, "test": 0}, max_length=64, target_mb=64,
-                              min_shards=4)
+                              min_shards=4, min_shard_mb=0)
     assert plan.counts == {"train": 4, "validation": 4, "test": 0}
     big = writer.plan_shards({"train": 2_000_000, "validation": 1, "test": 3}, 128, 64, 2)
-    assert big.counts["train"] > 10 and big.counts["validation"] == 1 and big.counts["test"] == 2
+    assert big.counts["train"] > 10 and big.counts["validation"] == 1 and big.counts["test"] == 1
     assert [plan.locate(i) for i in range(plan.total)] == [("train", i) for i in range(4)] + \
         [("validation", i) for i in range(4)]
+
+
+@pytest.mark.parametrize("rows", [1, 50, 2_000, 20_000, 100_000, 400_000, 3_000_000, 50_000_000, 500_000_000])
+def test_default_shard_counts_fit_a_large_cluster_and_keep_small_shards_above_a_megabyte(rows: int):
+    from hvdtrain.config import EtlConfig
+
+    etl = EtlConfig()
+    plan = writer.plan_shards({"train": rows, "validation": 0, "test": 0}, etl.max_length, etl.target_shard_mb,
+                              etl.min_shards_per_split, etl.min_shard_mb)
+    n = plan.counts["train"]
+    split_mb = rows * writer.record_bytes(etl.max_length) / 1e6
+    assert 1 <= n <= rows
+    assert split_mb / n <= etl.target_shard_mb  # no shard above the target size
+    if split_mb >= 64 * etl.min_shard_mb:
+        assert n >= 64  # a large split spreads over 16 hosts x 4 GPUs
+    if n > 1:
+        assert split_mb / n >= etl.min_shard_mb * 0.999  # no shard below about 1 MB
+    # As many shards as the bounds allow: one more would break the 1 MB floor, or the 64 minimum is met.
+    assert n >= 64 or n == int(split_mb // etl.min_shard_mb) or n == 1
 
 
 def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
@@ -74,6 +93,47 @@ def test_vocabulary_is_deterministic_and_tokenizer_pads_to_length():
         text.from_vocab(["[PAD]", "[UNK]", "", "a"], opts)
     with pytest.raises(ValueError, match="'a' on line 4 repeats line 3"):
         text.from_vocab(["[PAD]", "[UNK]", "a", "a"], opts)
+
+
+CORPUS = ("the runner was running and jumping while the walkers were walking and talking; readers kept reading "
+          "the reports, players played and kept playing, the eaters were eating what was eaten").split()
+
+
+@pytest.mark.parametrize("cap", [10, 20, 40, 60, 100, 400])
+def test_learned_wordpiece_fits_the_cap_and_spells_unseen_words_with_learned_pieces(cap: int):
+    opts = text.TextOptions(max_length=12)
+    words = text.words(text.base(opts), " ".join(CORPUS))
+    counts = collections.Counter(words)
+    vocab = text.learn_vocab(counts, vocab_size=cap)
+    assert len(vocab) <= cap and len(set(vocab)) == len(vocab)  # a hard cap counting specials and characters
+    assert vocab[:len(text.SPECIAL_TOKENS)] == text.SPECIAL_TOKENS[:cap]
+    if cap < 100:
+        return
+    assert len(vocab) == cap or len(vocab) > 60  # the merges fill it (or run out of pairs)
+    tok = text.from_vocab(vocab, opts)
+    for unseen in ("talkers", "replaying", "stalking"):
+        assert unseen not in counts
+        pieces = [t for t in tok.encode(unseen).tokens if t != text.PAD]
+        assert text.UNK not in pieces, (unseen, pieces)
+        assert any(len(p.removeprefix("##")) > 1 for p in pieces), (unseen, pieces)  # a learned subword
+
+
+def test_learned_wordpiece_is_a_function_of_the_counts_alone():
+    from hvdtrain import wordpiece
+
+    counts = collections.Counter(CORPUS * 3 + ["rare"])
+    vocab = text.learn_vocab(counts, 90)
+    shuffled = list(counts.items())
+    np.random.RandomState(0).shuffle(shuffled)
+    assert text.learn_vocab(dict(shuffled), 90) == vocab
+    assert text.learn_vocab(dict(sorted(counts.items(), reverse=True)), 90) == vocab
+    # every tie between equally frequent pairs or characters is broken the same way: no set/dict order leaks
+    ties = {w: 5 for w in ("ab", "ba", "cd", "dc", "abcd", "dcba")}
+    assert text.learn_vocab(ties, 24) == text.learn_vocab(dict(reversed(list(ties.items()))), 24)
+    # the driver's candidates: the most frequent words, ties by word
+    assert wordpiece.top_words({"b": 2, "a": 2, "c": 3, "d": 1}, 3) == [("c", 3), ("a", 2), ("b", 2)]
+    # a cap too small for every character keeps the most frequent ones (the rest spell as [UNK])
+    assert wordpiece.alphabet({"ab": 3, "bc": 1}, 4) == ["a", "b", "##a", "##b"]
 
 
 def test_normalization_options():
@@ -115,6 +175,10 @@ def test_spark_conf_keeps_an_hdfs_warehouse_and_a_local_metastore(tmp_path):
     assert conf["spark.sql.warehouse.dir"] == "hdfs://nn:8020/warehouse"
     assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"].startswith(f"jdbc:derby:;databaseName={tmp_path}")
     assert conf["spark.master"] == "local[2]" and conf["spark.executor.memory"] == "2g"
+    # shuffle sizes: Spark's adaptive execution unless etl.shuffle_partitions fixes them
+    assert conf["spark.sql.adaptive.enabled"] == "true" and "spark.sql.shuffle.partitions" not in conf
+    cfg.etl.shuffle_partitions = 400
+    assert session.spark_conf(cfg, "local[2]")["spark.sql.shuffle.partitions"] == "400"
 
 
 def test_a_local_run_logs_spark_to_a_file_and_hides_its_bars_unless_verbose(tmp_path):

@@ -21,7 +21,7 @@ def hive_cfg(tmp_path_factory):
     return config.from_dict({
         "name": "etltest", "workdir": str(base),
         "source": {"table": "etltest.reviews", "sample": {"rows": 1500, "num_classes": 3, "seed": 11}},
-        "etl": {"max_length": 24, "vocab_size": 300, "min_shards_per_split": 2},
+        "etl": {"max_length": 24, "vocab_size": 300, "min_shards_per_split": 2, "min_shard_mb": 0},
     }, base_dir=str(base))
 
 
@@ -107,6 +107,35 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
     assert m.source["sample"]["accuracy_ceiling"] > 0.8
     vocab = fs.read_bytes(os.path.join(cfg.etl.output, "vocab.txt")).decode().splitlines()
     assert vocab[0] == "[PAD]" and len(vocab) == m.vocab["size"]
+
+
+def test_wordpiece_from_spark_counts_is_byte_identical_under_any_partitioning(spark):
+    """Counts reduced on the executors, only the top candidates collected, the same vocabulary whatever the
+    input's partitioning; an unseen word spells with learned pieces."""
+    from etl import job as etl_job
+    from etl import sample, text
+    from hvdtrain import wordpiece
+    from hvdtrain.config import SampleConfig
+
+    opts, cap = text.TextOptions(max_length=16), 120
+    docs = [doc for _, doc, _ in sample.generate(SampleConfig(rows=600, seed=5))]
+    docs += [f"unique{i:04d}word" for i in range(2 * wordpiece.candidates_limit(cap))]  # more words than reach the driver
+    df = spark.createDataFrame([(d,) for d in docs], "text string")
+    base = text.base(opts)
+    exact = collections.Counter(w for d in docs for w in text.words(base, d))
+    vocabs = []
+    for parts in (1, 7):
+        counts = etl_job.top_word_counts(df.repartition(parts), opts, cap)
+        assert list(counts.items()) == wordpiece.top_words(exact, wordpiece.candidates_limit(cap))
+        vocab = text.learn_vocab(counts, cap)
+        vocabs.append("\n".join(vocab).encode())
+    assert vocabs[0] == vocabs[1]
+    vocab = vocabs[0].decode().split("\n")
+    assert len(vocab) <= cap
+    held_out = "uniquewords"  # never seen: its pieces must come from the learned units
+    assert held_out not in exact
+    pieces = [t for t in text.from_vocab(vocab, opts).encode(held_out).tokens if t != text.PAD]
+    assert text.UNK not in pieces and any(len(p.removeprefix("##")) > 1 for p in pieces), pieces
 
 
 def test_rerun_is_refused_without_overwrite_and_identical_with_it(spark, hive_cfg, tmp_path):

@@ -83,7 +83,7 @@ def hdfs_dataset(run_root: str, tmp_path_factory: pytest.TempPathFactory) -> str
         # every executor can write and read them.
         "hive": {"embedded": True, "metastore_dir": str(folder / "metastore"),
                  "warehouse_dir": fs.join(run_root, "warehouse") if YARN else str(folder / "warehouse")},
-        "etl": {"output": data, "max_length": 32, "vocab_size": 600, "min_shards_per_split": 2},
+        "etl": {"output": data, "max_length": 32, "vocab_size": 600, "min_shards_per_split": 2, "min_shard_mb": 0},
         "yarn": small_yarn_block(executor_memory="2g"),
     }, base_dir=str(folder))
     path = folder / "etl.yaml"

@@ -137,7 +137,7 @@ def test_etl_publishes_to_webhdfs_byte_identical_to_a_local_run(server, tmp_path
 
     base = {"name": "webhdfs-etl", "workdir": str(tmp_path / "work"),
             "source": {"path": str(tmp_path / "src.json"), "format": "json"},
-            "etl": {"max_length": 16, "vocab_size": 200, "min_shards_per_split": 2}}
+            "etl": {"max_length": 16, "vocab_size": 200, "min_shards_per_split": 2, "min_shard_mb": 0}}
     with open(tmp_path / "src.json", "w") as fh:
         for i in range(300):
             fh.write(f'{{"id": "r{i}", "text": "words for row {i} about {["cats", "dogs", "birds"][i % 3]}", '

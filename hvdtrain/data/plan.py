@@ -69,6 +69,18 @@ def share(shard_records: Sequence[int], rank: int, size: int) -> Share:
     return Share(tuple(ranges))
 
 
+def shard_warning(split: str, shards: int, size: int) -> Optional[str]:
+    """The warning training gives when a split has fewer shards than ranks (None when it has enough).
+
+    Ranks then share shards, which works but reads less in parallel; the fix is the ETL's setting.
+    """
+    if shards >= size:
+        return None
+    return (f"the {split} split has {shards} shard{'s' if shards != 1 else ''} for {size} ranks: ranks share shards "
+            f"and read less in parallel; rerun the ETL with etl.min_shards_per_split >= {size} (a split too small "
+            f"for {size} shards of etl.min_shard_mb each gets fewer: lower etl.min_shard_mb to split it anyway)")
+
+
 def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps: int = 1) -> int:
     """Optimizer steps every rank runs per epoch: whole global batches in one pass of the data.
 
