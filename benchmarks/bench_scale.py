@@ -4,27 +4,13 @@ All on benchmarks/overlap_worker.py's 17-layer MLP (15.8 M parameters, 63 MB of 
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 
 from benchmarks import scale_model as sm
 from benchmarks.bench_allreduce import memcpy_gbps
 from benchmarks.common import Entry
-from benchmarks.launch import ROOT, horovodrun
-
-
-def plain(args: list[str]) -> dict:
-    """benchmarks.overlap_worker as one plain process: no launcher, so no Horovod at all."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.overlap_worker", *args], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
-    for line in out.stdout.splitlines():
-        if line.startswith("BENCH "):
-            return json.loads(line[6:])
-    raise RuntimeError(f"overlap_worker {args} printed no result:\n{out.stderr[-3000:]}")
+from benchmarks.launch import horovodrun, plain
 
 
 QUICK_MODEL = {True: ["--width", "128"], False: []}  # --quick (the suite's smoke run): a narrow model
@@ -64,7 +50,7 @@ def model_check(quick: bool) -> list[Entry]:
     args = [steps, "--threads", "1", *QUICK_MODEL[quick]]
     compute, np1, np2, size = [], [], [], {}
     for _ in range(reps):  # interleaved: plain, np1, np2, plain, np1, np2, ...
-        compute.append(statistics.median(plain(args)["step_seconds"]["grouped"]))
+        compute.append(statistics.median(plain("benchmarks.overlap_worker", args)["step_seconds"]["grouped"]))
         np1.append(statistics.median(horovodrun(1, "benchmarks.overlap_worker", args)["step_seconds"]["grouped"]))
         size = horovodrun(2, "benchmarks.overlap_worker", args)
         np2.append(statistics.median(size["step_seconds"]["grouped"]))

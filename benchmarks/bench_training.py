@@ -1,27 +1,12 @@
 """hvd_overhead, scaling_np2, launch_overhead: training throughput under horovodrun."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
 from benchmarks.common import Entry
-from benchmarks.launch import ROOT, horovodrun
-
-
-def plain(args: list[str]) -> dict:
-    """The worker as one plain process (no horovodrun)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.train_worker", *args], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
-    for line in out.stdout.splitlines():
-        if line.startswith("BENCH "):
-            return json.loads(line[6:])
-    raise RuntimeError(f"train_worker {args} printed no result:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+from benchmarks.launch import horovodrun, plain
 
 
 def median_of(fn, reps: int) -> dict:
@@ -38,7 +23,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     try:
         make_text_dataset(root, TextSpec(layout=Layout(n_per_split={"train": 8192, "validation": 64, "test": 64},
                                                        shards_per_split=4), num_classes=4, max_length=64, vocab_size=2000, seed=3))
-        keras_fit = median_of(lambda: plain([root, "keras", steps]), reps)
+        keras_fit = median_of(lambda: plain("benchmarks.train_worker", [root, "keras", steps]), reps)
         np1 = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps]), reps)
         one_thread = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps,
                                                                                   "--threads", "1"]), reps)
@@ -49,7 +34,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
             start = time.time()
             launch_hvd.append(horovodrun(2, "benchmarks.train_worker", [root, "hvd", "1"])["first_step_at"] - start)
             start = time.time()
-            launch_plain.append(plain([root, "hvd", "1"])["first_step_at"] - start)
+            launch_plain.append(plain("benchmarks.train_worker", [root, "hvd", "1"])["first_step_at"] - start)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     hvd_s, plain_s = sorted(launch_hvd)[len(launch_hvd) // 2], sorted(launch_plain)[len(launch_plain) // 2]

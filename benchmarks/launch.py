@@ -18,11 +18,24 @@ def horovodrun(np: int, module: str, args: list[str], env: Optional[dict[str, st
     cmd = [hr, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", module, *args]
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **(env or {})}
     out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    for line in out.stdout.splitlines():
+    return result(f"{module} {args}", out.stdout, out.stderr, out.returncode)
+
+
+def plain(module: str, args: list[str], timeout: int = 900) -> dict:
+    """Run ``python -m module args`` as one plain process (no launcher, so no Horovod); its 'BENCH {json}'."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    return result(f"{module} {args}", out.stdout, out.stderr, out.returncode)
+
+
+def result(what: str, stdout: str, stderr: str, code: object) -> dict:
+    """The JSON of a worker's 'BENCH {json}' line (horovodrun prefixes lines with the rank), else an error
+    carrying the ends of its output."""
+    for line in stdout.splitlines():
         if "BENCH " in line:
             return json.loads(line.split("BENCH ", 1)[1])
-    raise RuntimeError(f"{module} {args} printed no result (exit {out.returncode}):\n{out.stdout[-2000:]}\n"
-                       f"{out.stderr[-3000:]}")
+    raise RuntimeError(f"{what} printed no result (exit {code}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
 
 
 def tf_workers(n: int, module: str, args: list[str], timeout: int = 900) -> dict:
@@ -44,11 +57,7 @@ def tf_workers(n: int, module: str, args: list[str], timeout: int = 900) -> dict
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for line in outs[0][0].splitlines():
-        if line.startswith("BENCH "):
-            return json.loads(line[6:])
-    raise RuntimeError(f"{module} {args} printed no result (exits {[p.returncode for p in procs]}):\n"
-                       f"{outs[0][0][-2000:]}\n{outs[0][1][-3000:]}")
+    return result(f"{module} {args}", outs[0][0], outs[0][1], [p.returncode for p in procs])
 
 
 def free_ports(n: int) -> list[int]:

@@ -14,8 +14,7 @@ import statistics
 import sys
 import tempfile
 
-from benchmarks.bench_training import plain
-from benchmarks.launch import horovodrun
+from benchmarks.launch import horovodrun, plain
 
 NP2_VARIANTS = {
     "default": {},
@@ -46,7 +45,7 @@ def main() -> None:
                 runs.setdefault(f"scaling_np2 {name}", []).append(
                     two["samples_per_sec"] / (2 * one["samples_per_sec"]))
                 print(f"scaling_np2 {name}: {runs[f'scaling_np2 {name}'][-1]:.3f}", flush=True)
-            keras_fit = plain([root, "keras", steps])["samples_per_sec"]
+            keras_fit = plain("benchmarks.train_worker", [root, "keras", steps])["samples_per_sec"]
             for name, env in NP1_VARIANTS.items():
                 np1 = horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps], env=env)
                 runs.setdefault(f"hvd_overhead {name}", []).append(np1["samples_per_sec"] / keras_fit)

@@ -102,7 +102,7 @@ def _param(key: str, spec: Any, where: str, known: Mapping[str, Any]) -> Param:
         raise ConfigError(field, spec, "is not a config key" + (f"; did you mean {close[0]!r}?" if close else
                                                                   " (see hvdtrain config CONFIG)"))
     if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
-        raise ConfigError(field, spec, f"must be one of {{loguniform|uniform|int: [low, high]}} or "
+        raise ConfigError(field, spec, "must be one of {loguniform|uniform|int: [low, high]} or "
                                        "{choice: [a, b, ...]}")
     kind, values = next(iter(spec.items()))
     if kind == "choice":

@@ -8,7 +8,6 @@ and no transfer starts before then.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

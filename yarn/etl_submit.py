@@ -97,10 +97,7 @@ def _notes(cfg: JobConfig) -> list[str]:
     if cfg.hive.embedded and not cfg.source.path:
         notes.append("hive.embedded is true: the table is looked up in a Derby metastore on the driver, not the "
                      "cluster's; set hive.embedded=false to use the metastore of Spark's hive-site.xml")
-    if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
-        notes.append("the env archive is local, so spark-submit uploads it on every submission; "
-                     "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once")
-    return notes
+    return notes + submit.archive_notes(cfg)
 
 
 def job_args(args: argparse.Namespace) -> list[str]:

@@ -73,7 +73,7 @@ def _notes(cfg: JobConfig, job_args: Sequence[str], deploy_mode: str) -> list[st
     if fs.is_local(cfg.score.report_dir):
         notes.append(f"score.report_dir {cfg.score.report_dir} is local to the driver's host; set "
                      "score.report_dir=hdfs://... to keep the reports with the table")
-    return notes
+    return notes + submit.archive_notes(cfg)
 
 
 def job_args(args: argparse.Namespace) -> list[str]:

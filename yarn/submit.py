@@ -252,10 +252,15 @@ def _cluster_notes(cfg: JobConfig) -> list[str]:
     if cfg.tracking.enabled and not cfg.tracking.uri and "MLFLOW_TRACKING_URI" not in cfg.yarn.env:
         notes.append("tracking.uri is unset: rank 0 would log to a SQLite file on whichever host it runs; "
                      "set tracking.uri=http://mlflow-server:5000 (or yarn.env.MLFLOW_TRACKING_URI)")
+    return notes + archive_notes(cfg)
+
+
+def archive_notes(cfg: JobConfig) -> list[str]:
+    """What every cluster submission (train, ETL, score) is told about where its env archive comes from."""
     if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
-        notes.append("the env archive is local, so spark-submit uploads it on every submission; "
-                     "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once")
-    return notes
+        return ["the env archive is local, so spark-submit uploads it on every submission; "
+                "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once"]
+    return []
 
 
 def flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
