@@ -70,3 +70,14 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = _MLFLOW_URI_AT_START
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A loopback WebHDFS server (tests/webhdfs_server.py) over a fresh folder: the `webhdfs://` tests' NameNode."""
+    from tests.webhdfs_server import WebHdfsServer
+
+    root = tmp_path / "namenode"
+    root.mkdir()
+    with WebHdfsServer(str(root)) as s:
+        yield s

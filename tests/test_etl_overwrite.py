@@ -20,7 +20,6 @@ from etl import publish, writer
 from etl.accounting import RowCounts
 from hvdtrain import config, fs, manifest
 from tests import faulty_fs
-from tests.webhdfs_server import WebHdfsServer
 
 SHARDS = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
 ROWS = {"train": 80, "validation": 10, "test": 10}
@@ -74,14 +73,6 @@ def assert_whole(out: str, tag: str, tmp: Path) -> manifest.Manifest:
     assert fs.read_bytes(fs.join(m.root, m.vocab["path"])).decode().splitlines()[2] == tag
     assert tag in fs.read_bytes(fs.join(m.root, m.vocab["tokenizer"])).decode()
     return m
-
-
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "namenode"
-    root.mkdir()
-    with WebHdfsServer(str(root)) as s:
-        yield s
 
 
 @pytest.fixture

@@ -16,15 +16,6 @@ from hvdtrain import checkpoint as ck
 from hvdtrain import data, fs
 from hvdtrain.errors import DataError
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.webhdfs_server import WebHdfsServer
-
-
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "namenode"
-    root.mkdir()
-    with WebHdfsServer(str(root)) as s:
-        yield s
 
 
 def test_files_round_trip_through_the_rest_api(server, tmp_path):
