@@ -293,15 +293,7 @@ def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tup
     """This worker's (predict, encoder), loaded on first use and kept for later tasks."""
     if spec.model_digest in _MODELS:
         return _MODELS[spec.model_digest]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("RAYON_NUM_THREADS", str(spec.threads))  # the tokenizer's thread pool
-    import tensorflow as tf
-
-    try:  # one Spark core per task: TensorFlow must not spread over the others' cores
-        tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(spec.threads)
-    except RuntimeError:
-        pass  # already initialized in this process (driver-side use): keep its settings
+    limit_threads(spec.threads)  # one Spark core per task: TensorFlow must not spread over the others' cores
     from hvdtrain.features import FeatureEncoder
 
     model = load_keras(model_bytes.value if hasattr(model_bytes, "value") else model_bytes)
@@ -310,6 +302,20 @@ def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tup
     if counters is not None:
         counters.count(model_loads=1)
     return _MODELS[spec.model_digest]
+
+
+def limit_threads(threads: int) -> None:
+    """A scoring worker's thread budget: ``threads`` TensorFlow intra- and inter-op threads, and as many
+    tokenizer (Rayon) threads. Takes effect only before TensorFlow and the tokenizer's pool first run."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))  # the tokenizer's thread pool
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass  # already initialized in this process (driver-side use): keep its settings
 
 
 def compile_predict(model: Any, input_specs: dict[str, Any]) -> Any:

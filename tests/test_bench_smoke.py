@@ -17,7 +17,8 @@ FIELDS = {"name", "value", "unit", "baseline_name", "baseline_value", "ratio", "
 EXPECTED = {"etl_write", "input_raw", "input_pipeline", "input_vs_stock", "parse_vectorized", "staging_overlap",
             "allreduce_vs_tcp", "allreduce_vs_tf_ring", "allreduce_fusion", "hvd_overhead", "scaling_np2",
             "launch_overhead", "checkpoint_save", "checkpoint_restore", "monitoring_overhead",
-            "monitoring_overhead_breakdown", "score_throughput", "score_vs_pyfunc", "train_vs_mwms",
+            "monitoring_overhead_breakdown", "score_throughput", "score_throughput_all_cores", "score_vs_pyfunc",
+            "train_vs_mwms",
             "tune_efficiency", "tune_best_accuracy", "overlap_gain", "scale_model_np1", "scale_model_np2",
             "vocab_driver_memory"}
 # Peer comparisons: interleaved repetitions, a min/median/max of the per-pair ratios.
