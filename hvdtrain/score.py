@@ -27,6 +27,7 @@ rows, so a worker holds one batch at a time whatever the number of rows.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ PREDICTION_COLUMNS = (("predicted_label", "string"), ("predicted_score", "float"
 PROVENANCE_COLUMNS = (("model_uri", "string"), ("model_version", "string"), ("manifest_digest", "string"),
                       ("scored_at", "timestamp"))
 REJECT_COLUMNS = (("reject_reason", "string"), ("reject_input", "string"))
+PROB_PREFIX = "__class_probability_"  # a scored batch's per-class columns, before they become one array
 
 
 @dataclass(frozen=True)
@@ -233,36 +235,40 @@ def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dic
 
 
 def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counters: Any = None) -> Any:
-    """One Arrow batch of raw rows -> output rows (predictions, and rejects with their reason)."""
+    """One Arrow batch of raw rows -> its rows of :func:`batch_ddl` (predictions, and rejects with their reason).
+
+    Scored rows come first, then rejects. The class probabilities leave as one
+    float32 column per class and the run's constants (model URI, version,
+    manifest digest, ``scored_at``) are not repeated per row: :func:`finish_exprs`
+    builds the output columns from these on the JVM, where that costs nothing
+    per row, while an array column from pandas is converted row by row.
+    """
     import pandas as pd
 
     reasons, numeric = reject_reasons(frame, spec)
     ok = np.array([r is None for r in reasons], dtype=bool)
     good = frame.reset_index(drop=True) if ok.all() else frame[ok].reset_index(drop=True)
-    probs = np.zeros((len(good), len(spec.labels)), dtype=np.float32)
+    bad_idx = np.flatnonzero(~ok)
+    n_bad = len(bad_idx)
+    probs = np.full((len(good) + n_bad, len(spec.labels)), np.nan, dtype=np.float32)  # NaN: a reject's row
     for start in range(0, len(good), spec.predict_batch):
         chunk = good.iloc[start:start + spec.predict_batch]
         nums = {c: v[ok][start:start + spec.predict_batch] for c, v in numeric.items()}
         probs[start:start + len(chunk)] = softmax(np.asarray(predict(encode_rows(chunk, spec, encoder, nums))))
     labels = np.array(spec.labels, dtype=object)
-    top = probs.argmax(axis=1) if len(good) else np.zeros(0, dtype=np.int64)
-    bad_idx = np.flatnonzero(~ok)
-    n_bad = len(bad_idx)
+    top = probs[:len(good)].argmax(axis=1) if len(good) else np.zeros(0, dtype=np.int64)
 
     def ordered(col: str) -> np.ndarray:  # scored rows first, then rejects; object arrays (see _column)
         return np.concatenate([_values(good[col]), _values(frame[col].iloc[bad_idx])])
 
-    out = pd.DataFrame({spec.key_column: _column([None if v is None else str(v) for v in ordered(spec.key_column)])})
+    key = ordered(spec.key_column)
+    out = pd.DataFrame({spec.key_column: _column([v if v is None or isinstance(v, str) else str(v) for v in key])})
     out["predicted_label"] = _column(list(labels[top]) + [None] * n_bad)
-    out["predicted_score"] = pd.array(list(probs.max(axis=1) if len(good) else []) + [None] * n_bad,
-                                      dtype="Float32")
-    out["probabilities"] = _column([p for p in probs] + [None] * n_bad)
+    out["predicted_score"] = probs.max(axis=1) if len(good) else np.full(n_bad, np.nan, dtype=np.float32)
+    for name, values in zip(prob_columns(len(spec.labels)), probs.T):
+        out[name] = values
     for c in spec.extra_columns:
         out[c] = _column(list(ordered(c)))
-    out["model_uri"] = _column([spec.model_uri] * len(out))
-    out["model_version"] = _column([spec.model_version] * len(out))
-    out["manifest_digest"] = _column([spec.manifest_digest] * len(out))
-    out["scored_at"] = pd.Timestamp(spec.scored_at)
     out["reject_reason"] = _column([None] * len(good) + [reasons[i] for i in bad_idx])
     out["reject_input"] = _column([None] * len(good) + [_input_json(frame, i, spec) for i in bad_idx])
     if counters is not None:
@@ -270,7 +276,52 @@ def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counter
     return out
 
 
+def prob_columns(num_classes: int) -> list[str]:
+    """The per-class probability columns of a scored batch (see :func:`score_frame`)."""
+    return [f"{PROB_PREFIX}{i}" for i in range(num_classes)]
+
+
+def batch_ddl(key_column: str, num_classes: int, extra: Sequence[tuple[str, str]]) -> str:
+    """The schema of :func:`score_frame`'s batches, as Spark DDL."""
+    cols = [(key_column, "string"), ("predicted_label", "string"), ("predicted_score", "float"),
+            *[(name, "float") for name in prob_columns(num_classes)], *extra, *REJECT_COLUMNS]
+    return ", ".join(f"`{name}` {kind}" for name, kind in cols)
+
+
+def finish_exprs(spec: ScoreSpec) -> list[str]:
+    """Spark SQL expressions from :func:`batch_ddl` columns to the :func:`output_ddl` columns, in order."""
+    scored = "`reject_reason` IS NULL"
+    probs = ", ".join(f"`{name}`" for name in prob_columns(len(spec.labels)))
+    return [f"`{spec.key_column}`", "`predicted_label`",
+            f"CASE WHEN {scored} THEN `predicted_score` END AS `predicted_score`",
+            f"CASE WHEN {scored} THEN array({probs}) END AS `probabilities`",
+            *[f"`{c}`" for c in spec.extra_columns],
+            f"{_sql_string(spec.model_uri)} AS `model_uri`", f"{_sql_string(spec.model_version)} AS `model_version`",
+            f"{_sql_string(spec.manifest_digest)} AS `manifest_digest`",
+            f"TIMESTAMP {_sql_string(_timestamp_text(spec.scored_at))} AS `scored_at`",
+            "`reject_reason`", "`reject_input`"]
+
+
+def _sql_string(value: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default: spark.sql.parser.escapedStringLiterals)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _timestamp_text(when: dt.datetime) -> str:
+    """An instant with its offset; a naive time stays naive (Spark reads it in the session time zone, as before)."""
+    text = when.strftime("%Y-%m-%d %H:%M:%S.%f")
+    offset = when.utcoffset()
+    if offset is None:
+        return text
+    minutes = int(offset.total_seconds()) // 60
+    return f"{text}{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
 def _values(series: Any) -> np.ndarray:
+    import pandas as pd
+
+    if pd.api.types.is_string_dtype(series.dtype) and series.dtype != object:  # Spark's Arrow strings: no loop
+        return series.to_numpy(dtype=object, na_value=None)
     return np.array([None if v is None or v is _NA or (isinstance(v, float) and np.isnan(v)) else v
                      for v in series.tolist()], dtype=object)
 
@@ -301,6 +352,10 @@ def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tup
                                   FeatureEncoder(spec.tokenizer_json, spec.tabular))
     if counters is not None:
         counters.count(model_loads=1)
+    # PySpark's reused worker runs gc.collect() after every task, and Python's own full collections walk the
+    # whole heap too: with TensorFlow and Keras loaded that is ~0.3 s of CPU per task. Moving what exists now
+    # (modules, the model, the tokenizer: kept for the worker's life) to the permanent generation spares it.
+    gc.freeze()
     return _MODELS[spec.model_digest]
 
 
@@ -413,7 +468,7 @@ def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = Non
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch))
     model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    schema = output_ddl(key_column, [(c, types[c]) for c in extra_columns])
+    schema = batch_ddl(key_column, len(spec.labels), [(c, types[c]) for c in extra_columns])
     cols = list(dict.fromkeys([key_column, *bundle.feature_columns(), *extra_columns]))
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -426,7 +481,7 @@ def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = Non
             yield score_frame(frame, spec, encoder, predict, counters)
         release_zip_finders()  # this worker's next task starts cheaper (see the function)
 
-    return df.select(*[f"`{c}`" for c in cols]).mapInPandas(run, schema)
+    return df.select(*[f"`{c}`" for c in cols]).mapInPandas(run, schema).selectExpr(*finish_exprs(spec))
 
 
 def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> ScoreSpec:
@@ -471,8 +526,13 @@ def predict_features(spark: Any, df: Any, model: Any, options: Optional[ScoreOpt
                 chunk = frame.iloc[start:start + spec.predict_batch]
                 x = {n: np.stack(chunk[n].to_numpy()).astype(dtypes.get(n, "int64")) for n in names}
                 probs[start:start + len(chunk)] = softmax(np.asarray(predict(x)))
-            yield pd.DataFrame({key_column: _column(list(_values(frame[key_column]))),
-                                "probabilities": _column(list(probs))})
+            out = pd.DataFrame({key_column: _column(list(_values(frame[key_column])))})
+            for name, values in zip(probs_cols, probs.T):  # one float column per class: see score_frame
+                out[name] = values
+            yield out
         release_zip_finders()
 
-    return df.select(key_column, *names).mapInPandas(run, f"`{key_column}` string, probabilities array<float>")
+    probs_cols = prob_columns(len(spec.labels))
+    schema = ", ".join([f"`{key_column}` string", *[f"`{c}` float" for c in probs_cols]])
+    return df.select(key_column, *names).mapInPandas(run, schema).selectExpr(
+        f"`{key_column}`", f"array({', '.join(f'`{c}`' for c in probs_cols)}) AS `probabilities`")

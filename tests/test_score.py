@@ -80,10 +80,13 @@ def test_rows_that_cannot_be_scored_are_rejected_with_a_reason_and_the_rest_pred
     assert list(out["reject_reason"]) == [None, None, "null text (text)", "null key (id)", "blank text (text)",
                                           "bad numeric value in age"]
     assert list(out["predicted_label"][:2]) == ["pos", "neg"] and out["predicted_label"][2:].isna().all()
-    np.testing.assert_allclose(out["probabilities"][0], [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-6)
+    probs = np.stack([out[c] for c in score.prob_columns(2)], axis=1)  # one column per class, in label order
+    np.testing.assert_allclose(probs[0], [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-6)
     assert out["predicted_score"][1] == pytest.approx(0.5)
+    assert np.isnan(probs[2:]).all() and np.isnan(out["predicted_score"][2:]).all()  # rejects: null after finish
     assert list(out["region"]) == ["n", "s", "s", "e", "w", "n"]
-    assert set(out["model_uri"]) == {"runs:/r/model"} and set(out["manifest_digest"]) == {"abc"}
+    cols = [c.split(" ")[0].strip("`") for c in score.batch_ddl("id", 2, [("region", "string")]).split(", ")]
+    assert list(out.columns) == cols
     assert out["reject_input"][5] == '{"text": "bad", "age": "old"}'
     # predicted in batches of predict_batch=2; the missing age is imputed exactly as the ETL does
     assert [len(b["input_ids"]) for b in seen] == [2]
@@ -130,6 +133,16 @@ def test_output_schema_ddl() -> None:
     assert ddl.startswith("`id` string, `predicted_label` string, `predicted_score` float, "
                           "`probabilities` array<float>, `region` string, `model_uri` string")
     assert ddl.endswith("`reject_reason` string, `reject_input` string")
+
+
+def test_finish_expressions_give_the_output_columns_in_order_with_the_run_constants() -> None:
+    spec = _spec(model_uri="models:/it's\\here/1")
+    exprs = score.finish_exprs(spec)
+    names = [c.split(" ")[0].strip("`") for c in score.output_ddl("id", [("region", "string")]).split(", ")]
+    assert [e.rsplit(" AS ", 1)[-1].strip("`") for e in exprs] == names
+    assert "'models:/it\\'s\\\\here/1' AS `model_uri`" in exprs  # quote and backslash escaped for Spark SQL
+    assert "TIMESTAMP '2026-11-23 00:00:00.000000+00:00' AS `scored_at`" in exprs
+    assert "array(`__class_probability_0`, `__class_probability_1`)" in exprs[3]
 
 
 def test_a_folder_without_a_model_is_refused_with_what_to_pass(tmp_path) -> None:
