@@ -61,6 +61,10 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
         # etl.shuffle_partitions fixes the number.
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        # ... the persisted rows too: by default a cached plan keeps all spark.sql.shuffle.partitions (200), and
+        # every stage after the cache then runs 200 Python tasks; on the 1,500-row test table the ETL took 42 s
+        # instead of 2.4 s.
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
         # Python workers do the tokenizing and writing; reuse them across tasks.
         "spark.python.worker.reuse": "true",
     }

@@ -40,6 +40,14 @@ def files_under(out):
     return [os.path.join(root, n) for root, _, names in os.walk(out) for n in names]
 
 
+def stage_tasks(spark, group):
+    """The number of tasks of each stage Spark ran for a job group."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup(group)
+              for s in tracker.getJobInfo(j).stageIds]
+    return [s.numTasks for s in stages if s is not None]
+
+
 def job(hive_cfg, tmp_path, **etl):
     data = hive_cfg.to_dict()
     data["etl"].update({"output": str(tmp_path / "data"), **etl})
@@ -68,7 +76,11 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
 
     sources.create_sample_table(spark, hive_cfg)
     cfg = job(hive_cfg, tmp_path)
+    spark.sparkContext.setJobGroup("etl-read-back", "the ETL under test")
     report = etl_job.run(spark, cfg)
+    # Tasks per stage follow the data, not spark.sql.shuffle.partitions: a cached plan keeping all 200 shuffle
+    # partitions made every later stage run 200 Python tasks (the ETL took 42 s instead of 2 s on these rows).
+    assert max(stage_tasks(spark, "etl-read-back")) <= 16
     m = manifest.read(cfg.etl.output)
     assert report["rows_in"] == 1500 == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
     assert sum(m.split(s).records for s in m.splits) == report["rows_written"]
