@@ -109,9 +109,10 @@ class OneCoreBaseline:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
         self.threads = threads
         self.last: dict[str, float] = {}
-        self.cpu: list[float] = []
+        self.cpu_seconds: list[float] = []  # the child's own CPU time per run, the warm-up run first
         self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_score", parquet, folder, str(threads)],
                                       cwd=repo, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self._proc.pid
 
     def _reply(self) -> dict[str, Any]:
         assert self._proc.stdout is not None
@@ -127,7 +128,7 @@ class OneCoreBaseline:
         self._proc.stdin.write("run\n")
         self._proc.stdin.flush()
         self.last = self._reply()
-        self.cpu.append(self.last["cpu_seconds"] / self.last["seconds"])
+        self.cpu_seconds.append(self.last["cpu_seconds"])
         return int(self.last["rows"])
 
     def close(self) -> None:
@@ -188,8 +189,11 @@ def run(quick: bool, extra: dict) -> list[Entry]:
             score_lib.score(spark, raw, bundle, score_lib.ScoreOptions(predict_batch=PREDICT_BATCH)) \
                 .write.format("noop").mode("overwrite").save()
 
-        times = interleaved({"ours": ours, "one_core": one_core, "all_cores": all_cores}, reps)
-        entries = _throughput_entries(n, times, one_core.cpu[1:], {  # [0]: the warm-up run
+        cpu: dict[str, list[float]] = {"ours": [], "all_cores": []}
+        times = interleaved({"ours": _cpu_of(ours, cpu["ours"], {one_core.pid}), "one_core": one_core,
+                             "all_cores": _cpu_of(all_cores, cpu["all_cores"], {one_core.pid})}, reps)
+        cpu["one_core"] = one_core.cpu_seconds[1:]  # [0]: the warm-up run
+        entries = _throughput_entries(n, times, cpu, {
             "spark_master": "local[2]", "predict_batch": PREDICT_BATCH, "threads_per_task": 1,
             "tasks": raw.rdd.getNumPartitions()})
         entries.append(_vs_pyfunc(spark, tmp, bundle, made, model, rows[:min(n, PYFUNC_ROWS)], reps))
@@ -201,14 +205,44 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     return entries
 
 
-def _throughput_entries(n: int, times: dict[str, list[float]], one_core_cpu: list[float],
+def _cpu_of(fn: Callable[[], Any], out: list[float], skip: set[int]) -> Callable[[], Any]:
+    """fn, adding the CPU seconds this process and its descendants (but ``skip``) spent in each call to ``out``."""
+    import psutil
+
+    def tree() -> dict[int, float]:
+        me, seen = psutil.Process(), {}
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                if proc.pid not in skip:
+                    seen[proc.pid] = sum(proc.cpu_times()[:2])
+            except psutil.Error:
+                pass  # ended meanwhile
+        return seen
+
+    def timed() -> Any:
+        before = tree()
+        result = fn()
+        out.append(sum(c - before.get(pid, 0.0) for pid, c in tree().items()))
+        return result
+
+    return timed
+
+
+def _throughput_entries(n: int, times: dict[str, list[float]], cpu: dict[str, list[float]],
                         notes: dict[str, Any]) -> list[Entry]:
-    """score_throughput (against the one-core process) and score_throughput_all_cores (report only)."""
+    """score_throughput (against the one-core process) and score_throughput_all_cores (report only).
+
+    The notes add CPU µs per row of each side (ours: the driver, the JVM and the
+    Python workers) and the ratio they would give on 2 free cores, where a load
+    burst on the shared machine cannot reach it.
+    """
     rate = {side: n / statistics.median(t) for side, t in times.items()}
+    us = {side: round(statistics.median(c[-len(times[side]):]) / n * 1e6, 1) for side, c in cpu.items()}  # timed runs
     common = {"rows": n, **notes, **spread("ours", n, times["ours"]),
               **spread("baseline_one_core", n, times["one_core"]),
               **spread("baseline_all_cores", n, times["all_cores"]),
-              "one_core_process_cpu_per_wall": [round(c, 2) for c in one_core_cpu],
+              "cpu_us_per_row_median": us, "cpu_bound_ratio_on_2_cores": round(2 * us["one_core"] / us["ours"], 3),
+              "one_core_process_cpu_per_wall": [round(c / t, 2) for c, t in zip(cpu["one_core"], times["one_core"])],
               "load_average": os.getloadavg()[0]}
     pairs = {side: [round(b / a, 3) for a, b in zip(times["ours"], times[side])] for side in ("one_core", "all_cores")}
     return [Entry("score_throughput", rate["ours"], "rows/s", "1 process on 1 core's threads: tokenize + model "
