@@ -37,15 +37,17 @@ def overlap_gain(quick: bool) -> Entry:
                              "params": out["params"], "ranks": 2, "loadavg": load()})
 
 
-def measured_link(quick: bool) -> sm.Link:
-    """B and alpha fitted to Horovod's all-reduce sweep at 2 ranks; the fusion copy at memcpy speed."""
-    sweep = horovodrun(2, "benchmarks.allreduce_worker", ["sweep", "--quick"] if quick else ["sweep"])["sweep"]
+def measured_link(quick: bool, extra: dict) -> sm.Link:
+    """B and alpha fitted to Horovod's all-reduce sweep at 2 ranks (the allreduce group's, when it ran in this
+    run); the fusion copy at memcpy speed."""
+    sweep = extra.get("allreduce_sweep") or \
+        horovodrun(2, "benchmarks.allreduce_worker", ["sweep", "--quick"] if quick else ["sweep"])["sweep"]
     return sm.fit_link([(p["bytes"], p["seconds"]) for p in sweep], 2, memcpy_gbps() * 1e9)
 
 
-def model_check(quick: bool) -> list[Entry]:
+def model_check(quick: bool, extra: dict) -> list[Entry]:
     """Predicted step time (scale_model) ÷ measured, at 1 and 2 ranks, 1 thread per rank, grouped all-reduce."""
-    link = measured_link(quick)
+    link = measured_link(quick, extra)
     reps, steps = (1, "2") if quick else (5, "5")
     args = [steps, "--threads", "1", *QUICK_MODEL[quick]]
     compute, np1, np2, size = [], [], [], {}
@@ -58,7 +60,8 @@ def model_check(quick: bool) -> list[Entry]:
     work = sm.Workload(compute_seconds=statistics.median(compute), gradient_bytes=size["gradient_bytes"])
     notes = {"bandwidth_gbps": round(link.bandwidth / 1e9, 3), "latency_us": round(link.latency * 1e6, 1),
              "copy_gbps": round(link.copy_bandwidth / 1e9, 2), "gradient_bytes": size["gradient_bytes"],
-             "compute_s": spread(compute), "loadavg": load()}
+             "compute_s": spread(compute), "loadavg": load(),
+             "sweep": "the allreduce group's" if extra.get("allreduce_sweep") else "its own"}
     entries = []
     for n, measured in ((1, np1), (2, np2)):
         predicted = sm.step_seconds(work, n, link)
@@ -70,4 +73,4 @@ def model_check(quick: bool) -> list[Entry]:
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    return [overlap_gain(quick), *model_check(quick)]
+    return [overlap_gain(quick), *model_check(quick, extra)]

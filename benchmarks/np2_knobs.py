@@ -21,6 +21,7 @@ NP2_VARIANTS = {
     "cycle 0.1 ms": {"HOROVOD_CYCLE_TIME": "0.1"},
     "cycle 5 ms": {"HOROVOD_CYCLE_TIME": "5"},
     "no fusion": {"HOROVOD_FUSION_THRESHOLD": "0"},
+    "pinned": "pin",  # each rank on its own core, against a 1-rank run pinned to one core
 }
 NP1_VARIANTS = {"default": {}, "cycle 5 ms": {"HOROVOD_CYCLE_TIME": "5"}}
 
@@ -40,10 +41,15 @@ def main() -> None:
             runs.setdefault("loadavg", []).append(os.getloadavg()[0])
             print(f"loadavg {os.getloadavg()}", flush=True)
             one = horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"])
+            one_pinned = horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1", "--pin"])
+            runs.setdefault("np1 samples/s", []).append(one["samples_per_sec"])
+            runs.setdefault("np1 pinned samples/s", []).append(one_pinned["samples_per_sec"])
             for name, env in NP2_VARIANTS.items():
-                two = horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"], env=env)
+                pin = env == "pin"
+                two = horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1",
+                                                                *(["--pin"] if pin else [])], env=None if pin else env)
                 runs.setdefault(f"scaling_np2 {name}", []).append(
-                    two["samples_per_sec"] / (2 * one["samples_per_sec"]))
+                    two["samples_per_sec"] / (2 * (one_pinned if pin else one)["samples_per_sec"]))
                 print(f"scaling_np2 {name}: {runs[f'scaling_np2 {name}'][-1]:.3f}", flush=True)
             keras_fit = plain("benchmarks.train_worker", [root, "keras", steps])["samples_per_sec"]
             for name, env in NP1_VARIANTS.items():

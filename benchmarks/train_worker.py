@@ -3,7 +3,9 @@
     [horovodrun -np N ... ] python -m benchmarks.train_worker DATASET MODE STEPS [--threads 1]
 
 --threads T limits TensorFlow's intra-op and inter-op pools and the input
-pipeline's private pool to T threads.
+pipeline's private pool to T threads. --pin pins the process (every thread it
+starts: TensorFlow's, tf.data's, Horovod's background thread, Gloo's) to one
+core, core (local rank mod cores), so a 1-rank run cannot borrow an idle core.
 
 MODE hvd:   hvdtrain's own step (GradientTape + Horovod grouped all-reduce),
             under horovodrun or as a plain process (single-process fallback).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 WARMUP = 5
@@ -27,7 +30,11 @@ def main() -> None:
     p.add_argument("mode", choices=["hvd", "keras"])
     p.add_argument("steps", type=int)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--pin", action="store_true")
     args = p.parse_args()
+    if args.pin:  # before TensorFlow starts any thread: threads inherit the mask
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(cores)]})
 
     import tensorflow as tf
 

@@ -239,10 +239,13 @@ TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}  # set before init(): lets start_
 def start_timeline(path: str) -> bool:
     """Start recording Horovod's timeline (Chrome trace JSON, written by rank 0) to ``path``.
 
-    Every rank calls it (no collective: Horovod's background loop agrees on
-    the switch). Needs ``HOROVOD_TIMELINE=DYNAMIC`` (:data:`TIMELINE_ENV`) in
-    the environment before :func:`init`. False when there is nothing to
-    record (a single process).
+    Every rank calls it. Only rank 0 writes, and its call returns once the file
+    is open; the other ranks then wait for rank 0 (an allgather, so no
+    all-reduce enters the trace), or a rank running ahead would submit its
+    first gradients before recording began and that step would be missing
+    some of its tensors. Needs ``HOROVOD_TIMELINE=DYNAMIC``
+    (:data:`TIMELINE_ENV`) in the environment before :func:`init`. False
+    when there is nothing to record (a single process).
     """
     hvd = _horovod()
     if hvd is None:
@@ -252,6 +255,7 @@ def start_timeline(path: str) -> bool:
     except ValueError as exc:  # started without HOROVOD_TIMELINE=DYNAMIC
         raise EnvironmentProblem(f"train.timeline: Horovod cannot record a timeline ({exc}); set "
                                  "HOROVOD_TIMELINE=DYNAMIC before Horovod starts (hvdtrain.train does)") from exc
+    hvd.allgather_object(None, name="hvdtrain.timeline_started")
     return True
 
 
