@@ -42,10 +42,25 @@ def tf_workers(n: int, module: str, args: list[str], timeout: int = 900) -> dict
     """Run ``python -m module args`` as n local TensorFlow workers (TF_CONFIG); worker 0's 'BENCH {json}'."""
     ports = free_ports(n)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+            for index in range(n)]
+    outs, codes = concurrent(envs, module, args, timeout)
+    return result(f"{module} {args}", outs[0][0], outs[0][1], codes)
+
+
+def plain_many(n: int, module: str, args: list[str], timeout: int = 900) -> list[dict]:
+    """n plain processes of ``python -m module args`` at once (no launcher, no Horovod); each one's result."""
+    outs, codes = concurrent([{} for _ in range(n)], module, args, timeout)
+    return [result(f"{module} {args}", out, err, code) for (out, err), code in zip(outs, codes)]
+
+
+def concurrent(envs: list[dict[str, str]], module: str, args: list[str],
+               timeout: int = 900) -> tuple[list[tuple[str, str]], list[object]]:
+    """One process of ``python -m module args`` per extra environment in ``envs``, all at once; each one's
+    (stdout, stderr), and the exit codes."""
     procs = []
-    for index in range(n):
-        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, "TF_CONFIG": tf_config}
+    for extra in envs:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **extra}
         procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outs = []
@@ -57,7 +72,7 @@ def tf_workers(n: int, module: str, args: list[str], timeout: int = 900) -> dict
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return result(f"{module} {args}", outs[0][0], outs[0][1], [p.returncode for p in procs])
+    return outs, [p.returncode for p in procs]
 
 
 def free_ports(n: int) -> list[int]:
