@@ -91,7 +91,6 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
         sp = m.split(name)
         assert len(sp.shards) >= 2
         for shard in sp.shards:  # checksums and sizes as recorded
-            import hashlib
             blob = fs.read_bytes(m.shard_uri(shard))
             assert len(blob) == shard.bytes and hashlib.sha256(blob).hexdigest() == shard.sha256
         got = read_back(m, name)
