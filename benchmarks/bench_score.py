@@ -37,6 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from benchmarks.common import Entry, interleaved
+from benchmarks.launch import ROOT
 
 REPS = 3
 PREDICT_BATCH = 256
@@ -105,13 +106,12 @@ class OneCoreBaseline:
     """
 
     def __init__(self, parquet: str, folder: str, threads: int = 1):
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
         self.threads = threads
         self.last: dict[str, float] = {}
         self.cpu_seconds: list[float] = []  # the child's own CPU time per run, the warm-up run first
         self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_score", parquet, folder, str(threads)],
-                                      cwd=repo, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self._proc.pid
 
     def _reply(self) -> dict[str, Any]:
