@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs
+from hvdtrain import console, fs, keras3_check
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
                              UsageError)
 
@@ -284,6 +284,13 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_script(args: argparse.Namespace) -> int:
+    """``hvdtrain check-script SCRIPT``: Keras 2 uses that break on Keras 3 (0 none, 1 some, 2 unreadable)."""
+    findings = keras3_check.check_file(args.script)
+    print("\n".join(keras3_check.report(args.script, findings)))
+    return 1 if findings else 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -346,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "time per phase of a Horovod timeline: hvdtrain timeline summarize FILE", config=False)
     tl.add_argument("action", choices=["summarize"])
     tl.add_argument("file", help="the timeline JSON (train.timeline writes horovod_timeline.json to train.output)")
+    check = _command(sub, "check-script", cmd_check_script, "list a Horovod/Keras script's Keras 2 uses that break on "
+                     "Keras 3, with line numbers and replacements (read, not run); exit 1 when there are any",
+                     config=False)
+    check.add_argument("script", help="the Python script, e.g. train.py")
     env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
     return p
