@@ -12,9 +12,10 @@ Exit codes of the command: 0 no findings, 1 findings, 2 the script cannot be rea
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import IO, Iterator, Optional
 
 from hvdtrain.errors import UsageError
 
@@ -252,6 +253,14 @@ def check_source(source: str, filename: str = "<script>") -> list[Finding]:
     return sorted(set(checker.findings), key=lambda f: (f.line, f.col, f.code))
 
 
+def script_path(path: str) -> str:
+    """``path`` when it is a Python file, else UsageError naming it."""
+    if not os.path.isfile(path):
+        raise UsageError(f"script {path} does not exist or is not a file; pass the path of your training script "
+                         "(e.g. train.py)")
+    return path
+
+
 def check_file(path: str) -> list[Finding]:
     """The findings of a script file; UsageError when it cannot be read."""
     try:
@@ -260,6 +269,17 @@ def check_file(path: str) -> list[Finding]:
     except OSError as exc:
         raise UsageError(f"cannot read the script {path}: {exc.strerror}; pass the path of a Python file") from exc
     return check_source(source, path)
+
+
+def print_findings(path: str, stream: IO[str]) -> list[Finding]:
+    """Check a script before it is launched and print what was found (nothing when clean)."""
+    findings = check_file(path)
+    if findings:
+        for line in report(path, findings):
+            print(f"hvdtrain: check-script: {line}", file=stream)
+        print("hvdtrain: launching it anyway; if it fails, the lines above say what to change", file=stream,
+              flush=True)
+    return findings
 
 
 def report(path: str, findings: list[Finding]) -> Iterator[str]:
