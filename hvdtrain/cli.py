@@ -276,8 +276,8 @@ def cmd_yarn(args: argparse.Namespace) -> int:
                          "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
                          "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run], or "
                          "hvdtrain yarn etl CONFIG [--num-executors N] [--executor-cores C] [--queue Q] "
-                         "[--overwrite] [--dry-run], or hvdtrain yarn run --num-workers N [--config CONFIG] [--master M] "
-                         "[--dry-run] SCRIPT [ARGS...]")
+                         "[--overwrite] [--dry-run], or hvdtrain yarn run --num-workers N [--config CONFIG] "
+                         "[--master M] [--dry-run] SCRIPT [ARGS...]")
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 

@@ -200,6 +200,7 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.executor.resource.gpu.discoveryScript", f"./{os.path.basename(GPU_SCRIPT)}")]
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
+    conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
     conf += list(y.spark_conf.items())
     return conf
 
@@ -523,6 +524,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
         return False
     with open(inputs.job_yaml, "w") as fh:
         fh.write(cfg.to_yaml())
+    fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
     packaging.build_code_zip(inputs.code_zip)
     for note in plan.notes:
         print(f"hvdtrain: note: {note}", file=sys.stderr)

@@ -99,7 +99,8 @@ def test_aliases_follow_the_namespace_the_script_imports() -> None:
     """tf.keras (Keras 3's keras._tf_keras) keeps mse and drops mean_squared_error; plain keras the reverse."""
     tf_keras = _fixes("from tensorflow import keras\nkeras.losses.mse\nkeras.losses.mean_squared_error\n")
     assert [(line, fix.split()[0]) for line, _, fix in tf_keras] == [(3, "keras.losses.mse")]
-    plain = _fixes("import keras\nkeras.losses.mse\nkeras.losses.mean_squared_error\nkeras.layers.ThresholdedReLU\n")
+    plain = _fixes("import keras\nkeras.losses.mse\nkeras.losses.mean_squared_error\n"
+                   "keras.layers.ThresholdedReLU\n")
     assert [(line, fix.split()[0]) for line, _, fix in plain] == [(2, "keras.losses.mean_squared_error"),
                                                                    (4, "keras.layers.ReLU(threshold=THETA)")]
     assert _fixes("import tensorflow as tf\ntf.keras.layers.ThresholdedReLU(0.5)\n") == []
