@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, keras3_check
+from hvdtrain import console, fs, keras3_check, tensorboard
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
                              StepFailed, UsageError)
 
@@ -156,7 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     tries, outcome = _supervised(cmd, fault, lambda: None)
     code = supervise.worst_code(supervise.rank_codes(tries[-1].tail), outcome.code)
     if code:
-        print(f"hvdtrain: {script} failed on {args.np} rank(s): {supervise.describe_code(code)}"
+        how = f"exited with code {code}" if code <= 128 else f"was killed by signal {code - 128}"
+        print(f"hvdtrain: {script} failed on {args.np} rank(s): the worst rank {how}"
               f"{f' after {len(outcome.restarts)} restart(s)' if outcome.restarts else ''}", file=sys.stderr)
     return code
 
@@ -324,6 +325,11 @@ def cmd_check_script(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    """``hvdtrain tensorboard OUTPUT``: TensorBoard on 127.0.0.1 over a training run's events (staged from HDFS)."""
+    return tensorboard.serve(args.output, args.port, ready=lambda line: print(line, flush=True))
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
     return 0
@@ -399,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "Keras 3, with line numbers and replacements (read, not run); exit 1 when there are any",
                      config=False)
     check.add_argument("script", help="the Python script, e.g. train.py")
+    board = _command(sub, "tensorboard", cmd_tensorboard, "TensorBoard on 127.0.0.1 over a training run's event "
+                     "files: hvdtrain tensorboard TRAIN_OUTPUT (local or hdfs://, staged locally)", config=False)
+    board.add_argument("output", help="the run's train.output folder (or its tensorboard/ folder)")
+    board.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default 6006; 0 picks a free one)")
     env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
     return p

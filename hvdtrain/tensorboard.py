@@ -253,8 +253,15 @@ def stage(logdir: str, local: str) -> str:
     return local
 
 
-def serve(target: str, port: int = 6006, ready: Callable[[str], None] = print) -> int:
-    """``hvdtrain tensorboard``: TensorBoard on 127.0.0.1 over a run's events, until Ctrl-C."""
+def _forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def serve(target: str, port: int = 6006, ready: Callable[[str], None] = print,
+          wait: Callable[[str], None] = lambda url: _forever()) -> int:
+    """``hvdtrain tensorboard``: TensorBoard on 127.0.0.1 over a run's events until ``wait(url)`` returns
+    (by default: until Ctrl-C)."""
     missing = available()
     if missing:
         raise UsageError(missing)
@@ -269,10 +276,10 @@ def serve(target: str, port: int = 6006, ready: Callable[[str], None] = print) -
         ready(f"TensorBoard on {url} for {logdir}" + (f" (staged in {folder})" if folder != logdir else "")
               + "; Ctrl-C stops it")
         try:
-            while True:
-                time.sleep(3600)
+            wait(url)
         except KeyboardInterrupt:
-            return 0
+            pass
+    return 0
 
 
 def copy_events(local: str, into: str) -> None:
