@@ -285,8 +285,8 @@ class Observed:
 
 @contextlib.contextmanager
 def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
-    """The hooks after the checkpointer: Prometheus metrics, the step-time breakdown, the Horovod timeline
-    (each when configured); stops the metrics writer and closes the timeline when training ends."""
+    """The hooks after the checkpointer: TensorBoard (rank 0), Prometheus metrics, the step-time breakdown, the
+    Horovod timeline (each when configured); stops the writers and closes the timeline when training ends."""
     cfg, rank = ctx.cfg, ctx.rank
     board = _tensorboard(ctx, observed)
     out: list[hooks.Hook] = [board] if board is not None else []
