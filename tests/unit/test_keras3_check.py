@@ -48,7 +48,8 @@ def test_every_keras3_failure_of_horovods_tests_is_found_and_nothing_else(file_n
 
 
 def test_upstream_findings_give_the_exact_replacements() -> None:
-    found = {(f.line, f.fix) for f in keras3_check.check_file(str(upstream_tests_folder() / "parallel" / "test_tensorflow2_keras.py"))}
+    path = upstream_tests_folder() / "parallel" / "test_tensorflow2_keras.py"
+    found = {(f.line, f.fix) for f in keras3_check.check_file(str(path))}
     assert (141, "learning_rate=") in found  # RMSprop(lr=0.0001)
     assert (80, "remove the argument") in found  # compile(experimental_run_tf_function=False)
     assert (87, "self.model.optimizer.learning_rate") in found
