@@ -33,6 +33,8 @@ from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
+from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
+from hvdtrain import wordpiece
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -71,8 +73,6 @@ def check_output(cfg: JobConfig) -> bool:
 def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
-
-    from etl import faults, publish, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
     fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
@@ -122,8 +122,6 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
 
 def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
             stats: Optional[dict]) -> Any:
-    from etl import publish, text
-
     if tok is None:
         return publish.Fitted(labels=labels, tabular_stats=stats)
     return publish.Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
@@ -131,8 +129,6 @@ def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureS
 
 
 def _tokenizer(rows: Any, cfg: JobConfig):
-    from etl import text
-
     opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:
         if not fs.exists(cfg.etl.vocab_file):
@@ -158,9 +154,6 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
 
     from pyspark.sql import functions as F
 
-    from etl import text
-    from hvdtrain import wordpiece
-
     base_json = text.base(opts).to_str()
 
     def count_words(batches):
@@ -178,8 +171,6 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
 
 
 def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
-    from etl import tabular
-
     if not (cfg.source.numeric_columns or cfg.source.categorical_columns):
         return None
     return tabular.fit(rows.where("split = 'train'"), cfg)
@@ -189,8 +180,6 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
                   plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str],
                   fault: Any = None) -> list:
     from functools import partial
-
-    from etl import writer
 
     label_index = {name: i for i, name in enumerate(labels)}
     offsets = {s: plan.offset(s) for s in SPLITS}
@@ -269,7 +258,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     spark_log = None
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
-        from etl import session, sources
 
         spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
         spark = session.get_session(cfg, args.master, args.verbose, "etl")

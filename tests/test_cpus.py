@@ -52,9 +52,10 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 logging.getLogger("hvdtrain").setLevel(logging.INFO)
 import tensorflow as tf
-from hvdtrain import distributed, train
+from hvdtrain import distributed
+from hvdtrain.training import runtime
 from hvdtrain.config import TrainConfig
-threads = train._configure_tf(distributed.init(use_horovod=False), TrainConfig())
+threads = runtime.configure_tf(distributed.init(use_horovod=False), TrainConfig())
 print("POOLS", threads, tf.config.threading.get_intra_op_parallelism_threads(),
       tf.config.threading.get_inter_op_parallelism_threads())
 """

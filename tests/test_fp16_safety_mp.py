@@ -22,7 +22,8 @@ SCRIPT = """
 import hashlib, json, sys
 import numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
-from hvdtrain import distributed, steps, train
+from hvdtrain import distributed
+from hvdtrain.training import state, steps
 from hvdtrain.config import ModelConfig, TrainConfig
 from hvdtrain.data.contract import InputShape
 from hvdtrain.models import build_model
@@ -31,7 +32,7 @@ shape = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric",), numeric_fe
 def run(mode):
     tf.keras.utils.set_random_seed(3)
     model = build_model(ModelConfig(kind="mlp", hidden_units=[8], dropout=0.0), shape)
-    optimizer = train.build_optimizer(TrainConfig(learning_rate=0.01), rank.size, 10)
+    optimizer = state.build_optimizer(TrainConfig(learning_rate=0.01), rank.size, 10)
     optimizer.build(model.trainable_variables)
     distributed.broadcast_state(model, optimizer)
     guard = steps.FiniteGuard()

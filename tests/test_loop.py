@@ -46,7 +46,7 @@ def test_early_stopping_config_names_a_contradictory_mode() -> None:
 
 
 def test_early_stopper_keeps_the_best_epochs_weights() -> None:
-    from hvdtrain.hooks import EarlyStopper
+    from hvdtrain.training.hooks import EarlyStopper
 
     weights = [np.zeros(2)]
     stopper = EarlyStopper(EarlyStoppingConfig(metric="accuracy", patience=1), lambda: weights)
@@ -77,8 +77,9 @@ def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patie
     """Validation loss improves up to epoch 4, then never again: fit runs exactly 4 + patience epochs
     and the run ends on epoch 4's weights."""
     from hvdtrain import distributed
-    from hvdtrain.hooks import EarlyStopper, ValidationAndEarlyStopping
-    from hvdtrain.loop import LoopPlan, fit
+    from hvdtrain.training.hooks import EarlyStopper, ValidationAndEarlyStopping
+    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
     losses = iter([0.9, 0.7, 0.6, 0.5, 0.55, 0.52, 0.51, 0.6, 0.58, 0.7])
@@ -102,7 +103,7 @@ def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patie
 
 
 def test_no_restore_when_the_last_epoch_is_the_best() -> None:
-    from hvdtrain.hooks import EarlyStopper
+    from hvdtrain.training.hooks import EarlyStopper
 
     model = FakeModel()
     stopper = EarlyStopper(EarlyStoppingConfig(metric="loss", patience=2), model.get_weights)
@@ -135,7 +136,8 @@ class RecordingHooks:
 
 def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
     from hvdtrain import distributed
-    from hvdtrain.loop import LoopPlan, fit
+    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
     seen: list[list[int]] = []
@@ -156,7 +158,8 @@ def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
 def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> None:
     """A run resumed after step 4 (mid epoch 2) sees the batches and epoch sums of the uninterrupted run."""
     from hvdtrain import distributed
-    from hvdtrain.loop import LoopPlan, Start, fit
+    from hvdtrain.training.events import LoopPlan, Start
+    from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
 
@@ -279,7 +282,7 @@ def test_accumulated_step_equals_one_step_on_the_concatenated_batch() -> None:
     import keras
     import tensorflow as tf
 
-    from hvdtrain import steps
+    from hvdtrain.training import steps
 
     rng = np.random.default_rng(0)
     batches = [{"numeric": tf.constant(rng.normal(size=(4, 5)), tf.float32),
@@ -319,7 +322,7 @@ def test_timed_step_matches_the_fused_step_and_times_its_allreduce(accum: int) -
     import keras
     import tensorflow as tf
 
-    from hvdtrain import steps
+    from hvdtrain.training import steps
 
     rng = np.random.default_rng(3)
     batches = [{"numeric": tf.constant(rng.normal(size=(4, 5)), tf.float32),
@@ -355,7 +358,8 @@ def test_fit_tells_hooks_the_step_call_time() -> None:
     import time
 
     from hvdtrain import distributed
-    from hvdtrain.loop import LoopPlan, fit
+    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
     seen = []

@@ -74,10 +74,10 @@ def test_out_of_range_labels_are_refused() -> None:
         metrics.confusion_matrix(np.array([0, 3]), np.array([0, 1]), 3)
 
 
-# -- training-side reductions (hvdtrain.train's pure helpers) ---------------------------------
+# -- training-side reductions (hvdtrain.training's pure helpers) ---------------------------------
 
 def test_epoch_stats_are_global_means_of_summed_totals() -> None:
-    from hvdtrain.loop import epoch_stats
+    from hvdtrain.training.events import epoch_stats
 
     rank_totals = [np.array([10.0, 8, 16]), np.array([2.0, 16, 16])]  # [loss sum, correct, examples]
     stats = epoch_stats(1, 4, sum(rank_totals), seconds=2.0)
@@ -98,12 +98,12 @@ def test_warmup_ramps_linearly_to_the_scaled_rate() -> None:
 
 
 def test_weight_digests_detect_any_difference_between_ranks() -> None:
-    from hvdtrain import train
+    from hvdtrain.training import reports
     weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32)]
-    same = train.weights_digest([w.copy() for w in weights])
+    same = reports.weights_digest([w.copy() for w in weights])
     nudged = [weights[0].copy(), np.nextafter(weights[1], 2).astype(np.float32)]
-    assert train.rank_agreement([train.weights_digest(weights), same])["agree"]
-    assert not train.rank_agreement([same, train.weights_digest(nudged)])["agree"]
+    assert reports.rank_agreement([reports.weights_digest(weights), same])["agree"]
+    assert not reports.rank_agreement([same, reports.weights_digest(nudged)])["agree"]
 
 
 # -- ROC-AUC from summed score histograms ---------------------------------------------------------
@@ -156,7 +156,7 @@ def test_auc_edge_cases() -> None:
 
 
 def test_split_report_has_loss_and_auc_for_two_classes() -> None:
-    from hvdtrain.evaluation import SplitCounts, scalar_metrics, split_report
+    from hvdtrain.training.evaluation import SplitCounts, scalar_metrics, split_report
 
     labels, scores = _scores(100, 6)
     cm = metrics.confusion_matrix(labels, (scores > 0).astype(int), 2)

@@ -18,7 +18,7 @@ import yaml
 
 from hvdtrain import breakdown, config, monitoring, timeline
 from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem
-from hvdtrain.loop import LoopState, StepInfo
+from hvdtrain.training.events import LoopState, StepInfo
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = {"job": "j", "run_id": "r1", "rank": "1", "host": "h"}

@@ -34,7 +34,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_a_failed_upload_names_the_file_and_leaves_the_previous_outputs_whole(tmp_path: Path, monkeypatch) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import publish
 
     monkeypatch.setattr(fs, "with_retries", lambda fn, what, *a, **k: fn())  # no backoff: the fault is permanent
     local, out = _local(tmp_path), _previous(tmp_path)
@@ -45,7 +45,7 @@ def test_a_failed_upload_names_the_file_and_leaves_the_previous_outputs_whole(tm
         with pytest.raises(StorageError, match=r"^uploading saved_model/saved_model.pb to faulty://.*/out failed "
                                                r"\(OSError: .*Input/output error.*\); the previous outputs in "
                                                r"faulty://.*/out are unchanged"):
-            train.upload_dir(str(local), f"faulty://{out}")
+            publish.upload_dir(str(local), f"faulty://{out}")
     finally:
         faulty_fs.uninstall()
     assert _tree(out) == before
@@ -53,21 +53,21 @@ def test_a_failed_upload_names_the_file_and_leaves_the_previous_outputs_whole(tm
 
 
 def test_an_upload_replaces_the_outputs_whole_reporting_each_file(tmp_path: Path) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import publish
 
     local, out = _local(tmp_path), _previous(tmp_path)
     heard: list[str] = []
-    train.upload_dir(str(local), str(out), heard.append)
+    publish.upload_dir(str(local), str(out), heard.append)
     assert _tree(out) == _tree(local)  # the old saved_model/stale.pb is gone
     assert heard[0].startswith("uploading eval_report.json (1/4) to ") and heard[-1].startswith("replacing ")
     assert sorted(os.listdir(tmp_path)) == ["local", "out"]
 
 
 def test_result_json_lists_only_the_exports_that_were_written() -> None:
-    from hvdtrain import train
+    from hvdtrain.training import reports
 
     report = {"evaluation": {"test": {"accuracy": 0.9, "macro_f1": 0.8}, "validation": {"accuracy": 0.85}},
               "rank_digest": {"agree": True}, "training": {"world_size": 2, "epochs": 3}}
-    result = train.result_record("r1", report, "hdfs://nn/out", ["model.keras", "labels.json", "result.json"])
+    result = reports.result_record("r1", report, "hdfs://nn/out", ["model.keras", "labels.json", "result.json"])
     assert result["exports"] == {"keras": "hdfs://nn/out/model.keras", "labels": "hdfs://nn/out/labels.json"}
-    assert train.result_record("r1", report, "/o")["exports"] == {}  # the other ranks write nothing
+    assert reports.result_record("r1", report, "/o")["exports"] == {}  # the other ranks write nothing

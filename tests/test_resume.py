@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from hvdtrain import checkpoint, config, data, distributed, resume
-from hvdtrain.context import TrainContext
+from hvdtrain.training.context import TrainContext
 from hvdtrain.data.contract import InputShape
 from hvdtrain.errors import DataError
-from hvdtrain.loop import EpochStats, LoopState
+from hvdtrain.training.events import EpochStats, LoopState
 
 SHAPE = InputShape(max_length=8, vocab_size=50, num_classes=2, label_feature="label")
 TINY = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dropout": 0.2}
@@ -22,9 +22,10 @@ def _cfg(tmp_path, **checkpoint_cfg) -> config.JobConfig:
 
 
 def _trained(cfg: config.JobConfig, n: int = 3):
-    from hvdtrain import steps, train
+    from hvdtrain.training import state
+    from hvdtrain.training import steps
 
-    model, optimizer = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    model, optimizer = state.build_state(cfg, SHAPE, 1, total_steps=10)
     step = steps.make_train_step(model, optimizer, "label", ["input_ids", "attention_mask"])
     rng = np.random.default_rng(0)
     for _ in range(n):  # dropout draws advance the seed generators, Adam fills its moments
@@ -50,7 +51,7 @@ def _saver(cfg, rank, model, optimizer, layout, run_id=None) -> resume.Checkpoin
 
 
 def test_a_saved_state_comes_back_exactly_in_a_fresh_model(tmp_path) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import state
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
@@ -64,7 +65,7 @@ def test_a_saved_state_comes_back_exactly_in_a_fresh_model(tmp_path) -> None:
 
     found = resume.find(cfg.checkpoint, rank, _layout(cfg))
     assert found is not None and found.step == 8 and found.run_id == "abc"
-    fresh, fresh_opt = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    fresh, fresh_opt = state.build_state(cfg, SHAPE, 1, total_steps=10)
     resume.apply(found, fresh, fresh_opt, rank, None)
     for a, b in ((model.weights, fresh.weights), (optimizer.variables, fresh_opt.variables),
                  (resume.seed_variables(model), resume.seed_variables(fresh))):
@@ -123,7 +124,7 @@ def test_a_changed_world_or_batch_size_resumes_only_from_an_epoch_end(tmp_path) 
 
 
 def test_a_resume_in_another_layout_moves_the_schedule_to_its_step(tmp_path) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import state
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path)
@@ -136,7 +137,7 @@ def test_a_resume_in_another_layout_moves_the_schedule_to_its_step(tmp_path) -> 
     assert found.step == 10 and found.layout_step == 6 and found.step_offset == 4
     start = found.start(rank)
     assert start.step == 10 and start.step_offset == 4
-    fresh, fresh_opt = train.build_state(cfg, SHAPE, 1, total_steps=10)
+    fresh, fresh_opt = state.build_state(cfg, SHAPE, 1, total_steps=10)
     resume.apply(found, fresh, fresh_opt, rank, None)
     assert int(fresh_opt.iterations.numpy()) == 6 - 2  # two epochs of 3 steps, the 2 skipped steps still skipped
     assert found.arrays is None
@@ -173,7 +174,7 @@ def test_an_unreadable_checkpoint_folder_is_one_clear_error(tmp_path, monkeypatc
 
 
 def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import state
 
     rank = distributed.init(use_horovod=False)
     cfg = _cfg(tmp_path, resume=str(tmp_path / "nope" / "ckpt-0000000003"))
@@ -187,7 +188,7 @@ def test_an_explicit_invalid_checkpoint_and_a_changed_model_are_named(tmp_path) 
     saver.close()
     found = resume.find(cfg.checkpoint, rank, _layout(cfg))
     bigger = config.from_dict({**cfg.to_dict(), "model": {**TINY, "embed_dim": 16}}, base_dir=str(tmp_path))
-    other, other_opt = train.build_state(bigger, SHAPE, 1, total_steps=10)
+    other, other_opt = state.build_state(bigger, SHAPE, 1, total_steps=10)
     before = resume.to_numpy(other.weights)
     with pytest.raises(DataError, match="shape .* the model config changed since it was saved"):
         resume.apply(found, other, other_opt, rank, None)

@@ -52,7 +52,7 @@ def test_a_marked_path_resolves_against_the_yaml_folder(tmp_path: pathlib.Path) 
 
 
 def test_the_run_context_hooks_and_data_contract_import_without_tensorflow() -> None:
-    code = ("import sys, hvdtrain.context, hvdtrain.hooks, hvdtrain.data.contract, hvdtrain.data.plan; "
+    code = ("import sys, hvdtrain.training.context, hvdtrain.training.hooks, hvdtrain.data.contract, hvdtrain.data.plan; "
             "print(sorted(m for m in ('tensorflow', 'keras', 'horovod', 'pyspark', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -170,7 +170,8 @@ FRESH_PROCESS_CHECK = """
 import json, sys
 import numpy as np, tensorflow as tf, keras
 tf.config.threading.set_intra_op_parallelism_threads(1)
-from hvdtrain import data, distributed, evaluation, manifest, metrics, steps
+from hvdtrain import data, distributed, manifest, metrics
+from hvdtrain.training import evaluation, steps
 out, dataset = sys.argv[1], sys.argv[2]
 model = keras.saving.load_model(out + '/model.keras')
 served = tf.saved_model.load(out + '/saved_model')

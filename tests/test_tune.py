@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli, config, hooks, tune
+from hvdtrain import cli, config, tune
+from hvdtrain.training import hooks
 from hvdtrain.errors import ConfigError
-from hvdtrain.loop import EpochStats
+from hvdtrain.training.events import EpochStats
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli
+from hvdtrain import launch
 from hvdtrain.errors import ConfigError
 from tests.test_yarn_command import ENV, PYTHON, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import score as yarn_score
@@ -55,8 +55,8 @@ def test_dry_run_through_the_cli_prints_the_plan_and_runs_nothing(tmp_path: Path
 
 
 def test_hvdtrain_score_runs_the_score_job_entry_point() -> None:
-    cmd = cli.score_command("job.yaml", ["score.predict_batch=64"],
-                            cli.score_flags("runs:/abc/model", "db.preds", "ds=1", "local[2]", overwrite=True))
+    cmd = launch.score_command("job.yaml", ["score.predict_batch=64"],
+                            launch.score_flags("runs:/abc/model", "db.preds", "ds=1", "local[2]", overwrite=True))
     assert cmd[1:] == ["-m", "etl.score_job", "--config", "job.yaml", "--model", "runs:/abc/model",
                        "--output-table", "db.preds", "--partition", "ds=1", "--master", "local[2]", "--overwrite",
                        "score.predict_batch=64"]

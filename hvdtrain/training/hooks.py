@@ -1,6 +1,6 @@
 """What happens around the loop's steps and epochs, one concern per hook.
 
-:func:`hvdtrain.loop.fit` calls a list of hooks in order, the way Keras'
+:func:`hvdtrain.training.loop.fit` calls a list of hooks in order, the way Keras'
 ``CallbackList`` calls callbacks. Training uses, in this order:
 
 * :class:`ProgressHook`: rank 0's progress bar or periodic lines;
@@ -32,7 +32,7 @@ import numpy as np
 
 from hvdtrain import early_stopping
 from hvdtrain.config import EarlyStoppingConfig
-from hvdtrain.loop import EpochStats, LoopState, StepInfo
+from hvdtrain.training.events import EpochStats, LoopState, StepInfo
 
 log = logging.getLogger("hvdtrain.train")
 
@@ -170,7 +170,7 @@ class ValidationAndEarlyStopping(Hook):
 
 
 class SkippedSteps(Hook):
-    """Counts the epoch's skipped optimizer steps (:class:`hvdtrain.steps.FiniteGuard`) into its stats, and
+    """Counts the epoch's skipped optimizer steps (:class:`hvdtrain.training.steps.FiniteGuard`) into its stats, and
     warns: the same count on every rank, since every rank skips the same steps."""
 
     def __init__(self, count: Callable[[], int]):

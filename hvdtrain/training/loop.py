@@ -4,7 +4,7 @@
 on the rank's endless batch stream; each step takes ``accum_steps`` batches
 (gradient accumulation), and the time blocked in ``next(batches)`` is
 measured apart from the step. Per-epoch loss and accuracy are sums
-all-reduced over ranks. Everything else is a hook (:mod:`hvdtrain.hooks`),
+all-reduced over ranks. Everything else is a hook (:mod:`hvdtrain.training.hooks`),
 called on every rank in list order, the way Keras composes callbacks:
 
 * ``start_epoch(epoch)``;
@@ -29,109 +29,13 @@ by rank 0 only, so the epoch's all-reduce stays exact).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from hvdtrain import distributed
-from hvdtrain.evaluation import scalar_metrics
-
-
-
-@dataclass
-class EpochStats:
-    epoch: int
-    steps: int
-    examples: int
-    loss: float
-    accuracy: float
-    seconds: float
-    learning_rate: float = 0.0  # at the end of the epoch
-    validation: Optional[dict[str, Any]] = None  # the validation split's report, when validated this epoch
-    skipped_steps: int = 0  # optimizer steps skipped: non-finite gradients after a float16 all-reduce
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.examples / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "samples_per_sec": self.samples_per_sec}
-
-    def metrics(self) -> dict[str, float]:
-        """Per-epoch MLflow metrics (validation ones prefixed ``val_``)."""
-        out = {"train_loss": self.loss, "train_accuracy": self.accuracy, "samples_per_sec": self.samples_per_sec,
-               "epoch_seconds": self.seconds, "learning_rate": self.learning_rate,
-               "skipped_steps": float(self.skipped_steps)}
-        if self.validation is not None:
-            out.update(scalar_metrics(self.validation, "val"))
-        return out
-
-
-def epoch_stats(epoch: int, steps: int, totals: np.ndarray, seconds: float) -> EpochStats:
-    """From rank-summed [loss sum, correct, examples]: exact means, not a mean of means."""
-    loss_sum, correct, examples = (float(x) for x in totals)
-    return EpochStats(epoch, steps, int(examples), loss_sum / max(examples, 1), correct / max(examples, 1), seconds)
-
-
-@dataclass(frozen=True)
-class LoopPlan:
-    """How much one run trains: ``epochs`` x ``steps`` optimizer steps of ``accum_steps`` batches of
-    ``batch_size`` records on each rank."""
-
-    epochs: int
-    steps: int
-    accum_steps: int = 1
-    batch_size: int = 1
-
-    @property
-    def examples_per_step(self) -> int:
-        """This rank's examples per optimizer step."""
-        return self.accum_steps * self.batch_size
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What the hooks hear after an optimizer step."""
-
-    epoch: int
-    step: int  # 1-based within the epoch
-    global_step: int  # 1-based over the whole run, resumed runs included
-    data_seconds: float  # time blocked waiting for this step's batches
-    loss_sum: Any  # this rank's loss sum over its examples (a tensor: reading it syncs the device)
-    examples: int  # this rank's examples in the step
-    step_seconds: float = 0.0  # wall time of the step function call (computing and all-reducing)
-
-
-@dataclass
-class Start:
-    """Where a (resumed) run starts: 0 steps, no history, nothing carried for a fresh one."""
-
-    step: int = 0  # global optimizer steps already done, over all epochs
-    history: list[EpochStats] = field(default_factory=list)
-    carried: Optional[np.ndarray] = None  # [loss sum, correct, examples] of the interrupted epoch, rank-summed
-    carried_seconds: float = 0.0
-    stopped: bool = False  # the run had already stopped (early stopping) when it was saved
-    step_offset: int = 0  # global step = ``step_offset`` + layout step (see resume.check_layout)
-
-
-@dataclass
-class LoopState:
-    """What a checkpoint needs from the loop after a step."""
-
-    step: int  # global optimizer step just finished (1-based)
-    epoch: int
-    epoch_end: bool
-    partial: Callable[[], np.ndarray]  # this rank's [loss sum, correct, examples] of the epoch so far (a device
-    # sync: call it only when saving); zeros at an epoch end
-    epoch_seconds: float
-    history: list[EpochStats]
-    stopped: bool = False
-    layout_step: Optional[int] = None  # steps of this run's layout done; the global step when there is no offset
-
-    def __post_init__(self) -> None:
-        if self.layout_step is None:
-            self.layout_step = self.step
+from hvdtrain.training.events import EpochStats, LoopPlan, LoopState, Start, StepInfo, epoch_stats
+from hvdtrain.training.hooks import Hook, HookList
 
 
 def take_batches(batches: Iterator[Any], count: int,
@@ -143,7 +47,7 @@ def take_batches(batches: Iterator[Any], count: int,
 
 
 def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[Any], plan: LoopPlan,
-        hooks: Sequence[Any], start: Optional[Start] = None,
+        hooks: Sequence[Hook], start: Optional[Start] = None,
         phase: Callable[[str], None] = lambda what: None) -> list[EpochStats]:
     """Run up to ``plan.epochs`` x ``plan.steps`` optimizer steps; stops early when a hook's ``end_epoch`` says so.
 
@@ -151,9 +55,7 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
     what the loop is about to wait for (the stall watchdog's message).
     Returns every epoch's stats, those of a resumed run's earlier epochs included.
     """
-    from hvdtrain.hooks import HookList
-
-    hooks = HookList(hooks)
+    hook_list = HookList(hooks)
     start = start or Start()
     history = list(start.history)
     if start.stopped:
@@ -163,7 +65,7 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
     for epoch in range(first_epoch + 1, plan.epochs + 1):
         resumed = epoch == first_epoch + 1 and done_in_epoch > 0
         carried = start.carried if resumed and start.carried is not None else np.zeros(3)
-        hooks.start_epoch(epoch)
+        hook_list.start_epoch(epoch)
         begin = time.perf_counter() - (start.carried_seconds if resumed else 0.0)
         loss_sums, corrects = [], []
 
@@ -183,17 +85,17 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
             stepped = time.perf_counter() - stepping
             loss_sums.append(loss_sum)
             corrects.append(correct)
-            hooks.on_step(StepInfo(epoch, step, global_step, waited, loss_sum, plan.examples_per_step, stepped))
+            hook_list.on_step(StepInfo(epoch, step, global_step, waited, loss_sum, plan.examples_per_step, stepped))
             if step < steps:
-                hooks.after_step(LoopState(global_step, epoch, False, partial, time.perf_counter() - begin, history,
+                hook_list.after_step(LoopState(global_step, epoch, False, partial, time.perf_counter() - begin, history,
                                            layout_step=layout_step))
         phase(f"all-reducing the metrics of epoch {epoch}")
         totals = distributed.allreduce_sum(partial(), name=f"hvdtrain.epoch{epoch}")
         stats = epoch_stats(epoch, steps, totals, time.perf_counter() - begin)
         history.append(stats)
         phase(f"ending epoch {epoch} (validation, early stopping)")
-        stop = hooks.end_epoch(stats)
-        hooks.after_step(LoopState(offset + epoch * steps, epoch, True, lambda: np.zeros(3), 0.0, history,
+        stop = hook_list.end_epoch(stats)
+        hook_list.after_step(LoopState(offset + epoch * steps, epoch, True, lambda: np.zeros(3), 0.0, history,
                                    stopped=stop, layout_step=epoch * steps))
         if stop:
             break
