@@ -29,12 +29,12 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
+from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
+from etl.fitted import Fitted
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, manifest
+from hvdtrain import console, fs, manifest, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
-from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
-from hvdtrain import wordpiece
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -101,14 +101,13 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             stats = _tabular_stats(rows, cfg)
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
+        fitted = _fitted(labels, tok, text_specs, stats)
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
-            results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
-                                    manifest.encodings(text_specs), fault)
+            results = _write_shards(rows, fitted, plan, staging, cfg, fault)
         rows.unpersist()
         with timer.stage("publish"):
-            fitted = _fitted(labels, tok, text_specs, stats)
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
                                      created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                      generation=f"v-{run_id}" if replacing else "")
@@ -121,10 +120,10 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
 
 
 def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
-            stats: Optional[dict]) -> Any:
+            stats: Optional[dict]) -> Fitted:
     if tok is None:
-        return publish.Fitted(labels=labels, tabular_stats=stats)
-    return publish.Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
+        return Fitted(labels=labels, tabular_stats=stats)
+    return Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
                           tokenizer_json=tok.to_str(), tabular_stats=stats)
 
 
@@ -176,12 +175,10 @@ def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
     return tabular.fit(rows.where("split = 'train'"), cfg)
 
 
-def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                  plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str],
-                  fault: Any = None) -> list:
+def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
     from functools import partial
 
-    label_index = {name: i for i, name in enumerate(labels)}
+    label_index = {name: i for i, name in enumerate(fitted.labels)}
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
@@ -191,9 +188,8 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
         (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
-    task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
-                   tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings,
-                   fault=fault)
+    task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
+                   compression=cfg.etl.compression, fault=fault)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 

@@ -21,26 +21,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from etl import accounting, writer
 from etl.accounting import RowCounts
+from etl.fitted import Fitted
 from hvdtrain import fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
 from etl import sample, sources, tabular, text
 
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """What the job learned before writing, as plain data (the manifest records it)."""
-
-    labels: list[str]
-    text_specs: dict[str, manifest.FeatureSpec] = field(default_factory=dict)
-    vocab: Optional[list[str]] = None  # vocab.txt lines in id order; None for tabular-only data
-    tokenizer_json: Optional[str] = None
-    tabular_stats: Optional[dict[str, Any]] = None
 
 
 @dataclass(frozen=True)

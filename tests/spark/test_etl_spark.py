@@ -495,6 +495,7 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
     from functools import partial
 
     from etl import writer
+    from etl.fitted import Fitted
     from tests.support import hdfs_standin
 
     home, root = str(tmp_path / "hadoop"), tmp_path / "hdfs"
@@ -503,7 +504,7 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
     plan = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
     rows = [((p, f"k{p}-{i}"), (None, i % 2, (), ())) for p in range(4) for i in range(5)]
     task = partial(hdfs_standin.write_partition_in_container, root=str(root), hadoop_home=home, plan=plan,
-                   staging="hdfs://namenode:8020/data/_staging/r1", tokenizer_json=None, tabular_stats=None,
+                   staging="hdfs://namenode:8020/data/_staging/r1", fitted=Fitted(labels=["a", "b"]),
                    compression="none")
     results = (spark.sparkContext.parallelize(rows, 4).keyBy(lambda r: r[0][0]).partitionBy(4, lambda p: p)
                .values().mapPartitionsWithIndex(task).collect())

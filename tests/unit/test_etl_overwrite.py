@@ -18,6 +18,7 @@ import pytest
 from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
+from etl.fitted import Fitted
 from hvdtrain import config, fs, manifest
 from tests.support import faulty_fs
 
@@ -48,7 +49,7 @@ def publish_dataset(out: str, tag: str, tmp: Path, then: Callable[[], None] = la
     fs.write_bytes_atomic(fs.join(staging, "rejects", "part-0.parquet"), f"rejects of {tag}".encode())
     counts = RowCounts(rows_in=103, rejected={"text_null": 3}, before_dedup=100, after_dedup=100, label_unknown=0,
                        by_split=dict(ROWS), written=dict(ROWS))
-    fitted = publish.Fitted(labels=["a", "b"], text_specs=manifest.text_features(8, 4),
+    fitted = Fitted(labels=["a", "b"], text_specs=manifest.text_features(8, 4),
                             vocab=["[PAD]", "[UNK]", tag, "w"], tokenizer_json=f'{{"tag": "{tag}"}}')
     facts = publish.RunFacts(staging=staging, stage_seconds={}, created_at=tag, versions={},
                              generation=f"v-{tag}" if replacing else "")

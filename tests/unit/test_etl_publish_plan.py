@@ -6,6 +6,7 @@ import pytest
 
 from etl import accounting, faults, publish, writer
 from etl.accounting import RowCounts
+from etl.fitted import Fitted
 from hvdtrain import config, manifest
 from hvdtrain.errors import ConfigError, DataError
 
@@ -62,7 +63,7 @@ def test_publish_plan_moves_successful_attempts_and_builds_the_manifest():
     shards = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
     results = [result(3, "test", 0, 5, {0: 5}), result(0, "train", 0, 41, {0: 40, 1: 1}),
                result(2, "validation", 0, 7, {1: 7}), result(1, "train", 1, 39, {1: 39})]
-    fitted = publish.Fitted(labels=["neg", "pos"], text_specs=manifest.text_features(8, 4),
+    fitted = Fitted(labels=["neg", "pos"], text_specs=manifest.text_features(8, 4),
                             vocab=["[PAD]", "[UNK]", "a", "b"], tokenizer_json="{}")
     facts = publish.RunFacts(staging="/out/_staging/r", stage_seconds={"read": 1.0}, created_at="T", versions={})
     plan = publish.plan_publish(cfg, shards, results, fitted, counts(), facts)
@@ -90,7 +91,7 @@ def test_replacing_a_dataset_plans_the_new_one_in_a_version_folder_the_manifest_
     shards = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
     results = [result(0, "train", 0, 80, {0: 80}), result(1, "validation", 0, 7, {1: 7}),
                result(2, "test", 0, 5, {0: 5})]
-    fitted = publish.Fitted(labels=["neg", "pos"], text_specs=manifest.text_features(8, 4),
+    fitted = Fitted(labels=["neg", "pos"], text_specs=manifest.text_features(8, 4),
                             vocab=["[PAD]", "[UNK]", "a", "b"], tokenizer_json="{}")
     facts = publish.RunFacts(staging="/out/_staging/r", stage_seconds={}, created_at="T", versions={},
                              generation="v-r")
