@@ -1,7 +1,8 @@
 """What happens around the loop's steps and epochs, one concern per hook.
 
 :func:`hvdtrain.training.loop.fit` calls a list of hooks in order, the way Keras'
-``CallbackList`` calls callbacks. Training uses, in this order:
+``CallbackList`` calls callbacks. Training uses, in this order (the list is built, and its
+order written, in :func:`hvdtrain.training.assemble.training_hooks`):
 
 * :class:`ProgressHook`: rank 0's progress bar or periodic lines;
 * :class:`StepMetricsHook`: per-step metrics to MLflow every ``log_every_steps``;
