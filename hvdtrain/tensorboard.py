@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import fs
 from hvdtrain.errors import UsageError
-from hvdtrain.hooks import Hook
-from hvdtrain.loop import EpochStats, LoopState, StepInfo
+from hvdtrain.training.events import EpochStats, LoopState, StepInfo
+from hvdtrain.training.hooks import Hook
 
 log = logging.getLogger("hvdtrain.train")
 

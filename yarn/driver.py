@@ -33,6 +33,7 @@ from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
+from yarn import executor
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
@@ -73,8 +74,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def rank_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     """The function every rank runs and its arguments: hvdtrain's training, or the user's script."""
-    from yarn import executor
-
     if args.script_zip:
         spec = {"zip": args.script_zip, "script": args.script, "args": json.loads(args.script_args),
                 "logs": args.logs, "executor_cores": cfg.yarn.executor_cores}

@@ -15,7 +15,7 @@ import pytest
 
 from hvdtrain import cli, keras3_check
 from hvdtrain.keras3_check import check_source
-from tests.test_horovod_upstream import NOT_APPLICABLE, upstream_tests_folder
+from tests.multiprocess.test_horovod_upstream import NOT_APPLICABLE, upstream_tests_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_upstream_findings_give_the_exact_replacements() -> None:
 
 
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in [
-    *REPO.glob("examples/*.py"), REPO / "tests" / "horovod_keras3_ports.py", *REPO.glob("hvdtrain/**/*.py"),
+    *REPO.glob("examples/*.py"), REPO / "tests" / "support" / "horovod_keras3_ports.py", *REPO.glob("hvdtrain/**/*.py"),
     *REPO.glob("yarn/*.py"), *REPO.glob("etl/*.py")]))
 def test_clean_scripts_give_no_findings(path: str) -> None:
     assert keras3_check.check_file(str(REPO / path)) == []

@@ -15,7 +15,7 @@ import pytest
 
 from hvdtrain import cli, config, supervise
 from hvdtrain.errors import ConfigError
-from tests.test_yarn_command import CPU_BUILD, ENV, GPU_BUILD, FakeSubmission, deps, inputs
+from tests.unit.test_yarn_command import CPU_BUILD, ENV, GPU_BUILD, FakeSubmission, deps, inputs
 from yarn import driver, executor, submit
 from yarn import run as yarn_run
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from etl import session
 from hvdtrain import config
-from tests.test_yarn_command import inputs
+from tests.unit.test_yarn_command import inputs
 from yarn import etl_submit, score, submit
 
 EVENT_LOG = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": "hdfs://nn:8020/spark-history",

@@ -15,7 +15,7 @@ import pytest
 
 from hvdtrain import fs, tensorboard
 from hvdtrain.errors import UsageError
-from hvdtrain.loop import EpochStats, LoopState, StepInfo
+from hvdtrain.training.events import EpochStats, LoopState, StepInfo
 
 REMOTE = "hdfs://nn:8020/runs/job"
 
