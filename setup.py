@@ -39,6 +39,9 @@ setup(
         # hvdtrain/tune.py: RetryHeartbeatStaleTrialCallback and heartbeat_stale_trial_callback are 4.9+/5.x
         # names (the old ones go in 6.0); tested with 5.0.0
         "optuna>=5.0,<6",
+        # hvdtrain/tensorboard.py: tf.summary's writers and `hvdtrain tensorboard` (TF 2.21 no longer pulls it
+        # in); tested with 2.21.0
+        "tensorboard>=2.20,<2.22",
         # Horovod 0.28.1 itself is built from its sdist by scripts/build_horovod.sh
         # (it needs a patch for TF 2.21); these are its runtime requirements.
         "cloudpickle>=2,<4",

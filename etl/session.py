@@ -21,6 +21,7 @@ import shutil
 import sys
 from typing import Any, Iterator, Optional
 
+from hvdtrain import config as config_mod
 from hvdtrain import console, fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import EnvironmentProblem
@@ -88,6 +89,7 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
         java_options.append(f"-Dderby.system.home={metastore}")
     if java_options:
         conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
+    conf.update(config_mod.event_log_conf(cfg.spark))
     conf.update(cfg.spark.conf)
     return conf
 
@@ -122,6 +124,7 @@ def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False
                                      "set hive.embedded: false and put hive-site.xml on Spark's classpath")
         os.makedirs(fs.local_path(cfg.hive.metastore_dir), exist_ok=True)
         fs.makedirs(cfg.hive.warehouse_dir)
+    fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
     path = log_file(cfg, master, verbose, job)
     log_config = _write_log_config(path) if path else None
     builder = SparkSession.builder

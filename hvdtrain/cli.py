@@ -1,4 +1,4 @@
-"""``hvdtrain`` command line: demo, etl, train, tune, yarn, checkpoints, env, config.
+"""``hvdtrain`` command line: demo, etl, train, run, check-script, tune, yarn, checkpoints, env, config.
 
 The ETL runs in its own process (``python -m etl.job``, the same entry point
 spark-submit runs), and local training under ``horovodrun``; this module only
@@ -11,16 +11,17 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, tune
-from hvdtrain.launch import child_env, etl_command, score_command, score_flags, train_command
-from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
-                             UsageError)
+from hvdtrain import console, fs, keras3_check, tensorboard, tune
+from hvdtrain.launch import child_env, etl_command, horovod_command, score_command, score_flags, train_command
+from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
+                             StepFailed, UsageError)
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
@@ -51,16 +52,8 @@ def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.O
     """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``)."""
     if cfg.fault.max_restarts == 0:
         return _step(cmd, "training")
-    tries: list[console.Outcome] = []
-
-    def once(env: Mapping[str, str]) -> tuple[int, str]:
-        tries.append(_run(cmd, env))
-        return tries[-1].returncode, tries[-1].tail
-
-    outcome = supervise.run_with_restarts(
-        once, cfg.fault.max_restarts,
-        resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
-        wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
+    tries, outcome = _supervised(
+        cmd, cfg.fault, lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None)
     if outcome.code == 0:
         return tries[-1]
     if tries[-1].error is not None:  # a rank said what was wrong (a config, data or environment error)
@@ -70,6 +63,40 @@ def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.O
     raise StepFailed(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
                      f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"
                      f" (exit code {outcome.code}); see the messages above", code)
+
+
+def _supervised(cmd: list[str], fault: config_mod.FaultConfig,
+                resume_step: Callable[[], Optional[int]]) -> tuple[list[console.Outcome], supervise.Outcome]:
+    """Run ``cmd`` through the console, relaunched after restartable failures up to ``fault.max_restarts``."""
+    tries: list[console.Outcome] = []
+
+    def once(env: Mapping[str, str]) -> tuple[int, str]:
+        tries.append(_run(cmd, env))
+        return tries[-1].returncode, tries[-1].tail
+
+    outcome = supervise.run_with_restarts(once, fault.max_restarts, resume_step=resume_step,
+                                          wait=lambda attempt: supervise.backoff(attempt, fault.restart_backoff))
+    return tries, outcome
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``hvdtrain run --np N SCRIPT [args...]``: a user's Horovod script under horovodrun, after check-script.
+
+    Returns the job's exit code: the worst rank's (0 when every rank finished)."""
+    script = keras3_check.script_path(args.script)
+    keras3_check.print_findings(script, sys.stderr)
+    fault = config_mod.FaultConfig(max_restarts=args.max_restarts or 0, start_timeout=args.start_timeout)
+    cmd = horovod_command([sys.executable, script, *args.script_args], args.np, fault.start_timeout, args.hosts)
+    if shutil.which(cmd[0]) is None:
+        raise EnvironmentProblem(f"{cmd[0]} not found: Horovod is not installed in this environment; build it "
+                                 "with `make env` (check with `hvdtrain env check`)")
+    tries, outcome = _supervised(cmd, fault, lambda: None)
+    code = supervise.worst_code(supervise.rank_codes(tries[-1].tail), outcome.code)
+    if code:
+        how = f"exited with code {code}" if code <= 128 else f"was killed by signal {code - 128}"
+        print(f"hvdtrain: {script} failed on {args.np} rank(s): the worst rank {how}"
+              f"{f' after {len(outcome.restarts)} restart(s)' if outcome.restarts else ''}", file=sys.stderr)
+    return code
 
 
 def cmd_etl(args: argparse.Namespace) -> int:
@@ -179,13 +206,14 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
 
 def cmd_yarn(args: argparse.Namespace) -> int:
     """``hvdtrain yarn submit|score|etl ...``: the launchers live in yarn/ (which imports hvdtrain), so run them."""
-    modules = {"submit": "yarn.submit", "score": "yarn.score", "etl": "yarn.etl_submit"}
+    modules = {"submit": "yarn.submit", "score": "yarn.score", "etl": "yarn.etl_submit", "run": "yarn.run"}
     if not args.rest or args.rest[0] not in modules:
         raise UsageError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
                          "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
                          "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run], or "
                          "hvdtrain yarn etl CONFIG [--num-executors N] [--executor-cores C] [--queue Q] "
-                         "[--overwrite] [--dry-run]")
+                         "[--overwrite] [--dry-run], or hvdtrain yarn run --num-workers N [--config CONFIG] "
+                         "[--master M] [--dry-run] SCRIPT [ARGS...]")
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 
@@ -215,6 +243,18 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     """``hvdtrain timeline summarize FILE``: time per phase of a recorded Horovod timeline."""
     print(timeline.summarize(args.file))
     return 0
+
+
+def cmd_check_script(args: argparse.Namespace) -> int:
+    """``hvdtrain check-script SCRIPT``: Keras 2 uses that break on Keras 3 (0 none, 1 some, 2 unreadable)."""
+    findings = keras3_check.check_file(args.script)
+    print("\n".join(keras3_check.report(args.script, findings)))
+    return 1 if findings else 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    """``hvdtrain tensorboard OUTPUT``: TensorBoard on 127.0.0.1 over a training run's events (staged from HDFS)."""
+    return tensorboard.serve(args.output, args.port, ready=lambda line: print(line, flush=True))
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -279,6 +319,23 @@ def build_parser() -> argparse.ArgumentParser:
                   "time per phase of a Horovod timeline: hvdtrain timeline summarize FILE", config=False)
     tl.add_argument("action", choices=["summarize"])
     tl.add_argument("file", help="the timeline JSON (train.timeline writes horovod_timeline.json to train.output)")
+    run = _command(sub, "run", cmd_run, "run your own Horovod script under horovodrun (Gloo) after check-script: "
+                   "hvdtrain run --np N SCRIPT [args...]", config=False)
+    _np_option(run, "local ranks (default 2; 1 runs without horovodrun)")
+    run.add_argument("--hosts", help="horovodrun -H, e.g. host1:2,host2:2 (default localhost:N)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                     help="relaunch after a lost rank or a crash up to K times (the script resumes itself)")
+    run.add_argument("--start-timeout", type=int, default=120, help="seconds for all ranks to start (default 120)")
+    run.add_argument("script", help="your Horovod training script, e.g. train.py")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="the script's own arguments")
+    check = _command(sub, "check-script", cmd_check_script, "list a Horovod/Keras script's Keras 2 uses that break on "
+                     "Keras 3, with line numbers and replacements (read, not run); exit 1 when there are any",
+                     config=False)
+    check.add_argument("script", help="the Python script, e.g. train.py")
+    board = _command(sub, "tensorboard", cmd_tensorboard, "TensorBoard on 127.0.0.1 over a training run's event "
+                     "files: hvdtrain tensorboard TRAIN_OUTPUT (local or hdfs://, staged locally)", config=False)
+    board.add_argument("output", help="the run's train.output folder (or its tensorboard/ folder)")
+    board.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default 6006; 0 picks a free one)")
     env = _command(sub, "env", cmd_env_check, "diagnose this host: hvdtrain env check", config=False)
     env.add_argument("what", choices=["check"])
     return p
@@ -322,6 +379,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.overrides = [*args.overrides, *extra]
     if getattr(args, "np", 1) < 1:
         args.parser.error(f"--np must be >= 1 (got {args.np})")
+    if getattr(args, "max_restarts", None) is not None and args.max_restarts < 0:
+        args.parser.error(f"--max-restarts must be >= 0 (got {args.max_restarts})")
     return args
 
 

@@ -163,6 +163,33 @@ class SparkConfig:
     master: str = "local[2]"
     app_name: str = "hvdtrain-etl-{name}"
     conf: dict[str, str] = field(default_factory=dict)
+    # Spark event logs for the history server (ETL, scoring, YARN launches): off when null. On a cluster, the
+    # folder the history server reads (spark.history.fs.logDirectory), e.g. hdfs://namenode:8020/spark-history.
+    event_log_dir: Optional[str] = path_field(None)
+
+
+def event_log_conf(spark: SparkConfig) -> dict[str, str]:
+    """The ``spark.eventLog.*`` settings ``spark.event_log_dir`` stands for (pure; empty when it is unset).
+
+    A local folder is given as a ``file:`` URI: a bare path would resolve against the cluster's default
+    filesystem (HDFS) once Hadoop's configuration is on Spark's classpath."""
+    folder = spark.event_log_dir
+    if not folder:
+        return {}
+    uri = folder if has_scheme(folder) else "file:" + os.path.abspath(folder)
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": uri, "spark.eventLog.compress": "true"}
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard event files under ``<train.output>/tensorboard`` (rank 0; hvdtrain/tensorboard.py)."""
+
+    enabled: bool = True
+    every_steps: int = 10  # per-step scalars every N optimizer steps (per-epoch scalars at every epoch end)
+    graph: bool = True  # the model's graph, once per run
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 1, "every_steps", self.every_steps, "must be >= 1")
 
 
 @dataclass
@@ -573,6 +600,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     yarn: YarnConfig = field(default_factory=YarnConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

@@ -219,6 +219,13 @@ def makedirs(uri: str) -> None:
     with_retries(lambda: fs.create_dir(path, recursive=True), f"mkdir {uri}")
 
 
+def makedirs_if_local(uri: Optional[str]) -> None:
+    """Create a local folder (a folder a JVM will write to, such as Spark's event logs); a remote one or None
+    is left alone (on a cluster such folders are made once by their admin)."""
+    if uri and is_local(uri):
+        os.makedirs(local_path(uri), exist_ok=True)
+
+
 def delete(uri: str) -> None:
     """Delete a file or a directory tree; a missing path is fine."""
     fs, path = resolve(uri)

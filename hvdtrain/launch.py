@@ -1,4 +1,5 @@
-"""The launcher's child commands (pure): the ETL, training (under ``horovodrun`` for N > 1) and scoring.
+"""The launcher's child commands (pure): the ETL, training or a user's script (under ``horovodrun`` for
+N > 1) and scoring.
 
 Used by :mod:`hvdtrain.cli` and by :mod:`hvdtrain.tune`, whose trials are ordinary training runs.
 """
@@ -43,11 +44,18 @@ def train_command(config_path: str, overrides: Sequence[str], np: int, start_tim
                   hosts: Optional[str] = None) -> list[str]:
     """``horovodrun -np N -H localhost:N --gloo --start-timeout S python -m hvdtrain.train ...``
     (or plain python for N=1 on this host); ``hosts`` (``h1:2,h2:2``) runs the ranks there."""
-    train = [sys.executable, "-m", "hvdtrain.train", config_path, *overrides]
+    return horovod_command([sys.executable, "-m", "hvdtrain.train", config_path, *overrides], np, start_timeout,
+                           hosts)
+
+
+def horovod_command(program: Sequence[str], np: int, start_timeout: int = 120,
+                    hosts: Optional[str] = None) -> list[str]:
+    """``program`` on ``np`` Gloo ranks under horovodrun, or as is for one rank on this host (pure):
+    hvdtrain's training, or a user's own script (``hvdtrain run``)."""
     if np == 1 and hosts is None:
-        return train
+        return list(program)
     return [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo",
-            "--start-timeout", str(start_timeout), *train]
+            "--start-timeout", str(start_timeout), *program]
 
 
 def score_flags(model: Optional[str], output_table: Optional[str], partition: Optional[str] = None,

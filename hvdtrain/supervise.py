@@ -21,7 +21,7 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 log = logging.getLogger("hvdtrain.supervise")
 
@@ -77,6 +77,18 @@ def classify(code: int, output: str = "") -> Failure:
         if c in NO_RESTART and c != 130:
             return Failure(c, r, describe_code(c), False)
     return Failure(decisive, rank, describe_code(decisive), decisive not in NO_RESTART)
+
+
+def rank_codes(output: str) -> list[int]:
+    """Every failed rank's exit code that horovodrun reported in ``output`` (pure)."""
+    return [int(c) for _, c in FAILED.findall(output)]
+
+
+def worst_code(codes: Sequence[int], fallback: int = 0) -> int:
+    """The exit code of a job from its ranks' codes: the worst one, a signal (negative) counting as 128 + its
+    number; ``fallback`` (the launcher's own code) when no rank failed (pure)."""
+    normalized = [128 - c if c < 0 else c for c in codes if c != 0]
+    return max(normalized) if normalized else fallback
 
 
 def backoff(attempt: int, base: float = 10.0, cap: float = 300.0) -> float:

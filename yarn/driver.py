@@ -64,7 +64,28 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--executable", default=sys.executable, help="Python that runs each rank on the executors")
     p.add_argument("--result", required=True, help="where to write every rank's record (JSON)")
     p.add_argument("--verbose", type=int, default=1, help="horovod.spark.run verbosity (0-2)")
+    p.add_argument("--script-zip", help="a user's script folder, zipped (hvdtrain yarn run): every rank runs the "
+                                        "script instead of hvdtrain's training")
+    p.add_argument("--script", help="the script's path inside --script-zip")
+    p.add_argument("--script-args", default="[]", help="the script's arguments (a JSON list)")
+    p.add_argument("--logs", help="folder for every rank's log (rank<N>.log; local or hdfs://)")
     return p.parse_args(argv)
+
+
+def rank_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    """The function every rank runs and its arguments: hvdtrain's training, or the user's script."""
+    if args.script_zip:
+        spec = {"zip": args.script_zip, "script": args.script, "args": json.loads(args.script_args),
+                "logs": args.logs, "executor_cores": cfg.yarn.executor_cores}
+        return executor.run_script, (spec,)
+    return executor.run_rank, (cfg.to_dict(),)
+
+
+def job_exit_code(records: Sequence[dict[str, Any]], script: bool) -> int:
+    """The job's exit code (pure): a user script's is its worst rank's; training's, its first failed rank's."""
+    if script:
+        return supervise.worst_code([int(r.get("exit_code", 0)) for r in records], 0 if records else 1)
+    return records_exit_code(records)
 
 
 def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome]:
@@ -78,16 +99,17 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     spark.sparkContext.setLogLevel("WARN")
     print(f"hvdtrain: Spark application {spark.sparkContext.applicationId}: {args.num_proc} ranks", flush=True)
     last: dict[str, list[dict[str, Any]]] = {"records": []}
+    fn, fn_args = rank_job(cfg, args)
 
     def once(env: dict[str, str]) -> tuple[int, str]:
         try:
             last["records"] = horovod.spark.run(
-                executor.run_rank, args=(cfg.to_dict(),), num_proc=args.num_proc, start_timeout=args.start_timeout,
+                fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,
                 use_gloo=True, env={**horovod_env(cfg), **env}, verbose=args.verbose, executable=args.executable)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
             print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
             return 1, str(exc)
-        return records_exit_code(last["records"]), ""
+        return job_exit_code(last["records"], bool(args.script_zip)), ""
 
     try:
         outcome = supervise.run_with_restarts(
@@ -125,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"hvdtrain: every rank's record: {args.result}", flush=True)
     for error in summary["errors"]:
         print(f"hvdtrain: error: {error}", file=sys.stderr)
-    return 0 if summary["ok"] else records_exit_code(records)
+    return 0 if summary["ok"] else job_exit_code(records, bool(args.script_zip))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Input
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
-    return conf + list(cfg.yarn.spark_conf.items())
+    return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 
 def validate(cfg: JobConfig, master: str, num_executors: Optional[int], is_file: Callable[[str], bool]) -> None:

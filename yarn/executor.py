@@ -22,9 +22,13 @@ the driver imports this module to pickle :func:`run_rank` by reference.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
-from typing import Any, Mapping, Optional, Sequence
+import tempfile
+import zipfile
+from typing import IO, Any, Mapping, Optional, Sequence
 
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 from hvdtrain import cpus, fs  # no TensorFlow import either
@@ -108,3 +112,49 @@ def _initialized(distributed: Any) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def run_script(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run a user's Horovod script as this rank (``hvdtrain yarn run``), its output teed to ``<logs>/rank<N>.log``.
+
+    ``spec``: ``zip`` (the script's folder, zipped; a relative path is in the container's working
+    folder), ``script`` (its path inside), ``args``, ``logs`` and ``executor_cores``. The script runs in
+    a child process from the unpacked folder and inherits the rank environment Horovod set
+    (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_HOSTNAME``, Gloo's rendezvous),
+    so its ``hvd.init()`` joins the job. Never raises: the record carries the exit code.
+    """
+    gpus = assigned_gpus()
+    rank = int(os.environ.get("HOROVOD_RANK", "-1"))
+    env = {**os.environ, **gpu_env(gpus), "PYTHONUNBUFFERED": "1"}
+    env.setdefault(cpus.TASK_CPUS_ENV, str(spec.get("executor_cores", "")))
+    fs.prepare_hdfs_client(*[p for p in (spec["logs"],) if str(p).startswith(fs.LIBHDFS_SCHEMES)])
+    folder = tempfile.mkdtemp(prefix=f"hvdtrain-rank{rank}-")
+    log_uri = fs.join(spec["logs"], f"rank{rank}.log")
+    try:
+        with zipfile.ZipFile(os.path.abspath(spec["zip"])) as zf:
+            zf.extractall(folder)
+        log_path = os.path.join(folder, ".hvdtrain-rank.log")
+        cmd = [sys.executable, os.path.join(folder, spec["script"]), *spec["args"]]
+        with open(log_path, "wb") as log:
+            code = tee(subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+                       log, sys.stdout.buffer)
+        with open(log_path, "rb") as log:
+            fs.write_bytes_atomic(log_uri, log.read())
+        error = None if code == 0 else f"{spec['script']} exited with code {code}; its log: {log_uri}"
+    except Exception as exc:  # noqa: BLE001 - the driver reports it as this rank's failure
+        code, error = 1, f"could not run {spec['script']}: {exc}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if error:
+        print(f"hvdtrain: error: rank {rank}: {error}", file=sys.stderr, flush=True)
+    return {**rank_record(rank, gpus, None, error, False, spec["zip"]), "exit_code": code, "log": log_uri,
+            "local_rank": os.environ.get("HOROVOD_LOCAL_RANK")}
+
+
+def tee(proc: "subprocess.Popen[bytes]", log: IO[bytes], out: IO[bytes]) -> int:
+    """Copy a child's output to ``log`` and ``out`` line by line; its exit code."""
+    for line in iter(proc.stdout.readline, b""):
+        log.write(line)
+        out.write(line)
+        out.flush()
+    return proc.wait()

@@ -38,7 +38,7 @@ def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inp
     if not local and deploy_mode == "cluster":
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
-    return conf + list(cfg.yarn.spark_conf.items())
+    return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 
 def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args: Sequence[str],

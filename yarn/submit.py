@@ -91,6 +91,20 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class ScriptJob:
+    """A user's script as the job (``hvdtrain yarn run``): its folder zipped and shipped with ``--files``."""
+
+    zip_path: str  # local path of the zipped folder
+    script: str  # the script's path inside the zip
+    args: tuple[str, ...]  # the script's own arguments
+    output: str  # where every rank's log and the job record go (local or hdfs://)
+
+    @property
+    def logs(self) -> str:
+        return fs.join(self.output, "logs")
+
+
+@dataclass(frozen=True)
 class SubmitPlan:
     argv: list[str]
     env: dict[str, str]  # set (over the current environment) for spark-submit
@@ -186,13 +200,15 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.executor.resource.gpu.discoveryScript", f"./{os.path.basename(GPU_SCRIPT)}")]
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
+    conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
     conf += list(y.spark_conf.items())
     return conf
 
 
 def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
-               is_file: Callable[[str], bool] = os.path.isfile) -> SubmitPlan:
-    """The spark-submit command and environment for a job (pure, given ``is_file`` for the keytab).
+               is_file: Callable[[str], bool] = os.path.isfile, script: Optional[ScriptJob] = None) -> SubmitPlan:
+    """The spark-submit command and environment for a job (pure, given ``is_file`` for the keytab): hvdtrain's
+    training, or with ``script`` a user's Horovod script run by every rank.
 
     Raises ConfigError / EnvironmentProblem for a submission that cannot work (:func:`validate`).
     """
@@ -205,23 +221,27 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
         notes.append(f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode")
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
     argv += cluster_args(cfg, local, inputs)
-    files = [inputs.job_yaml] + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else [])
+    files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
+             + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []))
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
     for key, value in spark_conf(cfg, master, deploy_mode, inputs):
         argv += ["--conf", f"{key}={value}"]
-    result_uri = fs.join(cfg.train.output, RESULT_NAME)
+    result_uri = fs.join(script.output if script else cfg.train.output, RESULT_NAME)
     # In cluster mode the driver runs in the application master's container, beside the --files.
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(y.num_workers),
              "--start-timeout", str(y.start_timeout),
              "--executable", inputs.python if local else SHIPPED_PYTHON, "--result", result_uri]
+    if script:  # ranks on a cluster find the --files in their container's working folder
+        argv += ["--script-zip", script.zip_path if local else os.path.basename(script.zip_path),
+                 "--script", script.script, "--script-args", json.dumps(list(script.args)), "--logs", script.logs]
     env = {"PYTHONUNBUFFERED": "1"}
     if local:
         # Driver and ranks import the shipped zip, as containers do (the YARN client puts
         # --py-files on the executors' PYTHONPATH; local Spark does not, for child processes).
         env["PYTHONPATH"] = inputs.code_zip
     else:
-        notes += _cluster_notes(cfg)
+        notes += _cluster_notes(cfg, script)
     return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes)
 
 
@@ -240,16 +260,18 @@ def cluster_args(cfg: JobConfig, local: bool, inputs: Inputs) -> list[str]:
     return argv
 
 
-def _cluster_notes(cfg: JobConfig) -> list[str]:
+def _cluster_notes(cfg: JobConfig, script: Optional[ScriptJob] = None) -> list[str]:
     notes = []
     if cfg.yarn.gpus_per_worker > 1:
         notes.append(f"yarn.gpus_per_worker={cfg.yarn.gpus_per_worker}: each rank trains on one GPU (Horovod runs "
                      "one process per GPU), so the others idle; prefer --gpus-per-worker 1 with more workers")
-    for name, value in (("etl.output", cfg.etl.output), ("train.output", cfg.train.output)):
+    outputs = ((("--output", script.output),) if script else
+               (("etl.output", cfg.etl.output), ("train.output", cfg.train.output)))
+    for name, value in outputs:
         if fs.is_local(value):
             notes.append(f"{name} {value} is a local path: every YARN container must see it (shared mount), "
                          f"or set {name}=hdfs://namenode:8020/...")
-    if cfg.tracking.enabled and not cfg.tracking.uri and "MLFLOW_TRACKING_URI" not in cfg.yarn.env:
+    if not script and cfg.tracking.enabled and not cfg.tracking.uri and "MLFLOW_TRACKING_URI" not in cfg.yarn.env:
         notes.append("tracking.uri is unset: rank 0 would log to a SQLite file on whichever host it runs; "
                      "set tracking.uri=http://mlflow-server:5000 (or yarn.env.MLFLOW_TRACKING_URI)")
     return notes + archive_notes(cfg)
@@ -428,6 +450,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 "horovod.spark.run on N executors (flags override the config's yarn: block).")
     p.add_argument("config", help="job YAML, e.g. configs/demo.yaml")
     p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
+    add_submission_flags(p)
+    return p.parse_intermixed_args(argv)  # key=value overrides may come after the flags
+
+
+def add_submission_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every Horovod submission takes (``yarn submit``, ``yarn run``)."""
     p.add_argument("--num-workers", type=int, help="Horovod ranks = executors (yarn.num_workers)")
     p.add_argument("--gpus-per-worker", type=int, help="GPUs per executor; needs Horovod with NCCL")
     p.add_argument("--queue", help="YARN queue (yarn.queue)")
@@ -438,13 +466,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="relaunch the Horovod job inside the same application after a lost rank, a stall or a "
                         "storage failure, up to K times (fault.max_restarts)")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
-    return p.parse_intermixed_args(argv)  # key=value overrides may come after the flags
 
 
-def prepare(args: argparse.Namespace, deps: Collaborators) -> tuple[JobConfig, HorovodBuild]:
-    """Config with the flags applied, and the Horovod facts, validated."""
+def prepare(args: argparse.Namespace, deps: Collaborators,
+            load: Optional[Callable[[list[str]], JobConfig]] = None) -> tuple[JobConfig, HorovodBuild]:
+    """Config with the flags applied (``load(overrides)``, default: the CONFIG argument's file), and the
+    Horovod facts, validated."""
     check_flags(args)
-    cfg = config_mod.load(args.config, list(args.overrides) + flag_overrides(args, os.getcwd()))
+    overrides = list(getattr(args, "overrides", [])) + flag_overrides(args, os.getcwd())
+    cfg = load(overrides) if load else config_mod.load(args.config, overrides)
     build = deps.probe_build()
     validate(cfg, args.master, build)
     return cfg, build
@@ -494,6 +524,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
         return False
     with open(inputs.job_yaml, "w") as fh:
         fh.write(cfg.to_yaml())
+    fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
     packaging.build_code_zip(inputs.code_zip)
     for note in plan.notes:
         print(f"hvdtrain: note: {note}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import keras
 
 from hvdtrain import breakdown, config as config_lib, distributed, monitoring, progress, resume
-from hvdtrain import timeline as timeline_lib, tune
+from hvdtrain import tensorboard, timeline as timeline_lib, tune
 from hvdtrain.errors import ConfigError, EnvironmentProblem
 from hvdtrain.training import hooks, steps as steps_lib
 from hvdtrain.training.context import TrainContext
@@ -99,16 +99,19 @@ def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
 
 @contextlib.contextmanager
 def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
-    """The hooks after the checkpointer: Prometheus metrics, the step-time breakdown, the Horovod timeline
-    (each when configured); stops the metrics writer and closes the timeline when training ends."""
+    """The hooks after the checkpointer: TensorBoard (rank 0), Prometheus metrics, the step-time breakdown, the
+    Horovod timeline (each when configured); stops the writers and closes the timeline when training ends."""
     cfg, rank = ctx.cfg, ctx.rank
-    out: list[hooks.Hook] = []
+    board = _tensorboard(ctx, observed)
+    out: list[hooks.Hook] = [board] if board is not None else []
     exporter, recorder = _metrics_exporter(ctx, observed)
     if exporter is not None:
         out.append(recorder)
     if cfg.monitoring.step_breakdown:
+        log_metrics = (ctx.tracker.log_metrics if board is None else
+                       lambda m, step: (ctx.tracker.log_metrics(m, step), board.log_metrics(m)))
         out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
-                                               lambda: observed.checkpointer.seconds, ctx.tracker.log_metrics))
+                                               lambda: observed.checkpointer.seconds, log_metrics))
     recording = None
     if cfg.train.timeline is not None:
         recording = timeline_lib.TimelineHook(  # published with the outputs (publish), attached to MLflow here
@@ -122,6 +125,26 @@ def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hoo
     finally:
         if recording is not None:
             recording.close()
+        if board is not None:
+            board.close()
+
+
+def _tensorboard(ctx: TrainContext, observed: Observed) -> Optional[tensorboard.TensorBoardHook]:
+    """Rank 0's TensorBoard hook (``tensorboard.enabled``), with an MLflow tag saying where the events are."""
+    cfg = ctx.cfg
+    if not (cfg.tensorboard.enabled and ctx.rank.is_chief):
+        return None
+    optimizer, checkpointer = observed.optimizer, observed.checkpointer
+    board = tensorboard.start_hook(
+        os.path.join(ctx.stage_dir, tensorboard.FOLDER), cfg.train.output, cfg.tensorboard.every_steps,
+        ctx.rank.size, observed.resumed.step if observed.resumed else 0, lambda: current_learning_rate(optimizer),
+        lambda: checkpointer.last_save.step if checkpointer.last_save else None,
+        (lambda: tensorboard.model_graph(checkpointer.model, ctx.shape.input_specs())) if cfg.tensorboard.graph
+        else None)
+    if board is not None:
+        ctx.tracker.set_tags({"tensorboard": tensorboard.output_dir(cfg.train.output),
+                              "tensorboard_command": f"hvdtrain tensorboard {cfg.train.output}"})
+    return board
 
 
 def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[hooks.Hook]]:

@@ -16,7 +16,8 @@ order written, in :func:`hvdtrain.training.assemble.training_hooks`):
 * :class:`EpochReport`: the epoch's learning rate, log line and MLflow metrics
   (after validation, so they include it);
 * :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective);
-* after it, when configured: :class:`hvdtrain.monitoring.MetricsHook`
+* after it, when configured: :class:`hvdtrain.tensorboard.TensorBoardHook` (rank 0's
+  TensorBoard events, written in the background), :class:`hvdtrain.monitoring.MetricsHook`
   (Prometheus metrics), :class:`hvdtrain.breakdown.StepTimeBreakdown` (where
   each epoch's time went, gathered over ranks at epoch ends) and
   :class:`hvdtrain.timeline.TimelineHook` (Horovod's timeline for a few steps).

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, plots, timeline as timeline_lib
+from hvdtrain import data, fs, plots, tensorboard, timeline as timeline_lib
 from hvdtrain.errors import StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
@@ -34,6 +34,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
         if os.path.isfile(recorded):
             shutil.copy(recorded, local)
+        tensorboard.copy_events(os.path.join(ctx.stage_dir, tensorboard.FOLDER), local)
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,

@@ -1,0 +1,84 @@
+"""Users' own Horovod scripts under ``hvdtrain run --np 2`` (horovodrun, Gloo) and ``hvdtrain yarn run
+--master local[2]`` (the YARN submission path on local Spark): examples/keras3_horovod.py (model.fit with
+hvd.DistributedOptimizer) and examples/gradient_tape_horovod.py (DistributedGradientTape). Each rank writes a
+SHA-256 of its final weights; the ranks start from different weights and must end identical."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import mp
+
+pytestmark = pytest.mark.multiprocess
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = ["keras3_horovod.py", "gradient_tape_horovod.py"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_"))}
+    bindir = str(Path(sys.executable).parent)
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}")
+    return env
+
+
+def _hvdtrain(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvdtrain.cli", *args], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _assert_ranks_agree(out: Path, proc: subprocess.CompletedProcess) -> list[dict]:
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["initial_weights_sha256"] != ranks[1]["initial_weights_sha256"]
+    assert ranks[0]["final_weights_sha256"] == ranks[1]["final_weights_sha256"]
+    assert ranks[0]["loss"] == ranks[1]["loss"] and ranks[0]["loss"][-1] < ranks[0]["loss"][0]
+    return ranks
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_hvdtrain_run_local(script: str, tmp_path: Path) -> None:
+    mp.horovodrun()
+    proc = _hvdtrain("run", "--np", "2", f"examples/{script}", "--epochs", "2", "--out", str(tmp_path))
+    _assert_ranks_agree(tmp_path, proc)
+    assert "check-script" not in proc.stderr  # the examples are Keras 3 code
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_hvdtrain_yarn_run_on_local_spark(script: str, tmp_path: Path) -> None:
+    mp.horovodrun()
+    output, history = tmp_path / "job", tmp_path / "spark-history"
+    proc = _hvdtrain("yarn", "run", "--num-workers", "2", "--master", "local[2]", "--output", str(output),
+                     "--set", f"spark.event_log_dir={history}", f"examples/{script}", "--epochs", "2",
+                     "--out", str(tmp_path / "ranks"), timeout=1200)
+    ranks = _assert_ranks_agree(tmp_path / "ranks", proc)
+    assert all(r.get("env_rank", str(r["rank"])) == str(r["rank"]) for r in ranks)  # HOROVOD_RANK as Horovod sets it
+    record = json.loads((output / "yarn_result.json").read_text())
+    assert [(r["rank"], r["exit_code"]) for r in record["ranks"]] == [(0, 0), (1, 0)]
+    assert "loss" in (output / "logs" / "rank0.log").read_text()  # every rank's output, collected
+    assert (output / "logs" / "rank1.log").exists()
+    assert any(history.rglob("*local-*")), "no Spark event log written"  # spark.event_log_dir
+
+
+FAILING = """
+import os, sys
+rank = int(os.environ["HOROVOD_RANK"])
+print("rank", rank, "of", os.environ["HOROVOD_SIZE"], flush=True)
+sys.exit(3 if rank == 1 else 0)
+"""
+
+
+def test_hvdtrain_run_exits_with_the_worst_ranks_code_and_checks_first(tmp_path: Path) -> None:
+    mp.horovodrun()
+    script = tmp_path / "fails.py"
+    script.write_text(FAILING + "if False:\n    import tensorflow as tf\n    tf.keras.optimizers.Adam(lr=1)\n")
+    proc = _hvdtrain("run", "--np", "2", str(script), timeout=300)
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert f"check-script: {script}:8:" in proc.stderr and "learning_rate=" in proc.stderr
+    assert "failed on 2 rank(s): the worst rank exited with code 3" in proc.stderr
