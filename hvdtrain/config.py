@@ -452,6 +452,7 @@ class YarnConfig:
     keytab: Optional[str] = path_field(None)
     env_archive: Optional[str] = path_field(None)  # a packed env to use as is; built with venv-pack when unset
     env_cache: str = path_field("{workdir}/envs")  # where packed envs are uploaded once per content hash (an HDFS folder)
+    python: Optional[str] = None  # an interpreter at this path on every host (a shared install): nothing is shipped
     start_timeout: int = 600
     spark_conf: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # passed to every rank (NCCL_*, GLOO_*, HOROVOD_*)
@@ -461,6 +462,9 @@ class YarnConfig:
         _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, "must be >= 0")
         _require(self.executor_cores >= 1, "executor_cores", self.executor_cores, "must be >= 1")
         _require(self.start_timeout > 0, "start_timeout", self.start_timeout, "must be > 0 seconds")
+        _require(self.python is None or os.path.isabs(self.python), "python", self.python,
+                 "must be an absolute path present on every host (e.g. /opt/conda/envs/ml/bin/python), or null to "
+                 "ship the packed environment")
         _require((self.principal is None) == (self.keytab is None), "principal", self.principal,
                  "and yarn.keytab must be set together, for the job's Kerberos login "
                  "(pass --principal user@REALM --keytab /path/user.keytab)")

@@ -139,6 +139,18 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
     assert submit.is_standalone_master("spark://a:7077,b:7077") and not submit.is_standalone_master("spark://a")
 
 
+def test_a_shared_interpreter_ships_no_env() -> None:
+    cfg = job(python="/opt/conda/envs/ml/bin/python", executor_cores=1)
+    p = submit.build_plan(cfg, "spark://127.0.0.1:7077",
+                          submit.Inputs(SPARK_SUBMIT, PYTHON, ZIP, YAML, None, CPU_BUILD, cfg.yarn.python),
+                          is_file=lambda p: True)
+    assert "--archives" not in p.argv and "spark.pyspark.python=/opt/conda/envs/ml/bin/python" in p.argv
+    assert p.argv[p.argv.index("--executable") + 1] == "/opt/conda/envs/ml/bin/python"
+    assert any(n.startswith("yarn.python /opt/conda/envs/ml/bin/python: nothing is shipped") for n in p.notes)
+    with pytest.raises(ConfigError, match="yarn.python must be an absolute path"):
+        job(python="env/bin/python")
+
+
 def test_yarn_env_reaches_executors_and_rank_processes() -> None:
     cfg = job(env={"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
     assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])

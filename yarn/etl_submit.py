@@ -42,11 +42,11 @@ OWNED_CONF = {
 
 def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
     """The --conf settings of an ETL submission (pure)."""
-    python = inputs.python if local else submit.SHIPPED_PYTHON
-    driver_python = inputs.python if local or deploy_mode == "client" else submit.SHIPPED_PYTHON
+    python = inputs.python if local else inputs.cluster_python
+    driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python)]
     if not local and deploy_mode == "cluster":  # the driver publishes the dataset from its container
-        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
+        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     return conf + list(cfg.yarn.spark_conf.items())

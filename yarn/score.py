@@ -31,12 +31,12 @@ SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
 
 def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
     """The --conf settings of a scoring submission (pure)."""
-    python = inputs.python if local else submit.SHIPPED_PYTHON
-    driver_python = inputs.python if local or deploy_mode == "client" else submit.SHIPPED_PYTHON
+    python = inputs.python if local else inputs.cluster_python
+    driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python),
             ("spark.sql.catalogImplementation", "hive"), ("spark.python.worker.reuse", "true")]
     if not local and deploy_mode == "cluster":
-        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
+        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     return conf + list(cfg.yarn.spark_conf.items())
 

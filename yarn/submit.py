@@ -97,8 +97,9 @@ class Inputs:
     python: str  # this interpreter: runs the driver in client mode and every rank locally
     code_zip: str  # local path of the --py-files zip
     job_yaml: str  # local path of the resolved job config
-    archive_uri: Optional[str]  # the packed env (None for local masters)
+    archive_uri: Optional[str]  # the packed env (None for local masters and yarn.python)
     build: HorovodBuild
+    cluster_python: str = SHIPPED_PYTHON  # what executors run on a cluster: the shipped env's, or yarn.python
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                  ("spark.pyspark.python", inputs.python),
                  ("spark.pyspark.driver.python", inputs.python)]
     else:
-        driver_python = SHIPPED_PYTHON if deploy_mode == "cluster" else inputs.python
+        driver_python = inputs.cluster_python if deploy_mode == "cluster" else inputs.python
         # A YARN app asks for executors; a standalone app for cores (spark.cores.max): one executor per rank either way.
         standalone = is_standalone_master(master)
         conf += ([] if standalone else [("spark.yarn.maxAppAttempts", "1")])  # a 2nd attempt would start over
@@ -212,10 +213,10 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                  ("spark.task.cpus", str(y.executor_cores)),  # one task, so one rank, per executor
                  ("spark.scheduler.minRegisteredResourcesRatio", "1.0"),
                  ("spark.scheduler.maxRegisteredResourcesWaitingTime", f"{y.start_timeout}s"),
-                 ("spark.pyspark.python", SHIPPED_PYTHON),
+                 ("spark.pyspark.python", inputs.cluster_python),
                  ("spark.pyspark.driver.python", driver_python)]
         if deploy_mode == "cluster":
-            conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", SHIPPED_PYTHON))
+            conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         if y.gpus_per_worker > 0:
             conf += [("spark.executor.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
@@ -247,7 +248,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(y.num_workers),
              "--start-timeout", str(y.start_timeout),
-             "--executable", inputs.python if local else SHIPPED_PYTHON, "--result", result_uri]
+             "--executable", inputs.python if local else inputs.cluster_python, "--result", result_uri]
     env = {"PYTHONUNBUFFERED": "1"}
     if local:
         # Driver and ranks import the shipped zip, as containers do (the YARN client puts
@@ -267,10 +268,11 @@ def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
         argv += ["--principal", y.principal, "--keytab", y.keytab]
     argv += ["--driver-memory", y.driver_memory]
     if not local:
-        if inputs.archive_uri is None:
+        if inputs.archive_uri is None and y.python is None:
             raise ValueError("a cluster plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
-        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores),
-                 "--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
+        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores)]
+        if y.python is None:
+            argv += ["--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
     return argv
 
 
@@ -291,6 +293,9 @@ def _cluster_notes(cfg: JobConfig) -> list[str]:
 
 def archive_notes(cfg: JobConfig) -> list[str]:
     """What every cluster submission (train, ETL, score) is told about where its env archive comes from."""
+    if cfg.yarn.python is not None:
+        return [f"yarn.python {cfg.yarn.python}: nothing is shipped; that interpreter must exist with this "
+                "project's dependencies on every host"]
     if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
         return ["the env archive is local, so spark-submit uploads it on every submission; "
                 "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once"]
@@ -503,14 +508,14 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
                else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
         archive = None
-        if not local:
+        if not local and cfg.yarn.python is None:
             identity = (deps.identity or packaging.current_identity)(build)
             if args.dry_run:
                 archive = packaging.planned_archive(cfg.yarn, identity).uri
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
         yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
-                     archive, build)
+                     archive, build, cfg.yarn.python or SHIPPED_PYTHON)
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
