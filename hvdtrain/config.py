@@ -285,6 +285,33 @@ class TimelineConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Horovod elastic training (docs/cluster.md): the job keeps going from ``min_ranks`` to ``max_ranks`` ranks.
+
+    The data plan and the global batch are fixed at ``max_ranks`` "virtual ranks" (``max_ranks x batch_size``
+    records per step, at the learning rate of ``max_ranks`` ranks), whatever the current size; the ranks
+    commit their state every ``commit_every_steps`` and roll back to the last commit when one is lost.
+    ``discovery`` prints the available ``host:slots`` lines (horovodrun --host-discovery-script); a host whose
+    rank failed sits out a cooldown of ``blacklist_cooldown`` seconds (low, high), growing with each failure.
+    """
+
+    min_ranks: int = 1
+    max_ranks: int = 2
+    commit_every_steps: int = 10
+    discovery: Optional[str] = path_field(None)  # default: this host with max_ranks slots
+    blacklist_cooldown: list[int] = field(default_factory=lambda: [10, 300])
+
+    def __post_init__(self) -> None:
+        _require(self.min_ranks >= 1, "min_ranks", self.min_ranks, "must be >= 1")
+        _require(self.max_ranks >= self.min_ranks, "max_ranks", self.max_ranks,
+                 f"must be >= train.elastic.min_ranks ({self.min_ranks})")
+        _require(self.commit_every_steps >= 1, "commit_every_steps", self.commit_every_steps, "must be >= 1")
+        low_high = len(self.blacklist_cooldown) == 2 and 1 <= self.blacklist_cooldown[0] <= self.blacklist_cooldown[1]
+        _require(low_high, "blacklist_cooldown", self.blacklist_cooldown,
+                 "must be [low, high] seconds with 1 <= low <= high (Horovod's --blacklist-cooldown-range)")
+
+
+@dataclass
 class TrainConfig:
     """Training loop. ``batch_size`` is per rank; the learning rate is per rank
     too and is multiplied by the number of ranks.
@@ -324,6 +351,7 @@ class TrainConfig:
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
     record_trace: Optional[str] = path_field(None)
     timeline: Optional[TimelineConfig] = None  # Horovod timeline of a few steps, on demand; off when null
+    elastic: Optional[ElasticConfig] = None  # Horovod elastic mode (docs/cluster.md); off when null
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
