@@ -131,7 +131,7 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
         *confs("spark.task.maxFailures=1", "spark.dynamicAllocation.enabled=false", "spark.cores.max=2",
                "spark.task.cpus=1", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s", "spark.pyspark.python=./env/bin/python",
-               f"spark.pyspark.driver.python={PYTHON}"),
+               f"spark.pyspark.driver.python={PYTHON}", "spark.executorEnv.PYTHONPATH=hvdtrain-code.zip"),
         *driver_args(YAML, 2),
     ]
     assert not p.is_local and p.env == {"PYTHONUNBUFFERED": "1"}  # ranks import the zip Spark ships

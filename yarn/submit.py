@@ -221,6 +221,10 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
             conf += [("spark.executor.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.executor.resource.gpu.discoveryScript", f"./{os.path.basename(GPU_SCRIPT)}")]
+    if is_standalone_master(master) and "PYTHONPATH" not in y.env:
+        # YARN puts --py-files on the containers' PYTHONPATH; a standalone worker does not, and the rank
+        # processes Horovod starts import the code from it (relative: the executor's folder holds the zip).
+        conf.append(("spark.executorEnv.PYTHONPATH", CODE_ZIP))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
     conf += list(y.spark_conf.items())
     return conf

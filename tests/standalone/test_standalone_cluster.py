@@ -68,14 +68,29 @@ def world(standalone_cluster: StandaloneCluster, tmp_path_factory: pytest.TempPa
         yield World(standalone_cluster, folder, server, path)
 
 
-def submit(module: str, w: World, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", module, str(w.config), "--master", w.cluster.url, *args]
-    # The driver (client mode) binds and advertises loopback only.
-    proc = subprocess.run(cmd, cwd=REPO, env=submit_env(SPARK_LOCAL_IP="127.0.0.1"), capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
-    assert f"--master {w.cluster.url}" in proc.stdout  # the launcher echoed the spark-submit it ran
-    return proc
+def finish(proc: subprocess.Popen, timeout: float) -> int:
+    """Wait for a launcher; past ``timeout`` stop it as Ctrl-C would (it releases its application) and fail."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        pytest.fail(f"{' '.join(proc.args)} did not finish in {timeout}s")
+
+
+def submit(module: str, w: World, *args: str, timeout: float = 900) -> str:
+    """Run a launcher against the cluster; its output (it must exit 0)."""
+    log = w.folder / f"{module}.log"
+    with open(log, "w") as out:
+        # The driver (client mode) binds and advertises loopback only.
+        proc = subprocess.Popen([sys.executable, "-m", module, str(w.config), "--master", w.cluster.url, *args],
+                                cwd=REPO, env=submit_env(SPARK_LOCAL_IP="127.0.0.1"), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        code = finish(proc, timeout)
+    text = log.read_text()
+    assert code == 0, f"exit {code}\n{text[-8000:]}"
+    assert f"--master {w.cluster.url}" in text  # the launcher echoed the spark-submit it ran
+    return text
 
 
 def test_etl_runs_on_the_cluster(world: World) -> None:
@@ -111,11 +126,9 @@ def trained(world: World) -> Iterator[dict[str, Any]]:
         proc = subprocess.Popen(cmd, cwd=REPO, env=submit_env(SPARK_LOCAL_IP="127.0.0.1"), stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
         try:
-            killed_at = _kill_an_executor_mid_training(world, proc, time.monotonic() + 300)
-            code = proc.wait(timeout=400)
+            killed_at = _kill_an_executor_mid_training(world, proc, time.monotonic() + 900)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            code = finish(proc, 900)
     text = log.read_text()
     assert code == 0, text[-8000:]
     yield {"doc": read_records(records_uri(text)), "staged": watcher.seen, "killed_at": killed_at, "log": text,
@@ -158,8 +171,8 @@ def test_a_killed_executor_jvm_is_recovered_by_the_restart_policy_with_exact_res
 
 
 def test_scoring_runs_on_the_cluster(world: World, trained: dict[str, Any]) -> None:
-    proc = submit("yarn.score", world, "--model", str(trained["output"]), "--output-table", "demo.preds",
-                  "--partition", "ds=1", "--overwrite")
+    out = submit("yarn.score", world, "--model", str(trained["output"]), "--output-table", "demo.preds",
+                 "--partition", "ds=1", "--overwrite")
     report = json.loads((Path(config.load(str(world.config)).score.report_dir) / "score_report.json").read_text())
-    assert report["rows_in"] == ROWS and report["scored"] + report["rejected"] == ROWS, (report, proc.stdout[-2000:])
+    assert report["rows_in"] == ROWS and report["scored"] + report["rejected"] == ROWS, (report, out[-2000:])
     assert report["scored"] > 0 and report["tasks"] >= 1
