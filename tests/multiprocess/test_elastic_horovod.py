@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
 
 
-def run_elastic(tmp: Path, hosts: list[str], np_: int, *worker_args: str, timeout: float = 240) -> list[dict]:
+def run_elastic(tmp: Path, hosts: list[str], np_: int, *worker_args: str, timeout: float = 900) -> list[dict]:
     discover = tmp / "discover.sh"
     discover.write_text("#!/bin/sh\n" + "".join(f"echo {h}\n" for h in hosts))
     discover.chmod(0o755)
