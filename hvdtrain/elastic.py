@@ -40,8 +40,11 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, evaluation, fs, steps as steps_lib
+from hvdtrain import console, data, distributed, fs
 from hvdtrain import train as train_lib
+from hvdtrain.training import evaluation, runtime, steps as steps_lib
+from hvdtrain.training.reports import weights_digest
+from hvdtrain.training.state import build_state
 from hvdtrain.config import JobConfig
 from hvdtrain.data import plan as data_plan
 from hvdtrain.elastic_plan import gradient_scale, virtual_ranks
@@ -132,12 +135,12 @@ def _evaluate(job: Job, model: Any) -> dict[str, Any]:
 def run(cfg: JobConfig) -> dict[str, Any]:
     """Train under Horovod elastic mode; returns the result record on every rank (rank 0 writes result.json)."""
     rank = distributed.init()
-    train_lib._configure_logging(rank)
-    threads = train_lib._configure_tf(rank, cfg.train)
+    runtime.configure_logging(rank)
+    threads = runtime.configure_tf(rank, cfg.train)
     manifest, shape, _ = train_lib.plan(cfg, rank)
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
-    model, optimizer = train_lib.build_state(cfg, shape, virtual, cfg.train.epochs * steps)
+    model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
     step_fn, sizes = VirtualStep(model, optimizer, shape), []
     state = distributed.elastic_state(model, optimizer, step=0)
     with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
@@ -146,7 +149,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         test = _evaluate(job, model)
     rank = distributed.refresh()
     digests = distributed.allgather_object(
-        train_lib.weights_digest([keras.ops.convert_to_numpy(w) for w in model.weights]), name="hvdtrain.elastic.digests")
+        weights_digest([keras.ops.convert_to_numpy(w) for w in model.weights]), name="hvdtrain.elastic.digests")
     result = {"world_size": rank.size, "sizes": sizes, "steps": int(state.step), "steps_per_epoch": steps,
               "virtual_ranks": virtual, "global_batch": virtual * cfg.train.batch_size, "threads": threads,
               "test_accuracy": test["accuracy"], "test_records": test["records"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import mp
+from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
 

@@ -24,7 +24,7 @@ import pytest
 from benchmarks import kill_drill
 from hvdtrain import config
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests import mp
+from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
 

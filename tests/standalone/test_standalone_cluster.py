@@ -23,9 +23,9 @@ import pytest
 from benchmarks import kill_drill
 from hvdtrain import config, manifest
 from tests.standalone.conftest import HOSTS, StandaloneCluster
-from tests.test_multihost import StageWatcher
-from tests.test_yarn_local import read_records, records_uri, submit_env
-from tests.webhdfs_server import WebHdfsServer
+from tests.multihost.test_multihost import StageWatcher
+from tests.multiprocess.test_yarn_local import read_records, records_uri, submit_env
+from tests.support.webhdfs_server import WebHdfsServer
 
 pytestmark = pytest.mark.standalone
 
