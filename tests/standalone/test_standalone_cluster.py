@@ -27,7 +27,9 @@ from tests.multihost.test_multihost import StageWatcher
 from tests.multiprocess.test_yarn_local import read_records, records_uri, submit_env
 from tests.support.webhdfs_server import WebHdfsServer
 
-pytestmark = pytest.mark.standalone
+# One cluster and three Spark applications: minutes on an idle machine, far more under load (15 min for the ETL
+# alone at a load average of 25 on 2 cores).
+pytestmark = [pytest.mark.standalone, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 400
