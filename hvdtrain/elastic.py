@@ -73,7 +73,7 @@ class VirtualStep:
     def __init__(self, model: Any, optimizer: Any, shape: Any):
         self.model, self.optimizer, self.shape = model, optimizer, shape
         self._loss = steps_lib._loss_fn()
-        self._compiled = tf.function(self._step)
+        self._compiled = tf.function(self._step, autograph=False)  # plain Python over the list of batches
 
     def _step(self, batches: Sequence[dict[str, Any]], scale: tf.Tensor) -> tf.Tensor:
         total, loss_sum = None, tf.constant(0.0, tf.float64)
