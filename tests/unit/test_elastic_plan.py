@@ -25,8 +25,9 @@ def test_a_world_larger_than_the_virtual_one_is_refused() -> None:
 def test_the_elastic_launch_command() -> None:
     el = ElasticConfig(min_ranks=1, max_ranks=4, blacklist_cooldown=[5, 60])
     cmd = horovodrun_command("horovodrun", "job.yaml", ["train.epochs=1"], el, 2, "/d.sh", 120)
-    assert cmd[:15] == ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
-                        "/d.sh", "--blacklist-cooldown-range", "5", "60", "--gloo", "--start-timeout", "120"]
+    assert cmd[:17] == ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
+                        "/d.sh", "--blacklist-cooldown-range", "5", "60", "--gloo", "--gloo-timeout-seconds", "120",
+                        "--start-timeout", "120"]
     assert cmd[-4:] == ["-m", "hvdtrain.elastic", "job.yaml", "train.epochs=1"]
     assert discovery_script("localhost:2,127.0.0.1:2") == "#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n"
 
