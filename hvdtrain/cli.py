@@ -8,18 +8,21 @@ or ``yarn``, which import ``hvdtrain``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence
+import tempfile
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, keras3_check, tensorboard, tune
-from hvdtrain.launch import child_env, etl_command, horovod_command, score_command, score_flags, train_command
+from hvdtrain import console, elastic_plan, fs, keras3_check, tensorboard, tune
+from hvdtrain.launch import (child_env, etl_command, horovod_command, horovodrun, score_command, score_flags,
+                             train_command)
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
                              StepFailed, UsageError)
 
@@ -117,10 +120,33 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
-    outcome = _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
+    with _launch_command(cfg, args.config, overrides, args.np) as cmd:
+        outcome = _train_with_restarts(cfg, cmd)
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
     print(json.dumps(result, indent=2) if args.json else train_summary(result))
     return 0
+
+
+@contextlib.contextmanager
+def _launch_command(cfg: config_mod.JobConfig, config_path: str, overrides: Sequence[str], np: int) -> Iterator[list[str]]:
+    """horovodrun for the job: elastic (with a discovery script; a temporary one for this host when
+    train.elastic.discovery is unset) or fixed-size."""
+    el = cfg.train.elastic
+    if el is None:
+        yield train_command(config_path, overrides, np, cfg.fault.start_timeout)
+        return
+    if not el.min_ranks <= np <= el.max_ranks:
+        raise ConfigError("--np", np, f"must be within train.elastic.min_ranks {el.min_ranks} and max_ranks "
+                          f"{el.max_ranks}: the ranks to start with")
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-discovery-") as folder:
+        script = el.discovery
+        if script is None:
+            script = os.path.join(folder, "discover.sh")
+            with open(script, "w") as fh:
+                fh.write(elastic_plan.discovery_script(f"localhost:{el.max_ranks}"))
+            os.chmod(script, 0o755)
+        yield elastic_plan.horovodrun_command(horovodrun(), config_path, overrides, el, np, script,
+                                              cfg.fault.start_timeout)
 
 
 def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:

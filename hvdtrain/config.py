@@ -312,6 +312,33 @@ class TimelineConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Horovod elastic training (docs/cluster.md): the job keeps going from ``min_ranks`` to ``max_ranks`` ranks.
+
+    The data plan and the global batch are fixed at ``max_ranks`` "virtual ranks" (``max_ranks x batch_size``
+    records per step, at the learning rate of ``max_ranks`` ranks), whatever the current size; the ranks
+    commit their state every ``commit_every_steps`` and roll back to the last commit when one is lost.
+    ``discovery`` prints the available ``host:slots`` lines (horovodrun --host-discovery-script); a host whose
+    rank failed sits out a cooldown of ``blacklist_cooldown`` seconds (low, high), growing with each failure.
+    """
+
+    min_ranks: int = 1
+    max_ranks: int = 2
+    commit_every_steps: int = 10
+    discovery: Optional[str] = path_field(None)  # default: this host with max_ranks slots
+    blacklist_cooldown: list[int] = field(default_factory=lambda: [10, 300])
+
+    def __post_init__(self) -> None:
+        _require(self.min_ranks >= 1, "min_ranks", self.min_ranks, "must be >= 1")
+        _require(self.max_ranks >= self.min_ranks, "max_ranks", self.max_ranks,
+                 f"must be >= train.elastic.min_ranks ({self.min_ranks})")
+        _require(self.commit_every_steps >= 1, "commit_every_steps", self.commit_every_steps, "must be >= 1")
+        low_high = len(self.blacklist_cooldown) == 2 and 1 <= self.blacklist_cooldown[0] <= self.blacklist_cooldown[1]
+        _require(low_high, "blacklist_cooldown", self.blacklist_cooldown,
+                 "must be [low, high] seconds with 1 <= low <= high (Horovod's --blacklist-cooldown-range)")
+
+
+@dataclass
 class TrainConfig:
     """Training loop. ``batch_size`` is per rank; the learning rate is per rank
     too and is multiplied by the number of ranks.
@@ -351,6 +378,7 @@ class TrainConfig:
     # <record_trace>/rank<R>.keys (local folder; costs a little speed). Off when null.
     record_trace: Optional[str] = path_field(None)
     timeline: Optional[TimelineConfig] = None  # Horovod timeline of a few steps, on demand; off when null
+    elastic: Optional[ElasticConfig] = None  # Horovod elastic mode (docs/cluster.md); off when null
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
@@ -479,6 +507,7 @@ class YarnConfig:
     keytab: Optional[str] = path_field(None)
     env_archive: Optional[str] = path_field(None)  # a packed env to use as is; built with venv-pack when unset
     env_cache: str = path_field("{workdir}/envs")  # where packed envs are uploaded once per content hash (an HDFS folder)
+    python: Optional[str] = None  # an interpreter at this path on every host (a shared install): nothing is shipped
     start_timeout: int = 600
     spark_conf: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # passed to every rank (NCCL_*, GLOO_*, HOROVOD_*)
@@ -488,6 +517,9 @@ class YarnConfig:
         _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, "must be >= 0")
         _require(self.executor_cores >= 1, "executor_cores", self.executor_cores, "must be >= 1")
         _require(self.start_timeout > 0, "start_timeout", self.start_timeout, "must be > 0 seconds")
+        _require(self.python is None or os.path.isabs(self.python), "python", self.python,
+                 "must be an absolute path present on every host (e.g. /opt/conda/envs/ml/bin/python), or null to "
+                 "ship the packed environment")
         _require((self.principal is None) == (self.keytab is None), "principal", self.principal,
                  "and yarn.keytab must be set together, for the job's Kerberos login "
                  "(pass --principal user@REALM --keytab /path/user.keytab)")

@@ -264,3 +264,28 @@ def stop_timeline() -> None:
     hvd = _horovod()
     if hvd is not None:
         hvd.stop_timeline()
+
+
+# -- elastic mode ---------------------------------------------------------------
+
+def elastic_state(model: Any, optimizer: Any, **counters: Any) -> Any:
+    """Horovod's elastic state of a Keras model and optimizer plus plain ``counters`` (committed and restored
+    together); needs :func:`init` under an elastic horovodrun."""
+    if _hvd is None:
+        raise EnvironmentProblem("train.elastic needs the ranks launched by an elastic horovodrun (hvdtrain train "
+                                 "does so when train.elastic is set); this process was not")
+    return _hvd.elastic.TensorFlowKerasState(model, optimizer, **counters)
+
+
+def elastic_run(fn: Any) -> Any:
+    """``hvd.elastic.run``: ``fn(state)`` re-run after each reset, the state rolled back to its last commit."""
+    return _hvd.elastic.run(fn)
+
+
+def refresh() -> RankInfo:
+    """This process's rank info again, after an elastic reset changed the world."""
+    global _info
+    hvd = _hvd
+    _info = RankInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(), "horovod",
+                     hvd.cross_rank())
+    return _info

@@ -16,6 +16,11 @@ def _bin(name: str) -> str:
     return candidate if os.path.exists(candidate) else name
 
 
+def horovodrun() -> str:
+    """The horovodrun of this environment."""
+    return _bin("horovodrun")
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

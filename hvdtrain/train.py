@@ -99,7 +99,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         restore_seconds = time.perf_counter() - looking
         with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg)},
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
-                tempfile.TemporaryDirectory(prefix="hvdtrain-stage-") as stage_dir:
+                tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
                 tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
             restarts = supervise.restarts_from_env()

@@ -1,7 +1,7 @@
 """The ETL on YARN: spark-submit of ``etl/job.py`` with the shipped code and environment.
 
     python -m yarn.etl_submit CONFIG [key=value ...] [--num-executors N] [--executor-cores C]
-        [--queue Q] [--principal P --keytab K] [--master yarn|local[N]] [--overwrite] [--dry-run]
+        [--queue Q] [--principal P --keytab K] [--master yarn|spark://HOST:PORT|local[N]] [--overwrite] [--dry-run]
 
 (also ``hvdtrain yarn etl ...``). Built from the same parts as ``hvdtrain yarn
 submit`` (:mod:`yarn.submit`), as ``hvdtrain yarn score`` (:mod:`yarn.score`) is:
@@ -42,11 +42,11 @@ OWNED_CONF = {
 
 def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
     """The --conf settings of an ETL submission (pure)."""
-    python = inputs.python if local else submit.SHIPPED_PYTHON
-    driver_python = inputs.python if local or deploy_mode == "client" else submit.SHIPPED_PYTHON
+    python = inputs.python if local else inputs.cluster_python
+    driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python)]
     if not local and deploy_mode == "cluster":  # the driver publishes the dataset from its container
-        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
+        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
@@ -54,8 +54,7 @@ def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Input
 
 def validate(cfg: JobConfig, master: str, num_executors: Optional[int], is_file: Callable[[str], bool]) -> None:
     """Refuse a submission that cannot work, naming the value and the fix."""
-    if master != "yarn" and not submit.is_local_master(master):
-        raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
+    submit.check_master(master)
     if num_executors is not None and num_executors < 1:
         raise ConfigError("--num-executors", num_executors, "must be >= 1 (or leave it out: dynamic allocation)")
     if cfg.yarn.keytab is not None and not is_file(cfg.yarn.keytab):
@@ -71,11 +70,13 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
     """The spark-submit command for ``etl/job.py`` (pure, given ``is_file`` for the keytab)."""
     validate(cfg, master, num_executors, is_file)
     local = submit.is_local_master(master)
-    deploy_mode = "client" if local else cfg.yarn.deploy_mode
+    deploy_mode = submit.deploy_mode_for(cfg, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
-            "--name", f"hvdtrain-etl-{cfg.name}", *submit.cluster_args(cfg, local, inputs)]
-    if num_executors is not None and not local:
+            "--name", f"hvdtrain-etl-{cfg.name}", *submit.cluster_args(cfg, master, inputs)]
+    if num_executors is not None and master == "yarn":
         argv += ["--num-executors", str(num_executors)]
+    elif num_executors is not None and submit.is_standalone_master(master):
+        argv += ["--total-executor-cores", str(num_executors * cfg.yarn.executor_cores)]
     argv += ["--py-files", inputs.code_zip, "--files", inputs.job_yaml]
     for key, value in etl_conf(cfg, local, deploy_mode, inputs):
         argv += ["--conf", f"{key}={value}"]
@@ -129,7 +130,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--queue", help="YARN queue (yarn.queue)")
     p.add_argument("--principal", help="Kerberos principal, with --keytab")
     p.add_argument("--keytab", help="keytab file for --principal")
-    p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--master", default="yarn", help=submit.MASTER_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace the dataset at etl.output (the old one stays "
                                                             "readable until the new one is published)")
     p.add_argument("--create-sample-table", action="store_true",

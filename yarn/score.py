@@ -1,7 +1,7 @@
 """Batch scoring on YARN: spark-submit of ``etl/score_job.py`` with the shipped code and environment.
 
     python -m yarn.score CONFIG [key=value ...] --model MODEL --output-table DB.TABLE [--partition K=V]
-        [--overwrite] [--queue Q] [--principal P --keytab K] [--master yarn|local[N]] [--dry-run]
+        [--overwrite] [--queue Q] [--principal P --keytab K] [--master yarn|spark://HOST:PORT|local[N]] [--dry-run]
 
 (also ``hvdtrain yarn score ...``). The same machinery as ``hvdtrain yarn
 submit`` (:mod:`yarn.submit`): the packed environment (``--archives``, cached
@@ -31,12 +31,12 @@ SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
 
 def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
     """The --conf settings of a scoring submission (pure)."""
-    python = inputs.python if local else submit.SHIPPED_PYTHON
-    driver_python = inputs.python if local or deploy_mode == "client" else submit.SHIPPED_PYTHON
+    python = inputs.python if local else inputs.cluster_python
+    driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python),
             ("spark.sql.catalogImplementation", "hive"), ("spark.python.worker.reuse", "true")]
     if not local and deploy_mode == "cluster":
-        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", submit.SHIPPED_PYTHON))
+        conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
@@ -44,15 +44,14 @@ def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inp
 def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args: Sequence[str],
                      is_file=os.path.isfile) -> submit.SubmitPlan:
     """The spark-submit command for ``etl/score_job.py`` (pure, given ``is_file`` for the keytab)."""
-    if master != "yarn" and not submit.is_local_master(master):
-        raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
+    submit.check_master(master)
     if cfg.yarn.keytab is not None and not is_file(cfg.yarn.keytab):
         raise ConfigError("yarn.keytab", cfg.yarn.keytab, "does not exist or is not a file; pass the keytab of "
                           "--principal on this host")
     local = submit.is_local_master(master)
-    deploy_mode = "client" if local else cfg.yarn.deploy_mode
+    deploy_mode = submit.deploy_mode_for(cfg, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
-            "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg, local, inputs),
+            "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg, master, inputs),
             "--py-files", inputs.code_zip, "--files", inputs.job_yaml]
     for key, value in score_conf(cfg, local, deploy_mode, inputs):
         argv += ["--conf", f"{key}={value}"]
@@ -98,7 +97,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--queue", help="YARN queue (yarn.queue)")
     p.add_argument("--principal", help="Kerberos principal, with --keytab")
     p.add_argument("--keytab", help="keytab file for --principal")
-    p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--master", default="yarn", help=submit.MASTER_HELP)
     p.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
     return p.parse_intermixed_args(argv)
 

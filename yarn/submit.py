@@ -1,7 +1,7 @@
 """Submit Horovod training to YARN through spark-submit: one command.
 
     python -m yarn.submit CONFIG [key=value ...] --num-workers N [--gpus-per-worker G]
-        [--queue Q] [--principal P --keytab K] [--master yarn|local[N]] [--dry-run]
+        [--queue Q] [--principal P --keytab K] [--master yarn|spark://HOST:PORT|local[N]] [--dry-run]
 
 (also ``hvdtrain yarn submit ...``). Flags override the config's ``yarn:`` block.
 The driver (:mod:`yarn.driver`) calls ``horovod.spark.run`` with
@@ -20,6 +20,12 @@ Plan, then act:
   error or Ctrl-C: ``yarn application -kill <id>`` in cluster mode (the app
   outlives spark-submit there), terminating spark-submit in client mode (its
   shutdown hook stops the app).
+
+``--master spark://HOST:PORT`` runs the same job on a Spark standalone
+cluster: the env archive, code zip and config are shipped as on YARN, the
+driver runs in client mode (standalone has no cluster mode for Python), and
+``spark.cores.max`` caps the application at one executor per rank
+(``scripts/standalone_cluster.sh`` starts such a cluster on one machine).
 
 ``--master local[N]`` runs the same driver and executor function in local
 Spark with this interpreter (no archive): a rehearsal of the cluster job.
@@ -58,6 +64,10 @@ CODE_ZIP = "hvdtrain-code.zip"
 JOB_YAML = "hvdtrain-job.yaml"
 RESULT_NAME = "yarn_result.json"
 APP_ID = re.compile(r"application_\d+_\d+")
+# spark://host:port, or a comma-separated list of masters (standalone high availability)
+STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")
+MASTER_HELP = "yarn (default), spark://HOST:PORT for a Spark standalone cluster, or local[N] for a local rehearsal"
+MASTERS = "yarn (the cluster), spark://HOST:PORT (a Spark standalone cluster) or local[N] (a local rehearsal)"
 
 # Spark settings the launcher owns, and the config field or flag that controls each.
 OWNED_CONF = {
@@ -65,6 +75,7 @@ OWNED_CONF = {
     "spark.submit.deployMode": "yarn.deploy_mode",
     "spark.dynamicAllocation.enabled": "(always false: Horovod needs a fixed set of ranks)",
     "spark.executor.instances": "--num-workers / yarn.num_workers",
+    "spark.cores.max": "--num-workers x yarn.executor_cores (standalone)",
     "spark.executor.cores": "yarn.executor_cores",
     "spark.task.cpus": "yarn.executor_cores (one rank per executor)",
     "spark.executor.memory": "yarn.executor_memory",
@@ -86,8 +97,9 @@ class Inputs:
     python: str  # this interpreter: runs the driver in client mode and every rank locally
     code_zip: str  # local path of the --py-files zip
     job_yaml: str  # local path of the resolved job config
-    archive_uri: Optional[str]  # the packed env (None for local masters)
+    archive_uri: Optional[str]  # the packed env (None for local masters and yarn.python)
     build: HorovodBuild
+    cluster_python: str = SHIPPED_PYTHON  # what executors run on a cluster: the shipped env's, or yarn.python
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,28 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
+def is_standalone_master(master: str) -> bool:
+    return STANDALONE.fullmatch(master) is not None
+
+
+def check_master(master: str) -> None:
+    """Refuse a master none of the launchers support, naming the ones they do."""
+    if master != "yarn" and not is_standalone_master(master) and not is_local_master(master):
+        raise ConfigError("--master", master, f"must be {MASTERS}")
+
+
+def deploy_mode_for(cfg: JobConfig, master: str) -> str:
+    """client for local and standalone masters (standalone cannot run a Python driver in the cluster), else the
+    config's (pure)."""
+    return cfg.yarn.deploy_mode if master == "yarn" else "client"
+
+
+def deploy_notes(cfg: JobConfig, master: str) -> list[str]:
+    if cfg.yarn.deploy_mode == "cluster" and master != "yarn":
+        return [f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode"]
+    return []
+
+
 def local_slots(master: str) -> Optional[int]:
     """Concurrent tasks of a local master: local -> 1, local[3] -> 3, local[3,2] -> 3, local[*] -> None."""
     if master == "local":
@@ -142,8 +176,7 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     own values when it is built.
     """
     y = cfg.yarn
-    if master != "yarn" and not is_local_master(master):
-        raise ConfigError("--master", master, "must be yarn (the cluster) or local[N] (a local rehearsal)")
+    check_master(master)
     if build.version is None:
         raise EnvironmentProblem(f"Horovod does not import in this environment ({build.error}); the driver "
                                  "runs horovod.spark.run: build it with `make env`, check with `make check-build`")
@@ -184,21 +217,28 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                  ("spark.pyspark.python", inputs.python),
                  ("spark.pyspark.driver.python", inputs.python)]
     else:
-        driver_python = SHIPPED_PYTHON if deploy_mode == "cluster" else inputs.python
-        conf += [("spark.yarn.maxAppAttempts", "1"),  # a second attempt would start training over
-                 ("spark.dynamicAllocation.enabled", "false"),
-                 ("spark.executor.instances", str(y.num_workers)),
+        driver_python = inputs.cluster_python if deploy_mode == "cluster" else inputs.python
+        # A YARN app asks for executors; a standalone app for cores (spark.cores.max): one executor per rank either way.
+        standalone = is_standalone_master(master)
+        conf += ([] if standalone else [("spark.yarn.maxAppAttempts", "1")])  # a 2nd attempt would start over
+        conf += [("spark.dynamicAllocation.enabled", "false"),
+                 ("spark.cores.max", str(y.num_workers * y.executor_cores)) if standalone
+                 else ("spark.executor.instances", str(y.num_workers)),
                  ("spark.task.cpus", str(y.executor_cores)),  # one task, so one rank, per executor
                  ("spark.scheduler.minRegisteredResourcesRatio", "1.0"),
                  ("spark.scheduler.maxRegisteredResourcesWaitingTime", f"{y.start_timeout}s"),
-                 ("spark.pyspark.python", SHIPPED_PYTHON),
+                 ("spark.pyspark.python", inputs.cluster_python),
                  ("spark.pyspark.driver.python", driver_python)]
         if deploy_mode == "cluster":
-            conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", SHIPPED_PYTHON))
+            conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         if y.gpus_per_worker > 0:
             conf += [("spark.executor.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.executor.resource.gpu.discoveryScript", f"./{os.path.basename(GPU_SCRIPT)}")]
+    if is_standalone_master(master) and "PYTHONPATH" not in y.env:
+        # YARN puts --py-files on the containers' PYTHONPATH; a standalone worker does not, and the rank
+        # processes Horovod starts import the code from it (relative: the executor's folder holds the zip).
+        conf.append(("spark.executorEnv.PYTHONPATH", CODE_ZIP))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
     conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
     conf += list(y.spark_conf.items())
@@ -215,12 +255,10 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     validate(cfg, master, inputs.build, is_file)
     y = cfg.yarn
     local = is_local_master(master)
-    deploy_mode = "client" if local else y.deploy_mode
-    notes = []
-    if local and y.deploy_mode == "cluster":
-        notes.append(f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode")
+    deploy_mode = deploy_mode_for(cfg, master)
+    notes = deploy_notes(cfg, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
-    argv += cluster_args(cfg, local, inputs)
+    argv += cluster_args(cfg, master, inputs)
     files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
              + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []))
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
@@ -231,7 +269,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(y.num_workers),
              "--start-timeout", str(y.start_timeout),
-             "--executable", inputs.python if local else SHIPPED_PYTHON, "--result", result_uri]
+             "--executable", inputs.python if local else inputs.cluster_python, "--result", result_uri]
     if script:  # ranks on a cluster find the --files in their container's working folder
         argv += ["--script-zip", script.zip_path if local else os.path.basename(script.zip_path),
                  "--script", script.script, "--script-args", json.dumps(list(script.args)), "--logs", script.logs]
@@ -245,18 +283,20 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes)
 
 
-def cluster_args(cfg: JobConfig, local: bool, inputs: Inputs) -> list[str]:
+def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
     """spark-submit's queue, Kerberos login, memory, cores and shipped environment (pure; shared with yarn.score)."""
     y = cfg.yarn
-    argv = ["--queue", y.queue] if y.queue and not local else []
+    local = is_local_master(master)
+    argv = ["--queue", y.queue] if y.queue and master == "yarn" else []
     if y.principal:
         argv += ["--principal", y.principal, "--keytab", y.keytab]
     argv += ["--driver-memory", y.driver_memory]
     if not local:
-        if inputs.archive_uri is None:
-            raise ValueError("a YARN plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
-        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores),
-                 "--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
+        if inputs.archive_uri is None and y.python is None:
+            raise ValueError("a cluster plan needs the env archive's URI (yarn.packaging.ensure_env_archive)")
+        argv += ["--executor-memory", y.executor_memory, "--executor-cores", str(y.executor_cores)]
+        if y.python is None:
+            argv += ["--archives", f"{inputs.archive_uri}#{ENV_ALIAS}"]
     return argv
 
 
@@ -279,6 +319,9 @@ def _cluster_notes(cfg: JobConfig, script: Optional[ScriptJob] = None) -> list[s
 
 def archive_notes(cfg: JobConfig) -> list[str]:
     """What every cluster submission (train, ETL, score) is told about where its env archive comes from."""
+    if cfg.yarn.python is not None:
+        return [f"yarn.python {cfg.yarn.python}: nothing is shipped; that interpreter must exist with this "
+                "project's dependencies on every host"]
     if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
         return ["the env archive is local, so spark-submit uploads it on every submission; "
                 "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once"]
@@ -461,7 +504,7 @@ def add_submission_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", help="YARN queue (yarn.queue)")
     p.add_argument("--principal", help="Kerberos principal, with --keytab")
     p.add_argument("--keytab", help="keytab file for --principal")
-    p.add_argument("--master", default="yarn", help="yarn (default), or local[N] for a local rehearsal")
+    p.add_argument("--master", default="yarn", help=MASTER_HELP)
     p.add_argument("--max-restarts", type=int, metavar="K",
                    help="relaunch the Horovod job inside the same application after a lost rank, a stall or a "
                         "storage failure, up to K times (fault.max_restarts)")
@@ -492,21 +535,21 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
         if not args.dry_run:
             raise
         spark_submit = "spark-submit"
-    if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
+    if args.master == "yarn" and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
         raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
                                  "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
     staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-{kind}-{cfg.name}") if args.dry_run
                else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
         archive = None
-        if not local:
+        if not local and cfg.yarn.python is None:
             identity = (deps.identity or packaging.current_identity)(build)
             if args.dry_run:
                 archive = packaging.planned_archive(cfg.yarn, identity).uri
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
         yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
-                     archive, build)
+                     archive, build, cfg.yarn.python or SHIPPED_PYTHON)
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)

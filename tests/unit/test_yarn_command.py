@@ -121,6 +121,36 @@ def test_local_master_runs_the_same_driver_with_this_interpreter() -> None:
     assert p.is_local and any("client mode" in n for n in p.notes)
 
 
+def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> None:
+    p = plan(job(num_workers=2, queue="yarn-only", executor_cores=1, deploy_mode="cluster"),
+             master="spark://127.0.0.1:7077")
+    assert p.argv == [
+        SPARK_SUBMIT, "--master", "spark://127.0.0.1:7077", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
+        "--driver-memory", "4g", "--executor-memory", "8g", "--executor-cores", "1",
+        "--archives", f"{ENV}#env", "--py-files", ZIP, "--files", YAML,
+        *confs("spark.task.maxFailures=1", "spark.dynamicAllocation.enabled=false", "spark.cores.max=2",
+               "spark.task.cpus=1", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               "spark.scheduler.maxRegisteredResourcesWaitingTime=600s", "spark.pyspark.python=./env/bin/python",
+               f"spark.pyspark.driver.python={PYTHON}", "spark.executorEnv.PYTHONPATH=hvdtrain-code.zip"),
+        *driver_args(YAML, 2),
+    ]
+    assert not p.is_local and p.env == {"PYTHONUNBUFFERED": "1"}  # ranks import the zip Spark ships
+    assert any("client mode" in n for n in p.notes)  # standalone runs Python drivers in client mode only
+    assert submit.is_standalone_master("spark://a:7077,b:7077") and not submit.is_standalone_master("spark://a")
+
+
+def test_a_shared_interpreter_ships_no_env() -> None:
+    cfg = job(python="/opt/conda/envs/ml/bin/python", executor_cores=1)
+    p = submit.build_plan(cfg, "spark://127.0.0.1:7077",
+                          submit.Inputs(SPARK_SUBMIT, PYTHON, ZIP, YAML, None, CPU_BUILD, cfg.yarn.python),
+                          is_file=lambda p: True)
+    assert "--archives" not in p.argv and "spark.pyspark.python=/opt/conda/envs/ml/bin/python" in p.argv
+    assert p.argv[p.argv.index("--executable") + 1] == "/opt/conda/envs/ml/bin/python"
+    assert any(n.startswith("yarn.python /opt/conda/envs/ml/bin/python: nothing is shipped") for n in p.notes)
+    with pytest.raises(ConfigError, match="yarn.python must be an absolute path"):
+        job(python="env/bin/python")
+
+
 def test_yarn_env_reaches_executors_and_rank_processes() -> None:
     cfg = job(env={"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
     assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])
@@ -155,7 +185,8 @@ def test_dry_run_output_is_the_exact_command_and_environment() -> None:
      "yarn.keytab does not exist or is not a file"),
     (job(num_workers=3), "local[2]", CPU_BUILD, None,
      "--master runs 2 task(s) at a time, but 3 ranks must run together; use --master local[3]"),
-    (job(), "spark://host:7077", CPU_BUILD, None, "--master must be yarn (the cluster) or local[N]"),
+    (job(), "mesos://host:5050", CPU_BUILD, None, "--master must be yarn (the cluster), spark://HOST:PORT"),
+    (job(), "spark://host", CPU_BUILD, None, "--master must be yarn (the cluster), spark://HOST:PORT"),
     (job(), "local[two]", CPU_BUILD, None, "--master must be yarn, local, local[N] or local[*]"),
     (job(spark_conf={"spark.dynamicAllocation.enabled": "true"}), "yarn", CPU_BUILD, None,
      "yarn.spark_conf.spark.dynamicAllocation.enabled is set by the launcher"),

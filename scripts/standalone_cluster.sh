@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A Spark standalone cluster on one machine, from the pip-installed pyspark: a master and
+# two workers that look like two hosts.
+#
+#   scripts/standalone_cluster.sh start DIR [PYTHON]  # prints the master URL, spark://127.0.0.1:PORT
+#   scripts/standalone_cluster.sh stop DIR
+#
+# start: the master listens on 127.0.0.1; worker host-a on 127.0.0.2 and worker host-b on
+# 127.0.0.3, each started inside its own UTS namespace (`unshare --uts`, needs root or
+# user namespaces) with its own hostname, so its executors and the Python processes they
+# start report host-a / host-b (socket.gethostname()). Every service and web UI binds its
+# own loopback address (SPARK_LOCAL_IP): nothing listens on another interface. Each worker
+# has one core (one executor, so one rank, per host) and its own local disk, DIR/host-X/
+# (work/ for executors, tmp/ as TMPDIR). PYTHON (default: python3 on PATH) is the
+# interpreter whose pyspark runs the cluster. DIR/master_url holds the URL, DIR/*.pid the
+# daemons' pids, DIR/*.log their logs.
+# stop: kills the daemons whose pids are in DIR (their executors go with the workers).
+# Requires Java 17 on PATH, like any pyspark 4 use.
+set -euo pipefail
+
+die() { echo "standalone_cluster: $*" >&2; exit 2; }
+
+free_port() {  # a free port on the given loopback address
+  "$PY" -c 'import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$1"
+}
+
+daemon() {  # NAME IP HOSTNAME CLASS ARGS...: start one daemon in its own UTS namespace, record its pid
+  local name=$1 ip=$2 host=$3 class=$4; shift 4
+  local disk="$DIR/$name"
+  mkdir -p "$disk/work" "$disk/tmp"
+  # SPARK_LOCAL_IP binds the daemon, its web UI and its executors to one address; SPARK_LOCAL_HOSTNAME is the
+  # name it reports (without it, a worker dies resolving its new hostname, which no resolver knows).
+  env SPARK_HOME="$SPARK_HOME" SPARK_LOCAL_IP="$ip" SPARK_LOCAL_HOSTNAME="$host" SPARK_LOG_DIR="$disk" \
+    SPARK_WORKER_DIR="$disk/work" SPARK_LOCAL_DIRS="$disk/tmp" TMPDIR="$disk/tmp" \
+    SPARK_NO_DAEMONIZE=1 PYSPARK_PYTHON="$PY" \
+    setsid unshare --uts bash -c 'hostname "$0"; exec "$@"' "$host" \
+    "$SPARK_HOME/bin/spark-class" "$class" "$@" > "$DIR/$name.log" 2>&1 < /dev/null &
+  echo $! > "$DIR/$name.pid"
+}
+
+wait_for() {  # LOG PATTERN WHAT: wait up to 120 s for a line in a daemon's log
+  for _ in $(seq 600); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  die "$3 did not start in 120 s; its log ($1):
+$(tail -n 30 "$1" 2>/dev/null)"
+}
+
+start() {
+  DIR=$1 PY=${2:-python3}
+  [ -d "$DIR" ] || die "no folder $DIR"
+  command -v unshare >/dev/null || die "unshare not found (util-linux)"
+  unshare --uts true 2>/dev/null || die "cannot create a UTS namespace here (unshare --uts needs root or user namespaces)"
+  command -v java >/dev/null || die "java not found: Spark needs Java 17 on PATH"
+  SPARK_HOME=$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null) \
+    || die "$PY cannot import pyspark (pip install pyspark, or pass the venv's python)"
+  local port ui
+  port=$(free_port 127.0.0.1)
+  ui=$(free_port 127.0.0.1)
+  daemon master 127.0.0.1 "$(hostname)" org.apache.spark.deploy.master.Master \
+    --host 127.0.0.1 --port "$port" --webui-port "$ui"
+  wait_for "$DIR/master.log" "I have been elected leader" "the master"
+  local url="spark://127.0.0.1:$port"
+  for spec in host-a:127.0.0.2 host-b:127.0.0.3; do
+    local host=${spec%%:*} ip=${spec#*:}
+    daemon "$host" "$ip" "$host" org.apache.spark.deploy.worker.Worker \
+      --host "$ip" --port "$(free_port "$ip")" --webui-port "$(free_port "$ip")" \
+      --cores 1 --memory 2g --work-dir "$DIR/$host/work" "$url"
+  done
+  for host in host-a host-b; do
+    wait_for "$DIR/$host.log" "Successfully registered with master" "worker $host"
+  done
+  echo "$url" > "$DIR/master_url"
+  echo "$url"
+}
+
+stop() {
+  local dir=$1
+  for name in host-a host-b master; do
+    [ -s "$dir/$name.pid" ] || continue
+    # setsid made each daemon a process-group leader: its group holds the JVM and the executors it started.
+    kill -- -"$(cat "$dir/$name.pid")" 2>/dev/null || true
+    rm -f "$dir/$name.pid"
+  done
+}
+
+case "${1:-}" in
+  start) [ $# -ge 2 ] || die "usage: $0 start DIR [PYTHON]"; start "$2" "${3:-}" ;;
+  stop) [ $# -ge 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
+  *) die "usage: $0 start DIR [PYTHON] | stop DIR" ;;
+esac
