@@ -46,7 +46,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trace]:
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     cmd = [str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
            "benchmarks.overlap_worker", str(STEPS), "--trace", str(folder)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = {}
     for mode in ("grouped", "overlap"):
