@@ -58,15 +58,15 @@ def main() -> None:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     task, size = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
 
-    from hvdtrain import config, data, manifest, train
-    from hvdtrain import steps as steps_lib
+    from hvdtrain import config, data, manifest
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
 
     m = manifest.read(args.dataset)
     cfg = config.from_dict(bench_config(args.dataset, args.model))
     shape = data.check_manifest(m, cfg.model)
     with strategy.scope():
-        model, optimizer = train.build_state(cfg, shape, size)
+        model, optimizer = state.build_state(cfg, shape, size)
     inputs = contract.MODEL_INPUTS["transformer"]
     ds = data.train_dataset(m, data.TrainStream(rank=task, size=size, batch_size=BATCH, shuffle_buffer=1024, seed=1),
                             features=[*inputs, "label"])

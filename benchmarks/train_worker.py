@@ -44,7 +44,8 @@ def bench_config(dataset: str, model: str) -> dict:
 
 def timed_in_loop(step, batches, steps: int, per_call: int, rank) -> tuple[float, float]:
     """hvdtrain's loop with a run's per-step hooks, 2 epochs; (first step's wall time, epoch 2's seconds)."""
-    from hvdtrain import hooks, loop, progress, watchdog
+    from hvdtrain import progress, watchdog
+    from hvdtrain.training import hooks, loop
 
     marks: list[float] = []
 
@@ -85,15 +86,15 @@ def main() -> None:
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras
 
-    from hvdtrain import config, data, distributed, manifest, train
-    from hvdtrain import steps as steps_lib
+    from hvdtrain import config, data, distributed, manifest
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
 
     rank = distributed.init() if args.mode == "hvd" else distributed.RankInfo(0, 1, 0, 1, "localhost", "single")
     m = manifest.read(args.dataset)
     cfg = config.from_dict(bench_config(args.dataset, args.model))
     shape = data.check_manifest(m, cfg.model)
-    model, optimizer = train.build_state(cfg, shape, rank.size)
+    model, optimizer = state.build_state(cfg, shape, rank.size)
     ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024,
                                                 seed=1), features=[*contract.MODEL_INPUTS["transformer"], "label"])
     if args.threads:  # the input pipeline gets the same budget as the model: no idle core to borrow

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from hvdtrain import distributed
-from hvdtrain.hooks import Hook
-from hvdtrain.loop import LoopPlan, StepValue, call_size, fit, per_step
+from hvdtrain.training import steps as steps_lib
+from hvdtrain.training.hooks import Hook
+from hvdtrain.training.loop import LoopPlan, StepValue, call_size, fit, per_step
 
 
 def test_a_call_stops_at_the_epoch_end_and_after_a_pausing_step() -> None:
@@ -74,8 +75,6 @@ def test_the_compiled_multi_step_trains_exactly_as_one_step_per_call(accum: int)
     per-step losses of 5 calls of one step (bit for bit, on CPU)."""
     import keras
     import tensorflow as tf
-
-    from hvdtrain import steps as steps_lib
 
     distributed.init(use_horovod=False)
     rng = np.random.default_rng(0)
