@@ -17,7 +17,7 @@ the wall-clock time at which the first step completed.
 --model: ``demo`` (configs/demo.yaml's transformer) or ``large`` (about 10x its
 parameters). --steps-per-call K: hvdtrain's step runs K optimizer steps per
 compiled call (``train.steps_per_call``). --loop: the hvd step runs inside
-hvdtrain's own loop (:func:`hvdtrain.loop.fit` with the per-step hooks a run
+hvdtrain's own loop (:func:`hvdtrain.training.loop.fit` with the per-step hooks a run
 has: progress lines, per-step metrics, the stall watchdog's phases), two
 epochs of STEPS steps, the second timed, as ``model.fit``'s is.
 """
