@@ -59,6 +59,7 @@ setup(
             # Horovod's own test files (tests/multiprocess/test_horovod_upstream.py) import these.
             "mock>=4,<6",
             "parameterized>=0.8,<0.10",
+            "py-spy>=0.3.14,<0.5",  # profiling the training step (benchmarks/README.md, "The step")
         ],
     },
     entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},

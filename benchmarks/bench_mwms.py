@@ -10,42 +10,59 @@ ratio is reported as min/median/max over the pairs.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
 from benchmarks.common import Entry, interleaved_results
 from benchmarks.launch import horovodrun, tf_workers
+from hvdtrain.config import TrainConfig
 
 FIT_NOTE = ("Keras 3 model.fit on MWMS's distributed dataset fails on TensorFlow 2.21, so the peer is the "
             "custom loop TensorFlow documents for MWMS (strategy.run + GradientTape)")
 
 
+MODEL_SIZES = {"train_vs_mwms": "demo", "train_vs_mwms_large": "large"}  # large: about 10x the parameters
+
+
 def run(quick: bool, extra: dict) -> list[Entry]:
     from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
-    steps, reps = ("10", 1) if quick else ("100", 5)
+    steps, reps = ("16", 1) if quick else ("96", 5)  # a multiple of train.steps_per_call
     root = tempfile.mkdtemp(prefix="bench-mwms-")
     fit: list[str] = []
+    try:
+        make_text_dataset(root, TextSpec(layout=Layout(n_per_split={"train": 8192, "validation": 64, "test": 64},
+                                                       shards_per_split=4), num_classes=4, max_length=64,
+                                         vocab_size=2000, seed=3))
+        return [paired_entry(name, model, root, steps, reps, fit) for name, model in MODEL_SIZES.items()]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def paired_entry(name: str, model: str, root: str, steps: str, reps: int, fit: list[str]) -> Entry:
+    """hvdtrain (default train.steps_per_call) and MWMS at 2 ranks, ``reps`` interleaved pairs; the load
+    average before each pair in the notes."""
+    per_call = str(TrainConfig().steps_per_call)
+    loads: list[float] = []
+
+    def hvd() -> dict:
+        loads.append(round(os.getloadavg()[0], 1))
+        return horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1", "--model", model,
+                                                          "--steps-per-call", per_call])
 
     def mwms() -> dict:
-        result = tf_workers(2, "benchmarks.mwms_worker", [root, steps, "--threads", "1",
+        result = tf_workers(2, "benchmarks.mwms_worker", [root, steps, "--threads", "1", "--model", model,
                                                          *([] if fit else ["--try-fit"])])
         if not fit:  # the model.fit attempt runs once, in the first MWMS launch
             fit.append(result["model_fit"])
         return result
 
-    try:
-        make_text_dataset(root, TextSpec(layout=Layout(n_per_split={"train": 8192, "validation": 64, "test": 64},
-                                                       shards_per_split=4), num_classes=4, max_length=64,
-                                         vocab_size=2000, seed=3))
-        runs = interleaved_results({
-            "hvd": lambda: horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]),
-            "mwms": mwms,
-        }, reps)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return [Entry.paired("train_vs_mwms", [r["samples_per_sec"] for r in runs["hvd"]], "samples/s",
-                         "TF MultiWorkerMirroredStrategy, 2 workers, ring, custom loop",
-                         [r["samples_per_sec"] for r in runs["mwms"]], 1.3,
-                         notes={"steps": int(steps), "batch_size_per_rank": 64, "threads_per_rank": 1, "reps": reps,
-                                "why_custom_loop": FIT_NOTE, "model_fit_attempt": fit[0] if fit else None})]
+    runs = interleaved_results({"hvd": hvd, "mwms": mwms}, reps)
+    return Entry.paired(name, [r["samples_per_sec"] for r in runs["hvd"]], "samples/s",
+                        "TF MultiWorkerMirroredStrategy, 2 workers, ring, custom loop",
+                        [r["samples_per_sec"] for r in runs["mwms"]], 1.1,
+                        notes={"steps": int(steps), "batch_size_per_rank": 64, "threads_per_rank": 1, "reps": reps,
+                               "model": model, "params": runs["hvd"][0].get("params"),
+                               "steps_per_call": int(per_call), "load_average_before_each_pair": loads,
+                               "why_custom_loop": FIT_NOTE, "model_fit_attempt": fit[0] if fit else None})

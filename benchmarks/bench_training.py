@@ -1,12 +1,24 @@
-"""hvd_overhead, scaling_np2, launch_overhead: training throughput under horovodrun."""
+"""hvd_overhead, scaling_np2, launch_overhead: training throughput under horovodrun.
+
+hvd_overhead (and hvd_overhead_large, a model of about 10x the parameters): hvdtrain's loop with its
+per-step hooks under ``horovodrun -np 1`` at the default ``train.steps_per_call``, against plain Keras
+``model.fit``, launched in interleaved pairs (fit, hvdtrain, fit, ...); the ratio is the median of the
+pairs' ratios with their min and max, beside the load average before each pair. The same loop at one
+step per call runs in each pair too (``notes.one_step_per_call``), so what steps_per_call buys is seen.
+"""
 from __future__ import annotations
 
+import os
 import shutil
+import statistics
 import tempfile
 import time
 
 from benchmarks.common import Entry
 from benchmarks.launch import horovodrun, plain, plain_many
+from hvdtrain.config import TrainConfig
+
+MODEL_SIZES = {"hvd_overhead": "demo", "hvd_overhead_large": "large"}
 
 
 def median_of(fn, reps: int) -> dict:
@@ -17,14 +29,13 @@ def median_of(fn, reps: int) -> dict:
 def run(quick: bool, extra: dict) -> list[Entry]:
     from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
-    steps = "20" if quick else "100"
+    steps = "24" if quick else "96"  # a multiple of train.steps_per_call
     reps = 1 if quick else 5
     root = tempfile.mkdtemp(prefix="bench-train-")
     try:
         make_text_dataset(root, TextSpec(layout=Layout(n_per_split={"train": 8192, "validation": 64, "test": 64},
                                                        shards_per_split=4), num_classes=4, max_length=64, vocab_size=2000, seed=3))
-        keras_fit = median_of(lambda: plain("benchmarks.train_worker", [root, "keras", steps]), reps)
-        np1 = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps]), reps)
+        overhead = [overhead_entry(name, model, root, steps, reps) for name, model in MODEL_SIZES.items()]
         one_thread = median_of(lambda: horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps,
                                                                                   "--threads", "1"]), reps)
         two = median_of(lambda: horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]),
@@ -43,8 +54,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         shutil.rmtree(root, ignore_errors=True)
     hvd_s, plain_s = sorted(launch_hvd)[len(launch_hvd) // 2], sorted(launch_plain)[len(launch_plain) // 2]
     return [
-        Entry("hvd_overhead", np1["samples_per_sec"], "samples/s", "plain Keras model.fit, 1 process",
-              keras_fit["samples_per_sec"], 0.97, notes={"steps": int(steps), "batch_size": 64}),
+        *overhead,
         Entry("scaling_np2", two["samples_per_sec"], "samples/s", "2 x (-np 1), 1 intra/inter-op/tf.data thread each",
               2 * one_thread["samples_per_sec"], 0.85,
               notes={"np1_samples_per_sec": one_thread["samples_per_sec"],
@@ -54,3 +64,25 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         Entry("launch_overhead", hvd_s, "s", "plain process to first step", plain_s, None,
               lower_is_better=True, notes={"overhead_s": round(hvd_s - plain_s, 2), "np": 2}),
     ]
+
+
+def overhead_entry(name: str, model: str, root: str, steps: str, reps: int) -> Entry:
+    """hvdtrain's loop at 1 rank against model.fit, in ``reps`` interleaved pairs (see the module docstring)."""
+    per_call = TrainConfig().steps_per_call
+    fit, hvd, one, loads = [], [], [], []
+
+    def loop(k: int) -> float:
+        return horovodrun(1, "benchmarks.train_worker", [root, "hvd", steps, "--loop", "--model", model,
+                                                          "--steps-per-call", str(k)])["samples_per_sec"]
+
+    for _ in range(reps):
+        loads.append(round(os.getloadavg()[0], 1))
+        fit.append(plain("benchmarks.train_worker", [root, "keras", steps, "--model", model])["samples_per_sec"])
+        hvd.append(loop(per_call))
+        one.append(loop(1) if per_call > 1 else hvd[-1])
+    ones = [o / f for o, f in zip(one, fit)]
+    return Entry.paired(name, hvd, "samples/s", "plain Keras model.fit, 1 process", fit, 0.97,
+                        notes={"steps": int(steps), "batch_size": 64, "model": model, "steps_per_call": per_call,
+                               "load_average_before_each_pair": loads,
+                               "one_step_per_call": {"median": round(statistics.median(ones), 3),
+                                                     "min": round(min(ones), 3), "max": round(max(ones), 3)}})

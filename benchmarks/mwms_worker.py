@@ -1,6 +1,6 @@
 """TensorFlow MultiWorkerMirroredStrategy peer of ``train_worker``'s hvd mode; worker 0 prints 'BENCH {json}'.
 
-    TF_CONFIG=... python -m benchmarks.mwms_worker DATASET STEPS [--threads 1] [--try-fit]
+    TF_CONFIG=... python -m benchmarks.mwms_worker DATASET STEPS [--threads 1] [--try-fit] [--model demo|large]
 
 One worker process per TF_CONFIG task, ring collectives. Same model, optimizer,
 input pipeline (this task's shards), per-worker batch and thread budget as
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from benchmarks.train_worker import BATCH, WARMUP
+from benchmarks.train_worker import BATCH, MODELS, WARMUP, bench_config
 
 
 def _try_fit(strategy, model, ds, inputs) -> str:
@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--try-fit", action="store_true")
+    p.add_argument("--model", choices=sorted(MODELS), default="demo")
     args = p.parse_args()
 
     import tensorflow as tf
@@ -62,9 +63,7 @@ def main() -> None:
     from hvdtrain.data import contract
 
     m = manifest.read(args.dataset)
-    cfg = config.from_dict({"name": "bench", "source": {"table": "bench.rows"}, "etl": {"output": args.dataset},
-                            "model": {"embed_dim": 64, "num_heads": 2, "ff_dim": 128, "num_layers": 1},
-                            "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
+    cfg = config.from_dict(bench_config(args.dataset, args.model))
     shape = data.check_manifest(m, cfg.model)
     with strategy.scope():
         model, optimizer = state.build_state(cfg, shape, size)

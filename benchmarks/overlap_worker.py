@@ -8,8 +8,10 @@ from elsewhere hits both alike. ``grouped``: one grouped all-reduce after the
 whole backward pass; ``overlap``: one all-reduce per gradient, each issued as
 soon as its gradient exists. The model is ``LAYERS`` Dense layers of ``WIDTH``
 units (the deep model the overlap is shown on). With --trace DIR, Horovod's
-timeline of each mode's first timed block goes to DIR/<mode>.json.
-(Not ``--timeline``: horovodrun would take it as its own option.)
+timeline of each mode's first timed block goes to DIR/<mode>.json, and what
+each all-reduce of the compiled step waits for to DIR/<mode>.graph.json
+(:func:`allreduce_dependencies`). (Not ``--timeline``: horovodrun would take
+it as its own option.)
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 LAYERS, WIDTH, BATCH, FEATURES, WARMUP = 16, 1024, 128, 64, 2
 MODES = ("grouped", "overlap")
@@ -32,8 +35,42 @@ def build(layers: int, width: int):
     return keras.Model({"numeric": inputs}, keras.layers.Dense(4, name="logits")(x))
 
 
+def allreduce_dependencies(graph: Any) -> dict[str, Any]:
+    """What each Horovod all-reduce in a compiled step's graph waits for, from the graph's edges (data and
+    control), not from any run: independent of how the executor happens to schedule it.
+
+    The gradients are the all-reduces' inputs; the *last gradient* is the one with the most ancestors (the
+    first layer's kernel: backprop reaches it through every layer above). An all-reduce that does not have
+    it among its ancestors can begin before it exists. Returns the all-reduce count, how many of them are
+    independent of the last gradient, and that gradient's op name.
+    """
+    reduces = [op for op in graph.get_operations() if op.type.startswith("Horovod") and "Allreduce" in op.type]
+    memo: dict[str, frozenset[str]] = {}
+
+    def ancestors(op: Any) -> frozenset[str]:
+        """Names of every op ``op`` waits for (an iterative post-order walk: graphs are deeper than Python's
+        recursion limit)."""
+        stack = [(op, False)]
+        while stack:
+            node, parents_done = stack.pop()
+            if node.name in memo:
+                continue
+            parents = list(node.control_inputs) + [t.op for t in node.inputs]
+            if parents_done:
+                memo[node.name] = frozenset(p.name for p in parents).union(*(memo[p.name] for p in parents))
+            else:
+                stack.append((node, True))
+                stack.extend((p, False) for p in parents if p.name not in memo)
+        return memo[op.name]
+
+    gradients = {t.op.name: t.op for op in reduces for t in op.inputs}
+    last = max(gradients, key=lambda name: len(ancestors(gradients[name])))
+    independent = [op.name for op in reduces if last not in ancestors(op)]
+    return {"allreduces": len(reduces), "independent_of_last_gradient": len(independent), "last_gradient": last}
+
+
 def make_steps(width: int, layers: int) -> tuple[dict, dict, int]:
-    """One model and optimizer per mode (same initial weights), and a fixed batch per rank."""
+    """One compiled step per mode (own model and optimizer, same initial weights), and a fixed batch per rank."""
     import keras
     import tensorflow as tf
 
@@ -48,8 +85,8 @@ def make_steps(width: int, layers: int) -> tuple[dict, dict, int]:
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
         distributed.broadcast_state(model, optimizer)
-        out[mode] = steps_lib.make_optimizer_step(model, optimizer, "label", ("numeric",),
-                                                  reduction=steps_lib.Reduction(mode=mode))
+        out[mode] = steps_lib.make_train_step(model, optimizer, "label", ("numeric",),
+                                              allreduce=steps_lib.Reduction(mode=mode))
     rng = tf.random.Generator.from_seed(rank.rank)
     batch = {"numeric": rng.normal((BATCH, FEATURES)), "label": rng.uniform((BATCH,), 0, 4, dtype=tf.int64)}
     return out, batch, model.count_params()
@@ -79,12 +116,15 @@ def main() -> None:
         start = time.perf_counter()
         out = None
         for _ in range(n):
-            out = steps[mode]([batch])
+            out = steps[mode](batch)
         float(out[0])  # wait for the last step
         return (time.perf_counter() - start) / n
 
     for mode in MODES:
         run(mode, WARMUP)
+        if args.trace and rank.rank == 0:
+            with open(os.path.join(args.trace, f"{mode}.graph.json"), "w") as fh:
+                json.dump(allreduce_dependencies(steps[mode].get_concrete_function(batch).graph), fh)
     times: dict[str, list[float]] = {m: [] for m in MODES}
     for rep in range(args.reps):
         for mode in MODES:

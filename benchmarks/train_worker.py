@@ -1,6 +1,7 @@
 """Training throughput worker; rank 0 prints 'BENCH {json}'.
 
     [horovodrun -np N ... ] python -m benchmarks.train_worker DATASET MODE STEPS [--threads 1]
+        [--model demo|large] [--steps-per-call K] [--loop]
 
 --threads T limits TensorFlow's intra-op and inter-op pools and the input
 pipeline's private pool to T threads. --pin pins the process (every thread it
@@ -12,6 +13,13 @@ MODE hvd:   hvdtrain's own step (GradientTape + Horovod grouped all-reduce),
 MODE keras: a plain Keras ``model.fit`` on the same model and data, no Horovod.
 Reports steady-state samples/s (after a warm-up that includes tracing) and
 the wall-clock time at which the first step completed.
+
+--model: ``demo`` (configs/demo.yaml's transformer) or ``large`` (about 10x its
+parameters). --steps-per-call K: hvdtrain's step runs K optimizer steps per
+compiled call (``train.steps_per_call``). --loop: the hvd step runs inside
+hvdtrain's own loop (:func:`hvdtrain.training.loop.fit` with the per-step hooks a run
+has: progress lines, per-step metrics, the stall watchdog's phases), two
+epochs of STEPS steps, the second timed, as ``model.fit``'s is.
 """
 from __future__ import annotations
 
@@ -20,8 +28,38 @@ import json
 import os
 import time
 
+import numpy as np
+
 WARMUP = 5
 BATCH = 64
+MODELS = {"demo": {"embed_dim": 64, "num_heads": 2, "ff_dim": 128, "num_layers": 1},
+          "large": {"embed_dim": 256, "num_heads": 4, "ff_dim": 512, "num_layers": 2}}
+
+
+def bench_config(dataset: str, model: str) -> dict:
+    """The job config both sides build their model and optimizer from."""
+    return {"name": "bench", "source": {"table": "bench.rows"}, "etl": {"output": dataset},
+            "model": MODELS[model], "train": {"batch_size": BATCH, "learning_rate": 1e-3}}
+
+
+def timed_in_loop(step, batches, steps: int, per_call: int, rank) -> tuple[float, float]:
+    """hvdtrain's loop with a run's per-step hooks, 2 epochs; (first step's wall time, epoch 2's seconds)."""
+    from hvdtrain import progress, watchdog
+    from hvdtrain.training import hooks, loop
+
+    marks: list[float] = []
+
+    class FirstStep(hooks.Hook):
+        def on_step(self, info) -> None:
+            if not marks:
+                marks.append(time.time())
+
+    bar = progress.Progress("log" if rank.is_chief else "off", 2, steps, 50, 30.0)
+    hook_list = [hooks.ProgressHook(bar, rank.size),
+                 hooks.StepMetricsHook(progress.MetricsLogger(lambda metrics, step: None, 0), rank.size), FirstStep()]
+    with watchdog.Watchdog(600, rank.rank) as dog:
+        history = loop.fit(step, batches, loop.LoopPlan(2, steps, 1, BATCH, per_call), hook_list, phase=dog.phase)
+    return marks[0], history[1].seconds
 
 
 def main() -> None:
@@ -31,7 +69,12 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pin", action="store_true")
+    p.add_argument("--model", choices=sorted(MODELS), default="demo")
+    p.add_argument("--steps-per-call", type=int, default=1)
+    p.add_argument("--loop", action="store_true")
     args = p.parse_args()
+    if args.steps % args.steps_per_call:
+        p.error(f"STEPS ({args.steps}) must be a multiple of --steps-per-call ({args.steps_per_call})")
     if args.pin:  # before TensorFlow starts any thread: threads inherit the mask
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(cores)]})
@@ -49,9 +92,7 @@ def main() -> None:
 
     rank = distributed.init() if args.mode == "hvd" else distributed.RankInfo(0, 1, 0, 1, "localhost", "single")
     m = manifest.read(args.dataset)
-    cfg = config.from_dict({"name": "bench", "source": {"table": "bench.rows"}, "etl": {"output": args.dataset},
-                            "model": {"embed_dim": 64, "num_heads": 2, "ff_dim": 128, "num_layers": 1},
-                            "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
+    cfg = config.from_dict(bench_config(args.dataset, args.model))
     shape = data.check_manifest(m, cfg.model)
     model, optimizer = state.build_state(cfg, shape, rank.size)
     ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024,
@@ -61,22 +102,25 @@ def main() -> None:
         options.threading.private_threadpool_size = args.threads
         options.threading.max_intra_op_parallelism = 1
         ds = ds.with_options(options)
+    per_call = args.steps_per_call
     if args.mode == "hvd":
         distributed.broadcast_state(model, optimizer)
-        step = steps_lib.make_train_step(model, optimizer, "label")
+        step = steps_lib.make_optimizer_step(model, optimizer, "label", shape.inputs, steps_per_call=per_call)
         batches = iter(ds)
-
-        def run(n: int) -> None:
-            out = None
-            for _ in range(n):
-                out = step(next(batches))
-            float(out[0])  # wait for the last step
-        run(1)
-        first_step_at = time.time()
-        run(WARMUP)
-        start = time.perf_counter()
-        run(args.steps)
-        seconds = time.perf_counter() - start
+        if args.loop:
+            first_step_at, seconds = timed_in_loop(step, batches, args.steps, per_call, rank)
+        else:
+            def run(n: int) -> None:
+                out = None
+                for _ in range(n // per_call):
+                    out = step([next(batches) for _ in range(per_call)])
+                float(np.asarray(out[0]).ravel()[-1])  # wait for the last step
+            run(per_call)
+            first_step_at = time.time()
+            run(WARMUP * per_call)
+            start = time.perf_counter()
+            run(args.steps)
+            seconds = time.perf_counter() - start
     else:
         # Keras takes a dataset, not an iterator: epoch 1 is the warm-up (tracing), epoch 2 is timed.
         model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -97,7 +141,9 @@ def main() -> None:
         first_step_at, seconds = marks["first"], marks["end1"] - marks["begin1"]
     if rank.rank == 0:
         print("BENCH " + json.dumps({"samples_per_sec": args.steps * BATCH * rank.size / seconds,
-                                     "first_step_at": first_step_at, "size": rank.size}), flush=True)
+                                     "first_step_at": first_step_at, "size": rank.size,
+                                     "params": model.count_params(), "model": args.model,
+                                     "steps_per_call": per_call}), flush=True)
 
 
 if __name__ == "__main__":

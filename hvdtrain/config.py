@@ -365,6 +365,9 @@ class TrainConfig:
     # as it exists, so communication overlaps backprop (hvdtrain.training.steps.Reduction; README "Overlapped all-reduce");
     # beyond 2 ranks only grouped is bit-reproducible (overlap's fusion groups depend on timing)
     allreduce: Literal["grouped", "overlap"] = "grouped"
+    # Optimizer steps per compiled call (Keras's steps_per_execution): fewer Python round trips per step. A call
+    # ends at every checkpoint and epoch end, so resume and accounting are per step; 1 with monitoring.step_breakdown
+    steps_per_call: int = 1
     mixed_precision: Literal["none", "bfloat16", "float16"] = "none"
     validate_every_epoch: bool = False
     early_stopping: Optional[EarlyStoppingConfig] = None
@@ -391,6 +394,8 @@ class TrainConfig:
                  "must be > 0, or null for no clipping")
         _require(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps,
                  "must be >= 1 (1 = no accumulation)")
+        _require(self.steps_per_call >= 1, "steps_per_call", self.steps_per_call,
+                 "must be >= 1 (optimizer steps per compiled call; 1 = one step per call)")
         _require(self.progress_every_steps >= 1, "progress_every_steps", self.progress_every_steps, "must be >= 1")
         _require(self.progress_every_seconds > 0, "progress_every_seconds", self.progress_every_seconds,
                  "must be > 0")

@@ -233,9 +233,13 @@ class Checkpointer(Hook):
         self.seconds = 0.0  # total seconds this rank's training thread spent saving
 
     def due(self, state: LoopState) -> bool:
+        return self.pause_after(state.step, state.layout_step)
+
+    def pause_after(self, global_step: int, layout_step: int) -> bool:
+        """Whether a checkpoint is due after that step (so a multi-step call ends there)."""
         if not self.cfg.enabled:
             return False
-        return checkpoint.save_due(state.layout_step, self.ctx.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
+        return checkpoint.save_due(layout_step, self.ctx.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
 
     def after_step(self, state: LoopState) -> None:
         if not self.due(state):

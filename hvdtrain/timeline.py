@@ -202,6 +202,11 @@ class TimelineHook(Hook):
     def start_epoch(self, epoch: int) -> None:
         self._start_if_due()
 
+    def pause_after(self, global_step: int, layout_step: int) -> bool:
+        """A multi-step call ends where recording starts or stops."""
+        first = self.cfg.start_step
+        return not self.stopped and global_step in (first - 1, first + self.cfg.steps - 1)
+
     def on_step(self, info: StepInfo) -> None:
         self.done = info.global_step
         if self.recording and self.done >= self.cfg.start_step + self.cfg.steps - 1:

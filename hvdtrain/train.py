@@ -160,10 +160,11 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
     reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
+    per_call = 1 if cfg.monitoring.step_breakdown else cfg.train.steps_per_call  # the breakdown times each step
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        reduction, guard)
+                        reduction, guard, **({"steps_per_call": per_call} if per_call > 1 else {}))
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
-    plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
+    plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size, per_call)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
     with training_hooks(ctx, model, stopper, guard, observed) as hooks:
         history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan, hooks=hooks,

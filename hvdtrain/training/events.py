@@ -58,6 +58,7 @@ class LoopPlan:
     steps: int
     accum_steps: int = 1
     batch_size: int = 1
+    steps_per_call: int = 1  # optimizer steps per call of the step function (hvdtrain.training.loop)
 
     @property
     def examples_per_step(self) -> int:

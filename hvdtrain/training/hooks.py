@@ -55,6 +55,10 @@ class Hook:
     def after_step(self, state: LoopState) -> None:
         """After each step that does not end an epoch, and after ``end_epoch``; may run collectives."""
 
+    def pause_after(self, global_step: int, layout_step: int) -> bool:
+        """Whether this hook acts after that step, so that a multi-step call must end there (pure)."""
+        return False
+
 
 class HookList(Hook):
     """Hooks called in order; training stops when any hook's ``end_epoch`` says so."""
@@ -77,6 +81,10 @@ class HookList(Hook):
     def after_step(self, state: LoopState) -> None:
         for hook in self.hooks:
             hook.after_step(state)
+
+    def pause_after(self, global_step: int, layout_step: int) -> bool:
+        return any(hook.pause_after(global_step, layout_step) for hook in self.hooks
+                   if hasattr(hook, "pause_after"))  # duck-typed hooks without it never pause
 
 
 class ProgressHook(Hook):

@@ -16,7 +16,17 @@ called on every rank in list order, the way Keras composes callbacks:
   every rank; the loop stops when any hook says so;
 * ``after_step(state)`` after every optimizer step that does not end an
   epoch, and after ``end_epoch`` (``state.epoch_end``): checkpoints. It may
-  run collectives; whether it does must depend on the step number only.
+  run collectives; whether it does must depend on the step number only;
+* ``pause_after(global_step, layout_step) -> bool``: whether the hook acts
+  after that step (a checkpoint, the timeline starting or stopping), so a
+  multi-step call must end there.
+
+Several steps per call (``plan.steps_per_call`` = K > 1, like Keras's
+``steps_per_execution``): the loop hands the step function the batches of
+up to K optimizer steps at once and gets back per-step loss sums and correct
+counts (vectors, read only when a hook reads them). A call never crosses an
+epoch end or a step some hook pauses after, so checkpoints, resumes and
+epoch sums are those of one step per call; hooks still hear every step.
 
 Step numbers are computed once, here: the *global step* (checkpoint names,
 MLflow steps; it only grows, across resumes in another layout) and the
@@ -29,6 +39,7 @@ by rank 0 only, so the epoch's all-reduce stays exact).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -46,13 +57,43 @@ def take_batches(batches: Iterator[Any], count: int,
     return taken, clock() - start
 
 
+def call_size(step: int, steps: int, steps_per_call: int, pause_after: Callable[[int], bool]) -> int:
+    """How many optimizer steps the next call runs from ``step`` (1-based in an epoch of ``steps``) on (pure):
+    up to ``steps_per_call``, never past the epoch's end, ending at the first step a hook pauses after."""
+    n = 1
+    while n < steps_per_call and step + n <= steps and not pause_after(step + n - 1):
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class StepValue:
+    """Step ``index``'s entry of a multi-step call's per-step vector; read (a device sync) when converted."""
+
+    values: Any
+    index: int
+
+    def __float__(self) -> float:
+        return float(np.asarray(self.values)[self.index])
+
+
+def per_step(values: Any, n: int) -> list[Any]:
+    """One value per step from a call's result: the value itself when it is one step's (a scalar), else
+    the entries of its per-step vector, unread."""
+    if n == 1 and len(getattr(values, "shape", ())) == 0:
+        return [values]
+    return [StepValue(values, i) for i in range(n)]
+
+
 def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[Any], plan: LoopPlan,
         hooks: Sequence[Hook], start: Optional[Start] = None,
         phase: Callable[[str], None] = lambda what: None) -> list[EpochStats]:
     """Run up to ``plan.epochs`` x ``plan.steps`` optimizer steps; stops early when a hook's ``end_epoch`` says so.
 
-    ``hooks`` are called in order (see the module docstring); ``phase`` hears
-    what the loop is about to wait for (the stall watchdog's message).
+    ``step_fn`` takes the batches of n optimizer steps (n x ``plan.accum_steps``; n is 1 unless
+    ``plan.steps_per_call`` > 1) and returns their loss sums and correct counts: scalars for one step,
+    per-step vectors for several. ``hooks`` are called in order (see the module docstring); ``phase``
+    hears what the loop is about to wait for (the stall watchdog's message).
     Returns every epoch's stats, those of a resumed run's earlier epochs included.
     """
     hook_list = HookList(hooks)
@@ -74,21 +115,28 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
             return carried + np.array([sum(float(x) for x in loss_sums), sum(float(x) for x in corrects), done],
                                       np.float64)
 
-        for step in range(done_in_epoch + 1 if resumed else 1, steps + 1):
-            layout_step = (epoch - 1) * steps + step
-            global_step = offset + layout_step
-            phase(f"waiting for input batches of step {global_step}")
-            micro, waited = take_batches(batches, plan.accum_steps)
-            phase(f"computing and all-reducing step {global_step}")
+        base = (epoch - 1) * steps  # layout steps before this epoch
+        step = done_in_epoch + 1 if resumed else 1
+        while step <= steps:
+            n = call_size(step, steps, plan.steps_per_call, lambda s: hook_list.pause_after(offset + base + s, base + s))
+            first = offset + base + step
+            what = f"step {first}" if n == 1 else f"steps {first}-{first + n - 1}"
+            phase(f"waiting for input batches of {what}")
+            micro, waited = take_batches(batches, n * plan.accum_steps)
+            phase(f"computing and all-reducing {what}")
             stepping = time.perf_counter()
-            loss_sum, correct = step_fn(micro)
+            losses, rights = step_fn(micro)
             stepped = time.perf_counter() - stepping
-            loss_sums.append(loss_sum)
-            corrects.append(correct)
-            hook_list.on_step(StepInfo(epoch, step, global_step, waited, loss_sum, plan.examples_per_step, stepped))
-            if step < steps:
-                hook_list.after_step(LoopState(global_step, epoch, False, partial, time.perf_counter() - begin, history,
-                                           layout_step=layout_step))
+            for loss_sum, correct in zip(per_step(losses, n), per_step(rights, n)):
+                layout_step = base + step
+                loss_sums.append(loss_sum)
+                corrects.append(correct)
+                hook_list.on_step(StepInfo(epoch, step, offset + layout_step, waited / n, loss_sum,
+                                           plan.examples_per_step, stepped / n))
+                if step < steps:
+                    hook_list.after_step(LoopState(offset + layout_step, epoch, False, partial,
+                                                   time.perf_counter() - begin, history, layout_step=layout_step))
+                step += 1
         phase(f"all-reducing the metrics of epoch {epoch}")
         totals = distributed.allreduce_sum(partial(), name=f"hvdtrain.epoch{epoch}")
         stats = epoch_stats(epoch, steps, totals, time.perf_counter() - begin)

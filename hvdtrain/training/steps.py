@@ -126,20 +126,46 @@ def _apply(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any], variable
         guard.apply(optimizer, grads, variables)
 
 
-def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+def train_step_body(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                     inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
                     guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
-    """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
+    """One optimizer step on one batch, to be traced (uncompiled): gradients, one all-reduce, update;
+    returns (loss sum, correct)."""
     names = tuple(inputs) if inputs is not None else _input_names(model)
     loss_fn = _loss_fn()
 
-    @tf.function
     def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         grads, loss_sum, correct = _gradients(model, optimizer, loss_fn, batch, names, label_feature)
         _apply(optimizer, allreduce(grads), model.trainable_variables, guard)
         return loss_sum, correct
 
     return train_step
+
+
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                    inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
+                    guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+    """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
+    return tf.function(train_step_body(model, optimizer, label_feature, inputs, allreduce, guard))
+
+
+def make_multi_step(body: Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor]],
+                    accum_steps: int) -> Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor]]:
+    """Several optimizer steps in one compiled call (Keras's ``steps_per_execution``; ``train.steps_per_call``).
+
+    Takes the batches of n steps (n x ``accum_steps``) and returns the per-step loss sums and correct counts
+    as vectors of length n, unread. The steps are unrolled in the graph, each step's ops exactly those of
+    one step per call, in the same order (automatic control dependencies keep step i's update before step
+    i+1 reads the weights); each n is traced once.
+    """
+    @tf.function
+    def multi_step(batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+        if len(batches) % accum_steps:
+            raise ValueError(f"a call takes whole optimizer steps of {accum_steps} batches (got {len(batches)})")
+        outs = [body(batches[i:i + accum_steps]) for i in range(0, len(batches), accum_steps)]
+        return tf.stack([o[0] for o in outs]), tf.stack([o[1] for o in outs])
+
+    return multi_step
 
 
 class AccumulatingStep:
@@ -178,6 +204,12 @@ class AccumulatingStep:
             raise ValueError(f"an optimizer step takes {self.accum_steps} micro-batches (got {len(batches)})")
         outs = [self._micro(batch) for batch in batches]
         self._apply()
+        return tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs])
+
+    def body(self, batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
+        """One optimizer step, to be traced inside a larger compiled call (:func:`make_multi_step`)."""
+        outs = [self._micro_step(batch) for batch in batches]
+        self._apply_step()
         return tf.add_n([o[0] for o in outs]), tf.add_n([o[1] for o in outs])
 
     def accumulate(self, batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
@@ -247,13 +279,18 @@ def _ready(tensors: Sequence[Any]) -> None:
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                         inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                        guard: Optional[FiniteGuard] = None) -> OptimizerStep:
+                        guard: Optional[FiniteGuard] = None, steps_per_call: int = 1) -> OptimizerStep:
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
-    ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
+    ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank.
+    With ``steps_per_call`` > 1 it takes the batches of up to that many steps (:func:`make_multi_step`)."""
     if accum_steps == 1:
-        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard)
+        body = train_step_body(model, optimizer, label_feature, inputs, reduction, guard)
+        if steps_per_call > 1:
+            return make_multi_step(lambda batches: body(batches[0]), 1)
+        fused = tf.function(body)
         return lambda batches: fused(batches[0])
-    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
+    accumulating = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
+    return make_multi_step(accumulating.body, accum_steps) if steps_per_call > 1 else accumulating
 
 
 def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,

@@ -86,19 +86,29 @@ def test_kill_drill_with_the_killed_rank_on_the_second_host(ssh_hosts: mp.SshHos
 
 
 class StageWatcher:
-    """Polls each host's TMPDIR for hvdtrain's staging folders and the shard copies in them."""
+    """Polls each host's TMPDIR for hvdtrain's staging folders and the shard copies in them.
+
+    A rank deletes its staging folder when it is done, possibly while the watcher lists it: a folder that
+    vanishes holds nothing more to see. Any other error in the watcher's thread is raised by ``__exit__``,
+    in the test, instead of ending the thread with an unhandled exception."""
 
     def __init__(self, roots: dict[str, Path]):
         self.roots, self.seen = roots, {h: {} for h in roots}  # host -> {stage folder: copies seen}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
 
     def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            for host, root in self.roots.items():
-                for folder in root.glob("hvdtrain-stage-*"):
-                    copies = {p.name for p in folder.rglob("*") if p.is_file()}
-                    self.seen[host].setdefault(folder.name, set()).update(copies)
+        try:
+            while not self._stop.wait(0.05):
+                self.scan()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by __exit__
+            self._error = exc
+
+    def scan(self) -> None:
+        for host, root in self.roots.items():
+            for folder in root.glob("hvdtrain-stage-*"):
+                self.seen[host].setdefault(folder.name, set()).update(staged_copies(folder))
 
     def __enter__(self) -> "StageWatcher":
         self._thread.start()
@@ -107,6 +117,16 @@ class StageWatcher:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def staged_copies(folder: Path) -> set[str]:
+    """The files in a staging folder now; nothing when the folder is gone or going while it is listed."""
+    try:
+        return {p.name for p in folder.rglob("*") if p.is_file()}
+    except FileNotFoundError:
+        return set()
 
 
 def test_remote_input_is_staged_on_each_host_in_its_own_folder(ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
