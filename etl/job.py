@@ -72,7 +72,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import faults, publish, sources, split as split_mod, validate, writer
+    from etl import faults, labels as label_mod, publish, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
     fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
@@ -87,8 +87,8 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             checked = validate.run(raw, cfg, fault)
             rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-            labels = split_mod.label_list(rows)
-            rows = validate.reject_unknown_labels(rows, labels, checked)
+            labels = label_mod.fit(rows, cfg)
+            rows = label_mod.reject_unlearnable(rows, labels, cfg, checked)
             counts = split_mod.count_by_split(rows)
             checked.counts.by_split = counts
             validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
@@ -190,9 +190,9 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
                   fault: Any = None) -> list:
     from functools import partial
 
-    from etl import writer
+    from etl import labels as label_mod, writer
 
-    label_index = {name: i for i, name in enumerate(labels)}
+    encode_label = label_mod.encoder(cfg.task, labels)
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
@@ -200,11 +200,11 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
     # so shard contents are the same on every rerun, whatever the input partitioning.
     keyed = rows.rdd.map(lambda r: (
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
-        (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
+        (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
                    tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings,
-                   fault=fault)
+                   fault=fault, task=cfg.task.kind)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 

@@ -92,7 +92,7 @@ class ShardResult:
 def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str,
                     tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str,
                     encodings: Optional[dict[str, str]] = None,
-                    fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
+                    fault: Optional[faults.Fault] = None, task: str = "multiclass") -> Iterator[ShardResult]:
     """Runs in a Spark task: encode sorted rows and write one shard.
 
     ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
@@ -106,7 +106,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
-    encode = RecordEncoder(tokenizer_json, tabular_stats, encodings)
+    encode = RecordEncoder(tokenizer_json, tabular_stats, encodings, task)
     drop = fault.drops("write") if fault else None
     if drop is not None:
         rows = (r for r in rows if r[0][1] != drop)
@@ -150,16 +150,22 @@ def _write_shard(rows: Iterable, path: str, encode: "RecordEncoder", compression
 
 class RecordEncoder:
     """Turns a batch of rows into tf.train.Example records: the model features from
-    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the label index and the key."""
+    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the encoded label and the key.
+
+    The label is an int64 class index (multiclass, binary), a float32 multi-hot
+    vector (multilabel) or a float32 target (regression): see etl/labels.py.
+    """
 
     def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                 encodings: Optional[dict[str, str]] = None):
+                 encodings: Optional[dict[str, str]] = None, task: str = "multiclass"):
         self.features = FeatureEncoder(tokenizer_json, tabular_stats)
         self.encodings = encodings or {}
+        self.task = task
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
         keys = [k for (_, k), _ in batch]
-        labels = np.array([v[1] for _, v in batch], dtype=np.int64)
+        labels = np.array([v[1] for _, v in batch], dtype=np.int64 if self.task in ("multiclass", "binary")
+                          else np.float32)
         feats = self.features.encode([v[0] for _, v in batch] if self.features.tok is not None else None,
                                      [v[2] for _, v in batch], [v[3] for _, v in batch])
         cols: dict[str, tuple[str, Any]] = {}
@@ -170,11 +176,15 @@ class RecordEncoder:
             cols["numeric"] = (tfrecord.FLOAT, feats["numeric"])
         if "categorical" in feats:
             cols["categorical"] = (tfrecord.INT64, feats["categorical"])
-        cols["label"] = (tfrecord.INT64, labels)
+        cols["label"] = (tfrecord.INT64 if labels.dtype == np.int64 else tfrecord.FLOAT, labels)
         cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
         return cols
 
     def write(self, writer: tfrecord.TFRecordWriter, batch: list) -> None:
         cols = self.columns(batch)
         writer.write_columns(cols)
-        writer.count_labels(cols["label"][1])
+        labels = cols["label"][1]
+        if self.task == "multilabel":  # occurrences of each label
+            writer.count_labels(np.nonzero(labels)[1])
+        elif self.task != "regression":
+            writer.count_labels(labels)

@@ -329,9 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--hosts", help="horovodrun -H for --launcher horovodrun, e.g. host1:2,host2:2")
     tune.add_argument("--eta", type=int, default=3, help="successive halving keeps 1/eta per rung (default 3)")
     tune.add_argument("--min-epochs", type=int, default=1, help="epochs before the first pruning rung (default 1)")
-    tune.add_argument("--metric", default="validation_accuracy",
-                      help="validation_accuracy (default), validation_macro_f1, validation_roc_auc or "
-                           "validation_loss (minimized)")
+    tune.add_argument("--metric", default=None,
+                      help="a validation metric of the task: multiclass validation_accuracy (default), "
+                           "validation_macro_f1, validation_roc_auc, validation_loss; binary validation_roc_auc "
+                           "(default), validation_pr_auc, validation_log_loss; multilabel validation_micro_f1 "
+                           "(default), validation_macro_f1; regression validation_rmse (default), validation_mae, "
+                           "validation_r2 (losses and errors are minimized)")
     _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
     yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
                     config=False, add_help=False)

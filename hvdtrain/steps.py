@@ -40,6 +40,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import distributed
+from hvdtrain.heads import Head
 
 Batch = dict[str, tf.Tensor]
 Allreduce = Callable[[Sequence[Any]], list[Any]]
@@ -71,25 +72,20 @@ class Reduction:
         return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped")
 
 
-def _loss_fn() -> keras.losses.Loss:
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-
 def _input_names(model: keras.Model) -> tuple[str, ...]:
     return tuple(t.name for t in model.inputs)
 
 
-def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: keras.losses.Loss,
+def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, head: Head,
                batch: Batch, inputs: Sequence[str], label_feature: str) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
     """This rank's (loss-scaled) gradients of the batch-mean loss, loss sum and correct count."""
     labels = batch[label_feature]
     with tf.GradientTape() as tape:
         logits = model({k: batch[k] for k in inputs}, training=True)
-        per_example = loss_fn(labels, logits)
+        per_example = head.loss(labels, logits)
         scaled = optimizer.scale_loss(tf.reduce_mean(per_example))
     grads = tape.gradient(scaled, model.trainable_variables)
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float64))
-    return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), correct
+    return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), head.correct(labels, logits)
 
 
 class FiniteGuard:
@@ -128,14 +124,14 @@ def _apply(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any], variable
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                     inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
-                    guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+                    guard: Optional[FiniteGuard] = None,
+                    head: Head = Head()) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
     names = tuple(inputs) if inputs is not None else _input_names(model)
-    loss_fn = _loss_fn()
 
     @tf.function
     def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
-        grads, loss_sum, correct = _gradients(model, optimizer, loss_fn, batch, names, label_feature)
+        grads, loss_sum, correct = _gradients(model, optimizer, head, batch, names, label_feature)
         _apply(optimizer, allreduce(grads), model.trainable_variables, guard)
         return loss_sum, correct
 
@@ -147,20 +143,21 @@ class AccumulatingStep:
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                  accum_steps: int, inputs: Optional[Sequence[str]] = None,
-                 allreduce: Allreduce = distributed.allreduce_grads, guard: Optional[FiniteGuard] = None):
+                 allreduce: Allreduce = distributed.allreduce_grads, guard: Optional[FiniteGuard] = None,
+                 head: Head = Head()):
         if accum_steps < 1:
             raise ValueError(f"train.grad_accum_steps must be >= 1 (got {accum_steps})")
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
         self._names = tuple(inputs) if inputs is not None else _input_names(model)
-        self._label, self._loss_fn = label_feature, _loss_fn()
+        self._label, self._head = label_feature, head
         self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
                       for v in model.trainable_variables]
         self._micro = tf.function(self._micro_step)
         self._apply = tf.function(self._apply_step)
 
     def _micro_step(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
-        grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names,
+        grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._head, batch, self._names,
                                               self._label)
         for total, grad in zip(self._sums, grads):
             if grad is not None:
@@ -207,19 +204,19 @@ class TimedStep:
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                  inputs: Sequence[str], accum_steps: int = 1, allreduce: Allreduce = distributed.allreduce_grads,
-                 guard: Optional[FiniteGuard] = None):
+                 guard: Optional[FiniteGuard] = None, head: Head = Head()):
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
-        self._names, self._label, self._loss_fn = tuple(inputs), label_feature, _loss_fn()
+        self._names, self._label, self._head = tuple(inputs), label_feature, head
         self._accumulate = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs,
-                                            allreduce) if accum_steps > 1 else None
+                                            allreduce, head=head) if accum_steps > 1 else None
         self._gradients = tf.function(self._gradients_step, reduce_retracing=True)
         self._reduce = tf.function(lambda grads: self._allreduce(grads), reduce_retracing=True)
         self._apply = tf.function(self._apply_step, reduce_retracing=True)
         self.allreduce_seconds: Optional[float] = None
 
     def _gradients_step(self, batch: Batch) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
-        return _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names, self._label)
+        return _gradients(self._model, self._optimizer, self._head, batch, self._names, self._label)
 
     def _apply_step(self, grads: Sequence[Any]) -> None:
         _apply(self._optimizer, grads, self._model.trainable_variables, self._guard)
@@ -247,35 +244,29 @@ def _ready(tensors: Sequence[Any]) -> None:
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                         inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                        guard: Optional[FiniteGuard] = None) -> OptimizerStep:
+                        guard: Optional[FiniteGuard] = None, head: Head = Head()) -> OptimizerStep:
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
     ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
     if accum_steps == 1:
-        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard)
+        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard, head)
         return lambda batches: fused(batches[0])
-    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard, head)
 
 
 def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                     inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                    guard: Optional[FiniteGuard] = None) -> TimedStep:
+                    guard: Optional[FiniteGuard] = None, head: Head = Head()) -> TimedStep:
     """:func:`make_optimizer_step`'s step as a :class:`TimedStep`, which measures its all-reduce."""
-    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard)
+    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard, head)
 
 
-def make_eval_step(model: keras.Model, label_feature: str,
-                   inputs: Optional[Sequence[str]] = None) -> Callable[[Batch], dict[str, tf.Tensor]]:
-    """A compiled inference step: predicted class, per-example loss and, for two classes, the logit margin."""
+def make_eval_step(model: keras.Model, label_feature: str, inputs: Optional[Sequence[str]] = None,
+                   head: Head = Head()) -> Callable[[Batch], dict[str, tf.Tensor]]:
+    """A compiled inference step: per-example loss and the scores evaluation counts (:meth:`Head.eval_outputs`)."""
     names = tuple(inputs) if inputs is not None else _input_names(model)
-    loss_fn = _loss_fn()
-    binary = model.outputs[0].shape[-1] == 2
 
     @tf.function(reduce_retracing=True)
     def eval_step(batch: Batch) -> dict[str, tf.Tensor]:
-        logits = tf.cast(model({k: batch[k] for k in names}, training=False), tf.float32)
-        out = {"pred": tf.argmax(logits, axis=-1), "loss": loss_fn(batch[label_feature], logits)}
-        if binary:
-            out["margin"] = logits[:, 1] - logits[:, 0]  # log-odds of class 1
-        return out
+        return head.eval_outputs(batch[label_feature], model({k: batch[k] for k in names}, training=False))
 
     return eval_step

@@ -63,6 +63,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
+from hvdtrain import tasks as tasks_lib
 from hvdtrain import breakdown, cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume
 from hvdtrain import console, kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
@@ -70,6 +71,7 @@ from hvdtrain import watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
 from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem, HvdtrainError, StorageError
+from hvdtrain.heads import Head, balanced_weights
 from hvdtrain.hooks import EarlyStopper
 from hvdtrain.loop import EpochStats, LoopPlan, fit
 from hvdtrain.manifest import Manifest
@@ -177,8 +179,9 @@ def run(cfg: JobConfig) -> dict[str, Any]:
             # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
             dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
             result = publish(ctx, model, report)
-    log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
-             evaluated["test"]["macro_f1"], cfg.train.output)
+    test = evaluated["test"]
+    log.info("test %s; outputs in %s", ", ".join(f"{k} {test[k]:.4f}" for k in tasks_lib.HEADLINE[test["task"]]
+                                                 if test.get(k) is not None), cfg.train.output)
     return result
 
 
@@ -193,7 +196,7 @@ def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
     manifest = manifest_lib.read(cfg.etl.output)
-    shape = data.check_manifest(manifest, cfg.model)
+    shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
         raise DataError(f"{manifest.location}: train.record_trace={cfg.train.record_trace} needs feature "
                         f"{data.KEY_FEATURE!r} (the record keys), which this dataset lacks; rerun the ETL with this "
@@ -226,8 +229,8 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
     reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
-    step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        reduction, guard)
+    step_fn = make_step(model, optimizer, ctx.shape.label_feature, model_inputs(model), cfg.train.grad_accum_steps,
+                        reduction, guard, head=task_head(ctx))
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     skips = [hooks.SkippedSteps(guard.count)] if guard is not None else []
@@ -246,6 +249,21 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+def model_inputs(model: keras.Model) -> tuple[str, ...]:
+    """The features the model reads (a custom model may read some of the contract's only)."""
+    return tuple(t.name for t in model.inputs)
+
+
+def task_head(ctx: TrainContext) -> Head:
+    """The task's loss and decisions; ``task.class_weights: balanced`` from the training split's class counts."""
+    task = ctx.cfg.task
+    weights = None
+    if task.class_weights == "balanced":
+        counts = ctx.manifest.split("train").class_counts()
+        weights = balanced_weights([counts.get(name, 0) for name in ctx.manifest.labels])
+    return Head(task.kind, task.threshold, weights)
 
 
 def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
@@ -370,7 +388,7 @@ def _hooks(ctx: TrainContext, model: keras.Model, optimizer: Any, stopper: Optio
     out: list[hooks.Hook] = [hooks.ProgressHook(bar, rank.size),
                              hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
     if cfg.train.validates_each_epoch:
-        eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+        eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, model_inputs(model), task_head(ctx))
         out.append(hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper))
     out += before_report
     out.append(hooks.EpochReport(cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer)))
@@ -393,7 +411,8 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
                                                   features=[*shape.inputs, shape.label_feature],
                                                   stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
-                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
+                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"),
+                                   task=ctx.cfg.task.kind, threshold=ctx.cfg.task.threshold)
     ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
     expected = ctx.manifest.split(split).records
@@ -403,7 +422,7 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
 
 
 def _evaluate_splits(ctx: TrainContext, model: keras.Model) -> dict[str, dict[str, Any]]:
-    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, model_inputs(model), task_head(ctx))
     return {split: evaluate_split(ctx, eval_step, split) for split in EVAL_SPLITS}
 
 
@@ -417,7 +436,8 @@ def build_report(ctx: TrainContext, history: list[EpochStats], evaluated: dict[s
         "dataset": {"location": manifest.root, "manifest_digest": manifest.digest(),
                     "records": {name: split.records for name, split in manifest.splits.items()}},
         "labels": manifest.labels,
-        "model": {"kind": cfg.model.kind, "mixed_precision": cfg.train.mixed_precision},
+        "task": cfg.task.kind,
+        "model": {"kind": cfg.model.kind, "builder": cfg.model.builder, "mixed_precision": cfg.train.mixed_precision},
         "training": training_summary(cfg.train, ctx.rank, ctx.steps, history),
         "early_stopping": stopping,
         "evaluation": evaluated,
@@ -451,15 +471,19 @@ EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labe
 def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),
                   model_uri: Optional[str] = None, tracking_uri: Optional[str] = None) -> dict[str, Any]:
     """The result.json document (pure); ``exports`` lists only the exports in ``written`` (names in the output)."""
-    test = report["evaluation"]["test"]
+    test, validation = report["evaluation"]["test"], report["evaluation"]["validation"]
+    task = test.get("task", "multiclass")
     return {
         "run_id": run_id,
         "tracking_uri": tracking_uri,
         "mlflow_model_uri": model_uri,
-        "test_accuracy": test["accuracy"],
-        "test_macro_f1": test["macro_f1"],
+        "task": task,
+        "test_accuracy": test.get("accuracy"),
+        "test_macro_f1": test.get("macro_f1"),
         "test_roc_auc": test.get("roc_auc"),
-        "validation_accuracy": report["evaluation"]["validation"]["accuracy"],
+        "validation_accuracy": validation.get("accuracy"),
+        "test_metrics": {k: test[k] for k in tasks_lib.METRICS[task] if test.get(k) is not None},
+        "validation_metrics": {k: validation[k] for k in tasks_lib.METRICS[task] if validation.get(k) is not None},
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],
@@ -477,7 +501,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
     output, tracker = ctx.cfg.train.output, ctx.tracker
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
-        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape))
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg))
         _copy_tokenizer(ctx.manifest, local)
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
@@ -497,6 +521,8 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
 def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
     """The test split's confusion matrix as a PNG; a charting failure only warns."""
     test = report["evaluation"]["test"]
+    if "confusion_matrix" not in test:
+        return None  # multilabel and regression: the report has per-label and error figures instead
     title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
     try:
         return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
@@ -507,9 +533,12 @@ def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
         return None
 
 
-def labels_document(manifest: Manifest, shape: data.InputShape) -> dict[str, Any]:
-    """What a server needs beside the model: label names and how inputs were made."""
+def labels_document(manifest: Manifest, shape: data.InputShape,
+                    cfg: Optional[JobConfig] = None) -> dict[str, Any]:
+    """What a server needs beside the model: label names, the task, the user's builder and how inputs were made."""
+    custom = {"model_builder": cfg.model.builder, "threshold": cfg.task.threshold} if cfg is not None else {}
     return {"labels": manifest.labels, "label_feature": shape.label_feature, "model_kind": shape.kind,
+            "task": shape.task, "num_outputs": shape.num_outputs, **custom,
             "max_length": shape.max_length, "inputs": list(shape.inputs),
             "input_specs": {k: {"dtype": d, "shape": s} for k, (d, s) in shape.input_specs().items()},
             "outputs": "logits", "preprocessing": manifest.preprocessing,
@@ -550,7 +579,7 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
     if png is not None:
         tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
-    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_classes,
+    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_outputs,
                                    ctx.cfg.tracking.registered_model_name)
 
 
