@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs
+from hvdtrain import console, fs, tasks
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
                              UsageError)
 
@@ -197,9 +197,7 @@ def train_summary(result: dict[str, Any]) -> str:
     """The closing table of ``hvdtrain train``: how well it did and where everything is (pure)."""
     exports = result.get("exports", {})
     rows = [
-        ("test accuracy", f"{result['test_accuracy']:.4f}"),
-        ("test macro F1", f"{result['test_macro_f1']:.4f}"),
-        ("validation accuracy", f"{result['validation_accuracy']:.4f}"),
+        *task_rows(result),
         ("epochs", result.get("epochs_run")),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
         ("eval report", result.get("report")),
@@ -207,6 +205,29 @@ def train_summary(result: dict[str, Any]) -> str:
         ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
     ]
     return table(rows, "training finished (the full result: --json):")
+
+
+METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro F1", "loss": "loss", "roc_auc": "ROC AUC",
+                "pr_auc": "PR AUC", "log_loss": "log loss", "f1": "F1", "micro_f1": "micro F1",
+                "macro_roc_auc": "macro ROC AUC", "subset_accuracy": "subset accuracy", "rmse": "RMSE",
+                "mae": "MAE", "r2": "R^2"}
+
+
+def task_rows(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> list[tuple[str, str]]:
+    """The test split's headline metrics of the run's task, then validation's first one (pure); ``best``
+    (metric, value) is the best possible score, shown beside that metric."""
+    task = result.get("task", "multiclass")
+    test = result.get("test_metrics") or {k: result.get(f"test_{k}") for k in ("accuracy", "macro_f1")}
+    rows = []
+    for name in tasks.HEADLINE[task]:
+        if test.get(name) is not None:
+            note = f" (best possible ~{best[1]:.4f})" if best and best[0] == name else ""
+            rows.append((f"test {METRIC_NAMES[name]}", f"{test[name]:.4f}{note}"))
+    first = tasks.HEADLINE[task][0]
+    validation = result.get("validation_metrics") or {"accuracy": result.get("validation_accuracy")}
+    if validation.get(first) is not None:
+        rows.append((f"validation {METRIC_NAMES[first]}", f"{validation[first]:.4f}"))
+    return rows
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
@@ -229,10 +250,14 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
         ("SavedModel", exports.get("saved_model")),
         ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
-        ("test accuracy", f"{result['test_accuracy']:.4f}"
-         + (f" (best possible ~{ceiling:.4f} with {m.source['sample']['label_noise']:.0%} label noise)"
-            if ceiling else "")),
     ]
+    sample = m.source.get("sample", {})
+    if result.get("task", "multiclass") == "multiclass" or "best_metric" not in sample:
+        rows.append(("test accuracy", f"{result['test_accuracy']:.4f}"
+                     + (f" (best possible ~{ceiling:.4f} with {sample['label_noise']:.0%} label noise)"
+                        if ceiling else "")))
+    else:
+        rows += task_rows(result, (sample["best_metric"], sample["best_value"]))
     return table(rows, "demo finished:")
 
 

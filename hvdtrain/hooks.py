@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import early_stopping
+from hvdtrain import early_stopping, tasks
 from hvdtrain.config import EarlyStoppingConfig
 from hvdtrain.loop import EpochStats, LoopState, StepInfo
 
@@ -230,7 +230,11 @@ def epoch_line(stats: EpochStats, epochs: int) -> str:
             f"lr {stats.learning_rate:.3g}")
     if stats.validation is not None:
         v = stats.validation
-        line += f"; validation loss {v['loss']:.4f}, accuracy {v['accuracy']:.4f}, macro F1 {v['macro_f1']:.4f}"
-        if v.get("roc_auc") is not None:
-            line += f", ROC-AUC {v['roc_auc']:.4f}"
+        if v.get("task", "multiclass") == "multiclass":
+            line += f"; validation loss {v['loss']:.4f}, accuracy {v['accuracy']:.4f}, macro F1 {v['macro_f1']:.4f}"
+            if v.get("roc_auc") is not None:
+                line += f", ROC-AUC {v['roc_auc']:.4f}"
+        else:
+            shown = [name for name in tasks.HEADLINE[v["task"]] if v.get(name) is not None]
+            line += "; validation " + ", ".join(f"{name} {v[name]:.4f}" for name in shown)
     return line
