@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from etl import session
 from hvdtrain import config as config_mod
 from hvdtrain import fs, score as score_lib
 from hvdtrain.config import JobConfig, parse_partition
@@ -229,6 +230,8 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
 
     started = time.perf_counter()
     bundle = score_lib.load_bundle(model, cfg.tracking, cfg.workdir)
+    if bundle.labels_doc.get("model_builder"):
+        session.ship_model_code(spark, cfg.model.code)
     rows = read_input(spark, cfg, bundle, split)
     types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
     extra = [(c, types[c]) for c in cfg.score.columns]
@@ -372,8 +375,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                             "score.model")
         target = plan_target(cfg, args.output_table, args.partition, args.overwrite,
                              dt.datetime.now(dt.timezone.utc).date())
-        from etl import session
-
         spark = session.get_session(cfg, args.master)
         report = run(spark, cfg, model, target, args.split, args.evaluate)
     except HvdtrainError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, tasks
+from hvdtrain import console, fs, manifest, tasks
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
                              UsageError)
 
@@ -147,10 +147,45 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
+    check_builder_importable(cfg.model)
     outcome = _train_with_restarts(cfg, train_command(args.config, overrides, args.np, cfg.fault.start_timeout))
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
-    print(json.dumps(result, indent=2) if args.json else train_summary(result))
+    print(json.dumps(result, indent=2) if args.json else train_summary(result, sample_best(cfg)))
     return 0
+
+
+def check_builder_importable(model: config_mod.ModelConfig) -> None:
+    """``model.builder``'s module can be found (with ``model.code``) before any rank starts; the ranks import
+    it and check what it returns (hvdtrain.models). Finding a module does not import TensorFlow here."""
+    if model.kind != "custom" or not model.builder:
+        return
+    import importlib.util
+
+    module = model.builder.partition(":")[0]
+    if model.code:
+        if not os.path.isdir(model.code):
+            raise ConfigError("model.code", model.code, "is not a folder: give the folder holding the builder's "
+                              "package (relative to the YAML file)")
+        if model.code not in sys.path:
+            sys.path.insert(0, model.code)
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as exc:
+        found, why = False, f" ({exc})"
+    else:
+        why = ""
+    if not found:
+        raise ConfigError("model.builder", model.builder, f"names module {module!r}, which is not importable"
+                          f"{why}: set model.code to the folder holding it, or put it on PYTHONPATH")
+
+
+def sample_best(cfg: config_mod.JobConfig) -> Optional[tuple[str, float]]:
+    """(metric, best possible value) of a generated sample table, from its manifest; None otherwise."""
+    try:
+        sample = manifest.read(cfg.etl.output).source.get("sample", {})
+    except HvdtrainError:
+        return None
+    return (sample["best_metric"], float(sample["best_value"])) if "best_metric" in sample else None
 
 
 def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
@@ -193,11 +228,12 @@ def table(rows: Sequence[tuple[str, Any]], title: str) -> str:
     return "\n".join(["", title] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
-def train_summary(result: dict[str, Any]) -> str:
-    """The closing table of ``hvdtrain train``: how well it did and where everything is (pure)."""
+def train_summary(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> str:
+    """The closing table of ``hvdtrain train``: how well it did (beside ``best``, the best possible score
+    of a generated table) and where everything is (pure)."""
     exports = result.get("exports", {})
     rows = [
-        *task_rows(result),
+        *task_rows(result, best),
         ("epochs", result.get("epochs_run")),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
         ("eval report", result.get("report")),
@@ -232,8 +268,6 @@ def task_rows(result: dict[str, Any], best: Optional[tuple[str, float]] = None) 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
     """Where every output of the demo is, and how well it did."""
-    from hvdtrain import fs, manifest
-
     m = manifest.read(cfg.etl.output)
     result_path = fs.join(cfg.train.output, "result.json")
     result = json.loads(fs.read_bytes(result_path))

@@ -494,7 +494,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
         return False
     with open(inputs.job_yaml, "w") as fh:
         fh.write(cfg.to_yaml())
-    packaging.build_code_zip(inputs.code_zip)
+    packaging.build_code_zip(inputs.code_zip, user_code=cfg.model.code)
     for note in plan.notes:
         print(f"hvdtrain: note: {note}", file=sys.stderr)
     print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
