@@ -67,9 +67,23 @@ class Reduction:
 
     fp16: bool = False
     mode: AllreduceMode = "grouped"
+    sparse: tuple[bool, ...] = ()  # per trainable variable: send its IndexedSlices gradient sparse (sparse_choice)
 
     def __call__(self, grads: Sequence[Any]) -> list[Any]:
-        return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped")
+        return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped", sparse=self.sparse)
+
+
+def sparse_choice(shapes: Sequence[Sequence[int]], min_rows: int) -> tuple[bool, ...]:
+    """Which variables send sparse gradients (pure): tables of at least ``min_rows`` rows (0: none).
+
+    An embedding lookup's gradient holds only the rows a batch touched. All-
+    gathering those (rows x width x ranks values, plus indices) beats all-
+    reducing the whole table when the table is much larger than the rows a
+    step touches: a 1M-row table against a few thousand lookups per step. A
+    small table is cheaper densified, in the one fused all-reduce. A variable
+    whose gradient turns out dense is all-reduced densely whatever this says.
+    """
+    return tuple(min_rows > 0 and len(shape) == 2 and shape[0] >= min_rows for shape in shapes)
 
 
 def _input_names(model: keras.Model) -> tuple[str, ...]:

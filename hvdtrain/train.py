@@ -228,7 +228,7 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
-    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model))
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, model_inputs(model), cfg.train.grad_accum_steps,
                         reduction, guard, head=task_head(ctx))
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
@@ -249,6 +249,19 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+def _sparse(ctx: TrainContext, model: keras.Model) -> tuple[bool, ...]:
+    """Per trainable variable, whether its gradient travels sparse (model.sparse_embedding_rows); logged once."""
+    chosen = steps_lib.sparse_choice([tuple(v.shape) for v in model.trainable_variables],
+                                     ctx.cfg.model.sparse_embedding_rows)
+    if ctx.cfg.train.grad_accum_steps > 1:
+        return ()  # accumulated gradients are dense
+    for variable, sparse in zip(model.trainable_variables, chosen):
+        if sparse and ctx.rank.is_chief:
+            log.info("gradient of %s %s: sparse allgather of the touched rows (model.sparse_embedding_rows=%d)",
+                     variable.path, tuple(variable.shape), ctx.cfg.model.sparse_embedding_rows)
+    return chosen
 
 
 def model_inputs(model: keras.Model) -> tuple[str, ...]:
