@@ -599,7 +599,7 @@ class TuneConfig:
     max_retries: int = 1  # times a trial whose driver died is re-queued
     trial: Optional[int] = None
     parent_run_id: Optional[str] = None
-    metric: str = "validation_accuracy"
+    metric: str = "auto"  # auto: the task's default (validation_accuracy for multiclass; hvdtrain.tasks)
 
     def __post_init__(self) -> None:
         _require(self.heartbeat_seconds > 0, "heartbeat_seconds", self.heartbeat_seconds, "must be > 0 seconds")
@@ -640,12 +640,11 @@ class JobConfig:
         if stop is not None and stop.metric not in known:
             raise ConfigError("train.early_stopping.metric", stop.metric,
                               f"must be one of {', '.join(known)} (the {kind} task's metrics)")
+        if self.tune.metric == "auto":
+            self.tune.metric = f"validation_{tasks.DEFAULT_METRIC[kind]}"
         if self.tune.metric not in tasks.validation_metrics(kind):
-            if self.tune.metric == "validation_accuracy" and "accuracy" not in known:
-                self.tune.metric = f"validation_{tasks.DEFAULT_METRIC[kind]}"  # the default, for this task
-            else:
-                raise ConfigError("tune.metric", self.tune.metric, f"must be one of "
-                                  f"{', '.join(tasks.validation_metrics(kind))} (the {kind} task's metrics)")
+            raise ConfigError("tune.metric", self.tune.metric, f"must be one of "
+                              f"{', '.join(tasks.validation_metrics(kind))} (the {kind} task's metrics)")
 
     def _resolve_best_metric(self) -> None:
         """Pick ``checkpoint.best_metric``/``best_mode`` when auto; refuse a metric this run never records."""

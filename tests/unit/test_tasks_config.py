@@ -92,3 +92,17 @@ def test_every_task_names_its_direction_and_metrics() -> None:
         assert tasks.DEFAULT_METRIC[kind] in tasks.METRICS[kind]
         assert set(tasks.HEADLINE[kind]) <= set(tasks.METRICS[kind])
     assert tasks.direction("validation_rmse") == "min" and tasks.direction("validation_r2") == "max"
+
+
+def test_tune_searches_model_params_and_defaults_to_the_tasks_metric() -> None:
+    from hvdtrain import tune
+
+    cfg = config.from_dict({"task": "binary", "model": {"kind": "custom", "builder": "m:b"}})
+    params = tune.parse_space({"model.params.embed_dim": {"int": [8, 64]},
+                               "model.params.dropout": {"uniform": [0.0, 0.5]}}, "space.yaml", cfg)
+    assert [p.key for p in params] == ["model.params.embed_dim", "model.params.dropout"]
+    assert tune.override("model.params.embed_dim", 8) == "model.params.embed_dim=8"
+    with pytest.raises(ConfigError, match="is not a config key"):
+        tune.parse_space({"model.paramz.x": {"int": [1, 2]}}, "space.yaml", cfg)
+    assert cfg.tune.metric == "validation_roc_auc" and tune.direction(cfg.tune.metric) == "maximize"
+    assert tune.direction("validation_rmse") == "minimize"
