@@ -118,7 +118,8 @@ class EarlyStopper:
 
     def update(self, validation: Mapping[str, Any]) -> bool:
         """Record this epoch's value; returns True to stop."""
-        value = float(validation[self.cfg.metric])
+        found = validation[self.cfg.metric]
+        value = float("nan") if found is None else float(found)  # None: undefined here (an AUC with one class)
         self.values.append(value)
         self.decision = early_stopping.decide(self.values, self.cfg.direction, self.cfg.patience, self.cfg.min_delta)
         if self.decision.improved and self.cfg.restore_best:

@@ -18,7 +18,8 @@ import yaml
 
 from tests import mp
 
-pytestmark = pytest.mark.multiprocess
+# The module's one ETL process runs five Spark jobs before the first test: minutes on a loaded machine.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_ROWS = {"binary": 4000, "multilabel": 2500, "regression": 2500}
@@ -80,22 +81,15 @@ def _custom_config(tmp: Path) -> Path:
     return path
 
 
-def _words_config(tmp: Path) -> Path:
-    """A small 4-class table of words (tasks.words), which the bad-label cases read with the wrong task."""
-    data = _base(tmp, "words")
-    data["source"] = {"table": "tasks.words", "sample": {"rows": 300, "num_classes": 4}}
-    path = tmp / "words.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _bad_label_configs(tmp: Path) -> dict[str, Path]:
-    """A binary task over a 4-class table; a regression over words."""
+    """A binary task over the multilabel table (its label sets are many distinct strings); a regression over
+    the binary table's words (negative / positive)."""
     out = {}
-    for case, task in (("binary_over_4_classes", "binary"), ("regression_over_words", "regression")):
+    for case, task, table in (("binary_over_label_sets", "binary", "tasks.multilabel"),
+                              ("regression_over_words", "regression", "tasks.binary")):
         data = _base(tmp, case)
         data["task"] = task
-        data["source"] = {"table": "tasks.words"}
+        data["source"] = {"table": table}
         out[case] = tmp / f"{case}.yaml"
         out[case].write_text(yaml.safe_dump(data))
     return out
@@ -136,7 +130,6 @@ def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tasks")
     configs = {task: _task_config(tmp, task) for task in TASK_ROWS}
     configs["custom"] = _custom_config(tmp)
-    configs["words"] = _words_config(tmp)
     bad = _bad_label_configs(tmp)
     report = tmp / "etl_errors.json"
     cmd = [sys.executable, __file__, "etl", str(report), *map(str, configs.values()), "--bad", *map(str, bad.values())]
@@ -210,9 +203,9 @@ def test_custom_wide_and_deep_trains_exports_and_scores(prepared, tmp_path):
     assert "tasks.wide_deep_scores" in proc.stdout
 
 
-def test_a_binary_task_over_four_labels_fails_with_one_line(prepared):
+def test_a_binary_task_over_many_labels_fails_with_one_line(prepared):
     _, errors = prepared
-    err = errors["binary_over_4_classes"]
+    err = errors["binary_over_label_sets"]
     assert err is not None and err["exit_code"] == 3 and not err["published"]
     assert "task: binary needs exactly 2 distinct labels" in err["message"] and "set task: multiclass" in \
         err["message"] and "\n" not in err["message"]
