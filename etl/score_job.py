@@ -34,11 +34,11 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from etl import session
 from hvdtrain import config as config_mod
 from hvdtrain import fs, score as score_lib
 from hvdtrain.config import JobConfig, parse_partition
 from hvdtrain.errors import DataError, HvdtrainError
+from etl import drift as drift_mod, session, sources, split as split_mod
 
 log = logging.getLogger("hvdtrain.score")
 REPORT_NAME = "score_report.json"
@@ -96,8 +96,6 @@ def read_input(spark: Any, cfg: JobConfig, bundle: score_lib.ModelBundle, split:
     """The rows to score: source (+ source.filter, score.filter, a split), narrowed to the columns needed."""
     from pyspark.sql import functions as F
     from pyspark.sql.utils import AnalysisException, ParseException
-
-    from etl import sources, split as split_mod
 
     src = cfg.source
     try:
@@ -225,8 +223,6 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
         evaluate: bool = False) -> dict[str, Any]:
     """Score ``cfg.source`` with ``model`` into ``target``; returns the report (also score_report.json)."""
     from pyspark.sql import functions as F
-
-    from etl import drift as drift_mod
 
     started = time.perf_counter()
     bundle = score_lib.load_bundle(model, cfg.tracking, cfg.workdir)

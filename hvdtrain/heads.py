@@ -82,6 +82,15 @@ class Head:
         return out
 
 
+def for_task(task: Any, labels: Sequence[str], train_counts: dict[str, int]) -> Head:
+    """The head of ``task`` (a :class:`hvdtrain.config.TaskConfig`); ``class_weights: balanced`` from the
+    training split's records per class (``train_counts``, by label name)."""
+    weights = None
+    if task.class_weights == "balanced":
+        weights = balanced_weights([train_counts.get(name, 0) for name in labels])
+    return Head(task.kind, task.threshold, weights)
+
+
 def balanced_weights(class_counts: Sequence[int]) -> tuple[float, ...]:
     """scikit-learn's ``class_weight="balanced"``: ``records / (classes * class records)`` (0 for an absent class)."""
     counts = np.asarray(class_counts, dtype=np.float64)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from hvdtrain.config import JobConfig, has_scheme
+from hvdtrain.errors import DataError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -424,8 +425,6 @@ def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = "
     import shutil
 
     import mlflow
-
-    from hvdtrain.errors import DataError
 
     store = resolve_store(getattr(tracking_cfg, "uri", None), os.environ, workdir)
     mlflow.set_tracking_uri(store.tracking_uri)

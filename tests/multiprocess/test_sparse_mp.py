@@ -1,5 +1,5 @@
 """Sparse embedding gradients under ``horovodrun -np 2``: the same updates as the dense all-reduce, with the
-large table's gradient sent as an allgather of touched rows (hvdtrain.steps.sparse_choice)."""
+large table's gradient sent as an allgather of touched rows (hvdtrain.training.steps.sparse_choice)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import mp
+from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = r'''
 import json, sys
 import numpy as np, keras, tensorflow as tf
-from hvdtrain import distributed, steps
+from hvdtrain import distributed
+from hvdtrain.training import steps
 rank = distributed.init()
 
 def model():

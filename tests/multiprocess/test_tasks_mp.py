@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests import mp
+from tests.support import mp
 
 # The module's one ETL process runs five Spark jobs before the first test: minutes on a loaded machine.
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(3600)]

@@ -1,5 +1,5 @@
 """Which variables send sparse gradients (pure policy)."""
-from hvdtrain.steps import sparse_choice
+from hvdtrain.training.steps import sparse_choice
 
 
 def test_large_tables_go_sparse_small_ones_and_non_tables_dense() -> None:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from hvdtrain import evaluation, metrics
+from hvdtrain import metrics
+from hvdtrain.training import evaluation
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
