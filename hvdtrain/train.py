@@ -161,9 +161,9 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
-    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model))
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model), task_head(ctx))
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, steps_lib.input_names(model),
-                        cfg.train.grad_accum_steps, reduction, guard, head=task_head(ctx))
+                        cfg.train.grad_accum_steps, reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)

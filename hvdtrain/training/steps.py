@@ -68,6 +68,7 @@ class Reduction:
     fp16: bool = False
     mode: AllreduceMode = "grouped"
     sparse: tuple[bool, ...] = ()  # per trainable variable: send its IndexedSlices gradient sparse (sparse_choice)
+    head: Head = Head()  # the task's loss whose gradients these are (hvdtrain.heads)
 
     def __call__(self, grads: Sequence[Any]) -> list[Any]:
         return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped", sparse=self.sparse)
@@ -94,6 +95,11 @@ def input_names(model: keras.Model) -> tuple[str, ...]:
 def sparse_variables(model: keras.Model, min_rows: int) -> tuple[bool, ...]:
     """:func:`sparse_choice` over the model's trainable variables."""
     return sparse_choice([tuple(v.shape) for v in model.trainable_variables], min_rows)
+
+
+def _head(allreduce: Any) -> Head:
+    """The task head travelling with a :class:`Reduction` (a plain all-reduce callable: multiclass)."""
+    return getattr(allreduce, "head", Head())
 
 
 def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, head: Head,
@@ -144,10 +150,10 @@ def _apply(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any], variable
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                     inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
-                    guard: Optional[FiniteGuard] = None,
-                    head: Head = Head()) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+                    guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
     names = tuple(inputs) if inputs is not None else input_names(model)
+    head = _head(allreduce)
 
     @tf.function
     def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
@@ -163,14 +169,13 @@ class AccumulatingStep:
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                  accum_steps: int, inputs: Optional[Sequence[str]] = None,
-                 allreduce: Allreduce = distributed.allreduce_grads, guard: Optional[FiniteGuard] = None,
-                 head: Head = Head()):
+                 allreduce: Allreduce = distributed.allreduce_grads, guard: Optional[FiniteGuard] = None):
         if accum_steps < 1:
             raise ValueError(f"train.grad_accum_steps must be >= 1 (got {accum_steps})")
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
         self._names = tuple(inputs) if inputs is not None else input_names(model)
-        self._label, self._head = label_feature, head
+        self._label, self._head = label_feature, _head(allreduce)
         self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
                       for v in model.trainable_variables]
         self._micro = tf.function(self._micro_step)
@@ -224,12 +229,12 @@ class TimedStep:
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                  inputs: Sequence[str], accum_steps: int = 1, allreduce: Allreduce = distributed.allreduce_grads,
-                 guard: Optional[FiniteGuard] = None, head: Head = Head()):
+                 guard: Optional[FiniteGuard] = None):
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
-        self._names, self._label, self._head = tuple(inputs), label_feature, head
+        self._names, self._label, self._head = tuple(inputs), label_feature, _head(allreduce)
         self._accumulate = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs,
-                                            allreduce, head=head) if accum_steps > 1 else None
+                                            allreduce) if accum_steps > 1 else None
         self._gradients = tf.function(self._gradients_step, reduce_retracing=True)
         self._reduce = tf.function(lambda grads: self._allreduce(grads), reduce_retracing=True)
         self._apply = tf.function(self._apply_step, reduce_retracing=True)
@@ -264,20 +269,20 @@ def _ready(tensors: Sequence[Any]) -> None:
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                         inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                        guard: Optional[FiniteGuard] = None, head: Head = Head()) -> OptimizerStep:
+                        guard: Optional[FiniteGuard] = None) -> OptimizerStep:
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
     ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
     if accum_steps == 1:
-        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard, head)
+        fused = make_train_step(model, optimizer, label_feature, inputs, reduction, guard)
         return lambda batches: fused(batches[0])
-    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard, head)
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
 
 
 def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                     inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                    guard: Optional[FiniteGuard] = None, head: Head = Head()) -> TimedStep:
+                    guard: Optional[FiniteGuard] = None) -> TimedStep:
     """:func:`make_optimizer_step`'s step as a :class:`TimedStep`, which measures its all-reduce."""
-    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard, head)
+    return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard)
 
 
 def make_eval_step(model: keras.Model, label_feature: str, inputs: Optional[Sequence[str]] = None,
