@@ -156,10 +156,19 @@ def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = Tr
     import tensorflow as tf
 
     keep = [i < len(sparse) and sparse[i] and isinstance(g, tf.IndexedSlices) for i, g in enumerate(grads)]
-    if any(keep):
-        gathered = {i: hvd.allreduce(g, op=hvd.Average) for i, g in enumerate(grads) if keep[i]}
-        rest = allreduce_grads([g for i, g in enumerate(grads) if not keep[i]], fp16, grouped)
-        return [gathered[i] if keep[i] else rest.pop(0) for i in range(len(grads))]
+    if not any(keep):
+        return _allreduce_dense(hvd, grads, fp16, grouped)
+    gathered = {i: hvd.allreduce(g, op=hvd.Average) for i, g in enumerate(grads) if keep[i]}
+    rest = _allreduce_dense(hvd, [g for i, g in enumerate(grads) if not keep[i]], fp16, grouped)
+    return [gathered[i] if keep[i] else rest.pop(0) for i in range(len(grads))]
+
+
+def _allreduce_dense(hvd: Any, grads: Sequence[Any], fp16: bool, grouped: bool) -> list[Any]:
+    """:func:`allreduce_grads` of gradients sent dense (IndexedSlices densified first)."""
+    import tensorflow as tf
+
+    if not grads:
+        return []
     dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     if grouped:
