@@ -158,9 +158,19 @@ def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = Tr
     keep = [i < len(sparse) and sparse[i] and isinstance(g, tf.IndexedSlices) for i, g in enumerate(grads)]
     if not any(keep):
         return _allreduce_dense(hvd, grads, fp16, grouped)
-    gathered = {i: hvd.allreduce(g, op=hvd.Average) for i, g in enumerate(grads) if keep[i]}
+    gathered = {i: _sum_duplicates(hvd.allreduce(g, op=hvd.Average)) for i, g in enumerate(grads) if keep[i]}
     rest = _allreduce_dense(hvd, [g for i, g in enumerate(grads) if not keep[i]], fp16, grouped)
     return [gathered[i] if keep[i] else rest.pop(0) for i in range(len(grads))]
+
+
+def _sum_duplicates(slices: Any) -> Any:
+    """One row per index (the ranks' rows of a table summed), so an optimizer's per-row arithmetic (Adam's
+    squared gradient) sees the same gradient as after a dense all-reduce."""
+    import tensorflow as tf
+
+    unique, position = tf.unique(slices.indices)
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, slices.dense_shape)
 
 
 def _allreduce_dense(hvd: Any, grads: Sequence[Any], fp16: bool, grouped: bool) -> list[Any]:
