@@ -1,7 +1,7 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
     python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score,mwms,tune,
-                             scale] [--out DIR]
+                             scale,embedding] [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -30,6 +30,7 @@ GROUPS = {
     "mwms": "benchmarks.bench_mwms",
     "tune": "benchmarks.bench_tune",
     "scale": "benchmarks.bench_scale",
+    "embedding": "benchmarks.bench_embedding",
 }
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -33,7 +33,8 @@ class RowCounts:
     rejected: dict[str, int] = field(default_factory=dict)  # rule -> rows (validation rules only)
     before_dedup: int = 0
     after_dedup: int = 0
-    label_unknown: int = 0
+    label_unknown: int = 0  # rows set aside by the label check (etl/labels.py)
+    label_rule: str = LABEL_UNKNOWN  # its rule: label_unknown, or label_not_a_number for a regression
     by_split: dict[str, int] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
 
@@ -48,7 +49,7 @@ class RowCounts:
     @property
     def by_rule(self) -> dict[str, int]:
         """Rejected rows per rule, the label check included."""
-        return {**self.rejected, **({LABEL_UNKNOWN: self.label_unknown} if self.label_unknown else {})}
+        return {**self.rejected, **({self.label_rule: self.label_unknown} if self.label_unknown else {})}
 
     @property
     def rows_written(self) -> int:

@@ -20,6 +20,7 @@ class Fitted:
     vocab: Optional[list[str]] = None  # vocab.txt lines in id order; None for tabular-only data
     tokenizer_json: Optional[str] = None
     tabular_stats: Optional[dict[str, Any]] = None
+    task: str = "multiclass"  # how labels are encoded (etl/labels.py; hvdtrain.tasks)
 
     @property
     def encodings(self) -> dict[str, str]:

@@ -13,6 +13,7 @@ vocabulary on train -> tokenize + write shards in Spark tasks -> publish
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import logging
 import platform
@@ -29,7 +30,8 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
-from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
+from etl import faults, labels as label_mod, publish, session, sources, split as split_mod, tabular, text, validate
+from etl import writer
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest, wordpiece
@@ -87,8 +89,8 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             checked = validate.run(raw, cfg, fault)
             rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-            labels = split_mod.label_list(rows)
-            rows = validate.reject_unknown_labels(rows, labels, checked)
+            labels = label_mod.fit(rows, cfg)
+            rows = label_mod.reject_unlearnable(rows, labels, cfg, checked)
             counts = split_mod.count_by_split(rows)
             checked.counts.by_split = counts
             validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
@@ -101,7 +103,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             stats = _tabular_stats(rows, cfg)
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
-        fitted = _fitted(labels, tok, text_specs, stats)
+        fitted = dataclasses.replace(_fitted(labels, tok, text_specs, stats), task=cfg.task.kind)
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
@@ -178,7 +180,7 @@ def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
 def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
     from functools import partial
 
-    label_index = {name: i for i, name in enumerate(fitted.labels)}
+    encode_label = label_mod.encoder(cfg.task, fitted.labels)
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
@@ -186,7 +188,7 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     # so shard contents are the same on every rerun, whatever the input partitioning.
     keyed = rows.rdd.map(lambda r: (
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
-        (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
+        (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
                    compression=cfg.etl.compression, fault=fault)

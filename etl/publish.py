@@ -26,7 +26,7 @@ from typing import Any
 from etl import accounting, writer
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import fs, manifest
+from hvdtrain import fs, manifest, tasks
 from hvdtrain.config import SPLITS, JobConfig
 from etl import sample, sources, tabular, text
 
@@ -95,7 +95,7 @@ def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.
         features=features, label_feature="label", labels=fitted.labels, splits=splits,
         compression=cfg.etl.compression, vocab=vocab_info, preprocessing=preprocessing,
         source=source_info(cfg, counts), etl_config_hash=cfg.section_hash("source", "validation", "etl"),
-        versions=run.versions, created_at=run.created_at)
+        versions=run.versions, created_at=run.created_at, task=cfg.task.kind)
     dirs = sorted({fs.join(out, prefix + r.split) for r in results})
     return PublishPlan(output=out, clear_existing=cfg.etl.overwrite and not generation, dirs=dirs, moves=moves,
                        files=_small_files(fitted, out, prefix), manifest=m, report=report, side_moves=side_moves,
@@ -127,7 +127,7 @@ def _features(cfg: JobConfig, fitted: Fitted,
             features[name] = manifest.FeatureSpec(dtype, shape)
         preprocessing["tabular"] = {**stats, "fill_values": tabular.fill_values(stats),
                                     "cardinalities": tabular.cardinalities(stats)}
-    features["label"] = manifest.FeatureSpec("int64", [])
+    features["label"] = manifest.FeatureSpec(*tasks.label_spec(cfg.task.kind, len(fitted.labels)))
     features["key"] = manifest.FeatureSpec("bytes", [])
     return features, vocab_info, preprocessing
 
@@ -137,8 +137,11 @@ def source_info(cfg: JobConfig, counts: RowCounts) -> dict[str, Any]:
     info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": counts.rows_in,
                             "rows_rejected": counts.rejected_total, "duplicates_dropped": counts.duplicates}
     if cfg.source.sample is not None:
-        info["sample"] = {"label_noise": cfg.source.sample.label_noise,
-                          "accuracy_ceiling": round(sample.accuracy_ceiling(cfg.source.sample), 4)}
+        metric, best = sample.best_score(cfg.source.sample, cfg.task.kind)
+        info["sample"] = {"label_noise": cfg.source.sample.label_noise, "task": cfg.task.kind,
+                          "best_metric": metric, "best_value": round(best, 4)}
+        if cfg.task.kind == "multiclass":
+            info["sample"]["accuracy_ceiling"] = round(best, 4)
     return info
 
 

@@ -226,6 +226,8 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
 
     started = time.perf_counter()
     bundle = score_lib.load_bundle(model, cfg.tracking, cfg.workdir)
+    if bundle.labels_doc.get("model_builder"):
+        session.ship_model_code(spark, cfg.model.code)
     rows = read_input(spark, cfg, bundle, split)
     types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
     extra = [(c, types[c]) for c in cfg.score.columns]
@@ -369,7 +371,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                             "score.model")
         target = plan_target(cfg, args.output_table, args.partition, args.overwrite,
                              dt.datetime.now(dt.timezone.utc).date())
-
         spark = session.get_session(cfg, args.master)
         report = run(spark, cfg, model, target, args.split, args.evaluate)
     except HvdtrainError as exc:

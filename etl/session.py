@@ -174,3 +174,19 @@ def _output_to(path: Optional[str]) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (*saved, target):
             os.close(fd)
+
+
+def ship_model_code(spark: Any, code_dir: Optional[str]) -> None:
+    """Send ``model.code`` (the user's model package folder) to every executor's Python path, and put it on this
+    driver's, so a custom model's layers load where it is scored (``SparkContext.addPyFile`` of a zip)."""
+    if not code_dir:
+        return
+    import tempfile
+
+    if not os.path.isdir(code_dir):
+        raise EnvironmentProblem(f"model.code {code_dir} is not a folder on this host: set it to the folder "
+                                 "holding the model's builder module")
+    if code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    base = os.path.join(tempfile.mkdtemp(prefix="hvdtrain-model-code-"), "model_code")
+    spark.sparkContext.addPyFile(shutil.make_archive(base, "zip", root_dir=code_dir))

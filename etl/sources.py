@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from etl import sample
+from etl import labels, sample
 from etl.validate import CORRUPT, extra_columns
 from hvdtrain import fs
 from hvdtrain.config import JobConfig
@@ -44,7 +44,8 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
-    cols = [(F.col(f"`{col}`") if col else F.lit(None)).cast("string").alias(role) for role, col in wanted.items()]
+    cols = [(labels.source_column(df, col, cfg.task) if role == "label" else
+             (F.col(f"`{col}`") if col else F.lit(None)).cast("string")).alias(role) for role, col in wanted.items()]
     cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
     if CORRUPT in df.columns:
         cols.append(F.col(CORRUPT))
@@ -78,14 +79,14 @@ def _metastore(cfg: JobConfig) -> str:
 
 def create_sample_table(spark: Any, cfg: JobConfig) -> int:
     """Write the configured synthetic rows into source.table (generated in Spark tasks)."""
-    sample_cfg = cfg.source.sample
+    sample_cfg, task = cfg.source.sample, cfg.task.kind
     if sample_cfg is None or not cfg.source.table:
         raise DataError("--create-sample-table needs source.table and a source.sample block in the config")
     db = cfg.source.table.split(".")[0] if "." in cfg.source.table else "default"
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {db}")
     parts = max(2, sample_cfg.rows // 50_000)
     bounds = [(i * sample_cfg.rows // parts, (i + 1) * sample_cfg.rows // parts) for i in range(parts)]
-    rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, *b))
+    rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, *b, task))
     df = rdd.toDF(["id", "text", "label"])
     df.write.mode("overwrite").format("parquet").saveAsTable(cfg.source.table)
     return sample_cfg.rows

@@ -46,11 +46,6 @@ def count_by_split(df: Any) -> dict[str, int]:
     return {s: counts.get(s, 0) for s in SPLITS}
 
 
-def label_list(df: Any) -> list[str]:
-    """The stable label list: sorted distinct labels of the training split."""
-    return sorted(r["label"] for r in df.where("split = 'train'").select("label").distinct().collect())
-
-
 def split_predicate(key_column: str, fractions: dict[str, float], split: str) -> str:
     """A Spark SQL predicate selecting one split's rows (the same bucket rule as :func:`add_split`)."""
     lo, hi = next((lo, hi) for name, lo, hi in bucket_bounds(fractions) if name == split)

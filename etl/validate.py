@@ -182,25 +182,6 @@ def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int]:
     return numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0)
 
 
-def reject_unknown_labels(rows: Any, labels: list[str], checked: Checked) -> Any:
-    """Quarantine validation/test rows whose label never occurs in train.
-
-    The label list is learned from the training split only; a label the model
-    can never predict would silently lower every metric. Updates ``checked``.
-    """
-    from pyspark.sql import functions as F
-
-    known = F.col("label").isin(labels)
-    unknown = rows.where(~known)
-    n = unknown.count()
-    if n:
-        checked.rejects = checked.rejects.unionByName(
-            unknown.select("key", "text", "label").withColumn("rule", F.lit(LABEL_UNKNOWN))
-            .withColumn("value", F.col("label")))
-    checked.counts.label_unknown = n
-    return rows.where(known)
-
-
 def enforce_limits(checked: Checked, valid_rows: int, cfg: JobConfig, source_name: str) -> None:
     """Abort before anything is published when too little survives validation."""
     v = cfg.validation

@@ -149,15 +149,21 @@ def _write_shard(rows: Iterable, path: str, encode: "RecordEncoder", compression
 
 class RecordEncoder:
     """Turns a batch of rows into tf.train.Example records: the model features from
-    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the label index and the key."""
+    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the encoded label and the key.
+
+    The label is an int64 class index (multiclass, binary), a float32 multi-hot
+    vector (multilabel) or a float32 target (regression): see etl/labels.py.
+    """
 
     def __init__(self, fitted: Fitted):
         self.features = FeatureEncoder(fitted.tokenizer_json, fitted.tabular_stats)
         self.encodings = fitted.encodings
+        self.task = fitted.task
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
         keys = [k for (_, k), _ in batch]
-        labels = np.array([v[1] for _, v in batch], dtype=np.int64)
+        labels = np.array([v[1] for _, v in batch], dtype=np.int64 if self.task in ("multiclass", "binary")
+                          else np.float32)
         feats = self.features.encode([v[0] for _, v in batch] if self.features.tok is not None else None,
                                      [v[2] for _, v in batch], [v[3] for _, v in batch])
         cols: dict[str, tuple[str, Any]] = {}
@@ -168,11 +174,15 @@ class RecordEncoder:
             cols["numeric"] = (tfrecord.FLOAT, feats["numeric"])
         if "categorical" in feats:
             cols["categorical"] = (tfrecord.INT64, feats["categorical"])
-        cols["label"] = (tfrecord.INT64, labels)
+        cols["label"] = (tfrecord.INT64 if labels.dtype == np.int64 else tfrecord.FLOAT, labels)
         cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
         return cols
 
     def write(self, writer: tfrecord.TFRecordWriter, batch: list) -> None:
         cols = self.columns(batch)
         writer.write_columns(cols)
-        writer.count_labels(cols["label"][1])
+        labels = cols["label"][1]
+        if self.task == "multilabel":  # occurrences of each label
+            writer.count_labels(np.nonzero(labels)[1])
+        elif self.task != "regression":
+            writer.count_labels(labels)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
 from hvdtrain import config as config_mod
-from hvdtrain import console, elastic_plan, fs, keras3_check, tensorboard, tune
+from hvdtrain import console, elastic_plan, fs, keras3_check, manifest, tasks, tensorboard, tune
 from hvdtrain.launch import (child_env, etl_command, horovod_command, horovodrun, score_command, score_flags,
                              train_command)
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
@@ -120,10 +120,11 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
+    check_builder_importable(cfg.model)
     with _launch_command(cfg, args.config, overrides, args.np) as cmd:
         outcome = _train_with_restarts(cfg, cmd)
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
-    print(json.dumps(result, indent=2) if args.json else train_summary(result))
+    print(json.dumps(result, indent=2) if args.json else train_summary(result, sample_best(cfg)))
     return 0
 
 
@@ -147,6 +148,40 @@ def _launch_command(cfg: config_mod.JobConfig, config_path: str, overrides: Sequ
             os.chmod(script, 0o755)
         yield elastic_plan.horovodrun_command(horovodrun(), config_path, overrides, el, np, script,
                                               cfg.fault.start_timeout)
+
+
+def check_builder_importable(model: config_mod.ModelConfig) -> None:
+    """``model.builder``'s module can be found (with ``model.code``) before any rank starts; the ranks import
+    it and check what it returns (hvdtrain.models). Finding a module does not import TensorFlow here."""
+    if model.kind != "custom" or not model.builder:
+        return
+    import importlib.util
+
+    module = model.builder.partition(":")[0]
+    if model.code:
+        if not os.path.isdir(model.code):
+            raise ConfigError("model.code", model.code, "is not a folder: give the folder holding the builder's "
+                              "package (relative to the YAML file)")
+        if model.code not in sys.path:
+            sys.path.insert(0, model.code)
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as exc:
+        found, why = False, f" ({exc})"
+    else:
+        why = ""
+    if not found:
+        raise ConfigError("model.builder", model.builder, f"names module {module!r}, which is not importable"
+                          f"{why}: set model.code to the folder holding it, or put it on PYTHONPATH")
+
+
+def sample_best(cfg: config_mod.JobConfig) -> Optional[tuple[str, float]]:
+    """(metric, best possible value) of a generated sample table, from its manifest; None otherwise."""
+    try:
+        sample = manifest.read(cfg.etl.output).source.get("sample", {})
+    except HvdtrainError:
+        return None
+    return (sample["best_metric"], float(sample["best_value"])) if "best_metric" in sample else None
 
 
 def train_flag_overrides(args: argparse.Namespace, cwd: str) -> list[str]:
@@ -189,13 +224,12 @@ def table(rows: Sequence[tuple[str, Any]], title: str) -> str:
     return "\n".join(["", title] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
-def train_summary(result: dict[str, Any]) -> str:
-    """The closing table of ``hvdtrain train``: how well it did and where everything is (pure)."""
+def train_summary(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> str:
+    """The closing table of ``hvdtrain train``: how well it did (beside ``best``, the best possible score
+    of a generated table) and where everything is (pure)."""
     exports = result.get("exports", {})
     rows = [
-        ("test accuracy", f"{result['test_accuracy']:.4f}"),
-        ("test macro F1", f"{result['test_macro_f1']:.4f}"),
-        ("validation accuracy", f"{result['validation_accuracy']:.4f}"),
+        *task_rows(result, best),
         ("epochs", result.get("epochs_run")),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
         ("eval report", result.get("report")),
@@ -203,6 +237,29 @@ def train_summary(result: dict[str, Any]) -> str:
         ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
     ]
     return table(rows, "training finished (the full result: --json):")
+
+
+METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro F1", "loss": "loss", "roc_auc": "ROC AUC",
+                "pr_auc": "PR AUC", "log_loss": "log loss", "f1": "F1", "micro_f1": "micro F1",
+                "macro_roc_auc": "macro ROC AUC", "subset_accuracy": "subset accuracy", "rmse": "RMSE",
+                "mae": "MAE", "r2": "R^2"}
+
+
+def task_rows(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> list[tuple[str, str]]:
+    """The test split's headline metrics of the run's task, then validation's first one (pure); ``best``
+    (metric, value) is the best possible score, shown beside that metric."""
+    task = result.get("task", "multiclass")
+    test = result.get("test_metrics") or {k: result.get(f"test_{k}") for k in ("accuracy", "macro_f1")}
+    rows = []
+    for name in tasks.HEADLINE[task]:
+        if test.get(name) is not None:
+            note = f" (best possible ~{best[1]:.4f})" if best and best[0] == name else ""
+            rows.append((f"test {METRIC_NAMES[name]}", f"{test[name]:.4f}{note}"))
+    first = tasks.HEADLINE[task][0]
+    validation = result.get("validation_metrics") or {"accuracy": result.get("validation_accuracy")}
+    if validation.get(first) is not None:
+        rows.append((f"validation {METRIC_NAMES[first]}", f"{validation[first]:.4f}"))
+    return rows
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
@@ -223,10 +280,14 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
         ("SavedModel", exports.get("saved_model")),
         ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
-        ("test accuracy", f"{result['test_accuracy']:.4f}"
-         + (f" (best possible ~{ceiling:.4f} with {m.source['sample']['label_noise']:.0%} label noise)"
-            if ceiling else "")),
     ]
+    sample = m.source.get("sample", {})
+    if result.get("task", "multiclass") == "multiclass" or "best_metric" not in sample:
+        rows.append(("test accuracy", f"{result['test_accuracy']:.4f}"
+                     + (f" (best possible ~{ceiling:.4f} with {sample['label_noise']:.0%} label noise)"
+                        if ceiling else "")))
+    else:
+        rows += task_rows(result, (sample["best_metric"], sample["best_value"]))
     return table(rows, "demo finished:")
 
 
@@ -328,9 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--hosts", help="horovodrun -H for --launcher horovodrun, e.g. host1:2,host2:2")
     tuning.add_argument("--eta", type=int, default=3, help="successive halving keeps 1/eta per rung (default 3)")
     tuning.add_argument("--min-epochs", type=int, default=1, help="epochs before the first pruning rung (default 1)")
-    tuning.add_argument("--metric", default="validation_accuracy",
-                      help="validation_accuracy (default), validation_macro_f1, validation_roc_auc or "
-                           "validation_loss (minimized)")
+    tuning.add_argument("--metric", default=None,
+                        help="a validation metric of the task: multiclass validation_accuracy (default), "
+                             "validation_macro_f1, validation_roc_auc, validation_loss; binary validation_roc_auc "
+                             "(default), validation_pr_auc, validation_log_loss; multilabel validation_micro_f1 "
+                             "(default), validation_macro_f1; regression validation_rmse (default), validation_mae, "
+                             "validation_r2 (losses and errors are minimized)")
     _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")
     yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
                     config=False, add_help=False)

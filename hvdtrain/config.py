@@ -24,6 +24,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from hvdtrain import tasks
 from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
@@ -58,6 +59,8 @@ class SampleConfig:
     max_words: int = 40
     label_noise: float = 0.1
     seed: int = 7
+    positive_rate: float = 0.02  # task binary: the fraction of positive rows
+    noise_std: float = 0.5  # task regression: the target's Gaussian noise (the best possible RMSE)
 
     def __post_init__(self) -> None:
         _require(self.rows > 0, "rows", self.rows, "must be > 0")
@@ -68,6 +71,8 @@ class SampleConfig:
         _require(0 < self.min_words <= self.max_words, "min_words", self.min_words,
                  f"must be > 0 and <= max_words ({self.max_words})")
         _require(0 <= self.label_noise < 1, "label_noise", self.label_noise, "must be in [0, 1)")
+        _require(0 < self.positive_rate < 1, "positive_rate", self.positive_rate, "must be in (0, 1)")
+        _require(self.noise_std >= 0, "noise_std", self.noise_std, "must be >= 0")
 
 
 @dataclass
@@ -248,9 +253,12 @@ class ModelConfig:
     with ``embed_dim: 768, num_heads: 12, ff_dim: 3072, num_layers: 6``.
     ``mlp`` (tabular: ``numeric`` and/or ``categorical``) uses ``hidden_units``
     and ``categorical_embed_dim``. ``dropout`` applies to both.
+    ``custom`` calls ``builder`` (``package.module:function``) with the dataset's
+    :class:`hvdtrain.data.contract.ModelContract` and ``params`` (free-form, also
+    merged into a built-in kind's settings); see docs/models.md.
     """
 
-    kind: Literal["transformer", "mlp"] = "transformer"
+    kind: Literal["transformer", "mlp", "custom"] = "transformer"
     embed_dim: int = 64
     num_heads: int = 2
     ff_dim: int = 128
@@ -258,8 +266,23 @@ class ModelConfig:
     dropout: float = 0.1
     hidden_units: list[int] = field(default_factory=lambda: [128, 64])  # mlp: one Dense layer per entry
     categorical_embed_dim: int = 8  # mlp: embedding width of each categorical column
+    builder: Optional[str] = None  # custom: "package.module:function" returning an uncompiled keras.Model
+    params: dict[str, Any] = field(default_factory=dict)  # passed to the builder (hvdtrain tune can search them)
+    code: Optional[str] = path_field(None)  # a folder holding the builder's package; shipped to YARN and Spark
+    # Embeddings with at least this many rows send sparse gradients (Horovod allgather of the touched rows);
+    # smaller ones are densified and all-reduced. 0: always dense (see docs/models.md "Sparse embeddings").
+    sparse_embedding_rows: int = 100_000
 
     def __post_init__(self) -> None:
+        if self.kind == "custom":
+            _require(_is_builder_path(self.builder), "builder", self.builder,
+                     'must be "package.module:function" when model.kind is custom, e.g. "examples.wide_deep:build"')
+        else:
+            _require(self.builder is None, "builder", self.builder,
+                     f"is only read with model.kind: custom (model.kind is {self.kind}); set model.kind=custom or "
+                     "remove model.builder")
+        _require(self.sparse_embedding_rows >= 0, "sparse_embedding_rows", self.sparse_embedding_rows,
+                 "must be >= 0 (0: every embedding gradient dense)")
         for name in ("embed_dim", "num_heads", "ff_dim", "num_layers"):
             _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
         _require(self.embed_dim % self.num_heads == 0, "embed_dim", self.embed_dim,
@@ -270,6 +293,32 @@ class ModelConfig:
         _require(self.categorical_embed_dim > 0, "categorical_embed_dim", self.categorical_embed_dim, "must be > 0")
 
 
+def _is_builder_path(value: Optional[str]) -> bool:
+    module, sep, func = (value or "").partition(":")
+    return bool(sep) and all(p.isidentifier() for p in module.split(".")) and func.isidentifier()
+
+
+@dataclass
+class TaskConfig:
+    """What the model predicts (:mod:`hvdtrain.tasks`); ``task: binary`` is short for ``task: {kind: binary}``.
+
+    ``label_delimiter`` splits a multilabel string column (an array column needs none); ``threshold``
+    turns a probability into a yes for binary and multilabel; ``class_weights: balanced`` weighs each
+    class (binary, multiclass) by ``records / (classes * class records)`` of the training split.
+    """
+
+    kind: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"
+    label_delimiter: str = "|"
+    threshold: float = 0.5
+    class_weights: Literal["none", "balanced"] = "none"
+
+    def __post_init__(self) -> None:
+        _require(0 < self.threshold < 1, "threshold", self.threshold, "must be in (0, 1)")
+        _require(bool(self.label_delimiter), "label_delimiter", self.label_delimiter, "must be a non-empty string")
+        _require(self.class_weights == "none" or self.kind in ("binary", "multiclass"), "class_weights",
+                 self.class_weights, f"applies to binary and multiclass tasks only (task is {self.kind}); use none")
+
+
 @dataclass
 class EarlyStoppingConfig:
     """Stop when the validation ``metric`` has not improved for ``patience`` epochs.
@@ -278,7 +327,7 @@ class EarlyStoppingConfig:
     epoch. ``mode: auto`` minimizes loss and maximizes accuracy and macro F1.
     """
 
-    metric: Literal["accuracy", "macro_f1", "loss"] = "loss"
+    metric: str = "loss"  # one of the task's metrics (hvdtrain.tasks.METRICS), e.g. roc_auc, rmse
     patience: int = 3
     mode: Literal["auto", "min", "max"] = "auto"
     min_delta: float = 0.0  # an improvement must beat the best by more than this
@@ -287,7 +336,7 @@ class EarlyStoppingConfig:
     def __post_init__(self) -> None:
         _require(self.patience >= 0, "patience", self.patience, "must be >= 0 epochs")
         _require(self.min_delta >= 0, "min_delta", self.min_delta, "must be >= 0")
-        natural = "min" if self.metric == "loss" else "max"
+        natural = tasks.direction(self.metric)
         _require(self.mode in ("auto", natural), "mode", self.mode,
                  f"must be auto or {natural} for metric {self.metric} (a {'lower' if natural == 'min' else 'higher'}"
                  " value is better)")
@@ -295,7 +344,7 @@ class EarlyStoppingConfig:
     @property
     def direction(self) -> str:
         """``min`` or ``max``, with ``auto`` resolved from the metric."""
-        return ("min" if self.metric == "loss" else "max") if self.mode == "auto" else self.mode
+        return tasks.direction(self.metric) if self.mode == "auto" else self.mode
 
 
 @dataclass
@@ -530,11 +579,11 @@ class YarnConfig:
                  "(pass --principal user@REALM --keytab /path/user.keytab)")
 
 
-def checkpoint_metrics(train: TrainConfig) -> set[str]:
-    """The metric names an epoch-end checkpoint records (``validation_roc_auc`` only for two classes)."""
+def checkpoint_metrics(train: TrainConfig, task: str = "multiclass") -> set[str]:
+    """The metric names an epoch-end checkpoint records (``validation_roc_auc`` of multiclass: two classes only)."""
     names = {"train_loss", "train_accuracy"}
     if train.validates_each_epoch:
-        names |= {f"validation_{m}" for m in ("accuracy", "macro_f1", "loss", "roc_auc")}
+        names |= set(tasks.validation_metrics(task))
     return names
 
 
@@ -614,7 +663,7 @@ class TuneConfig:
     max_retries: int = 1  # times a trial whose driver died is re-queued
     trial: Optional[int] = None
     parent_run_id: Optional[str] = None
-    metric: str = "validation_accuracy"
+    metric: str = "auto"  # auto: the task's default (validation_accuracy for multiclass; hvdtrain.tasks)
 
     def __post_init__(self) -> None:
         _require(self.heartbeat_seconds > 0, "heartbeat_seconds", self.heartbeat_seconds, "must be > 0 seconds")
@@ -641,19 +690,35 @@ class JobConfig:
     yarn: YarnConfig = field(default_factory=YarnConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), "name", self.name,
                  "must be letters, digits, '_' or '-'")
+        self._check_task_metrics()
         self._resolve_best_metric()
+
+    def _check_task_metrics(self) -> None:
+        """Early stopping and tuning name a metric this task's evaluation produces."""
+        kind, known = self.task.kind, tasks.METRICS[self.task.kind]
+        stop = self.train.early_stopping
+        if stop is not None and stop.metric not in known:
+            raise ConfigError("train.early_stopping.metric", stop.metric,
+                              f"must be one of {', '.join(known)} (the {kind} task's metrics)")
+        if self.tune.metric == "auto":
+            self.tune.metric = f"validation_{tasks.DEFAULT_METRIC[kind]}"
+        if self.tune.metric not in tasks.validation_metrics(kind):
+            raise ConfigError("tune.metric", self.tune.metric, f"must be one of "
+                              f"{', '.join(tasks.validation_metrics(kind))} (the {kind} task's metrics)")
 
     def _resolve_best_metric(self) -> None:
         """Pick ``checkpoint.best_metric``/``best_mode`` when auto; refuse a metric this run never records."""
-        ck, produced = self.checkpoint, checkpoint_metrics(self.train)
+        ck, produced = self.checkpoint, checkpoint_metrics(self.train, self.task.kind)
         if ck.best_metric == "auto":
-            ck.best_metric = "validation_accuracy" if self.train.validates_each_epoch else "train_loss"
+            ck.best_metric = (f"validation_{tasks.DEFAULT_METRIC[self.task.kind]}" if self.train.validates_each_epoch
+                              else "train_loss")
         if ck.best_mode == "auto":
-            ck.best_mode = "min" if ck.best_metric.endswith("loss") else "max"
+            ck.best_mode = tasks.direction(ck.best_metric)
         if ck.enabled and ck.keep_best > 0 and ck.best_metric not in produced:
             how = ("record validation metrics with train.validate_every_epoch: true (or train.early_stopping), "
                    if not self.train.validates_each_epoch else "")
@@ -712,6 +777,8 @@ def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def from_dict(data: dict[str, Any], base_dir: str = ".") -> JobConfig:
+    if isinstance(data.get("task"), str):  # ``task: binary`` is short for ``task: {kind: binary}``
+        data = {**data, "task": {"kind": data["task"]}}
     cfg = _build(JobConfig, data, "")
     return _resolve_paths(cfg, base_dir)
 

@@ -128,7 +128,8 @@ def _horovod() -> Any:
 
 # -- collectives ----------------------------------------------------------------
 
-def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = True) -> list[Any]:
+def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = True,
+                    sparse: Sequence[bool] = ()) -> list[Any]:
     """Average gradients over ranks (callable inside tf.function).
 
     ``grouped``: one ``hvd.grouped_allreduce`` of all gradients, which Horovod
@@ -140,7 +141,11 @@ def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = Tr
     tensor fusion batches whatever is ready each cycle.
 
     Sparse gradients (embedding lookups) are made dense first, as Horovod's
-    ``sparse_as_dense=True`` does: one fused all-reduce instead of allgathers.
+    ``sparse_as_dense=True`` does: one fused all-reduce instead of allgathers,
+    except where ``sparse[i]`` is true: that gradient, when it is a
+    ``tf.IndexedSlices``, travels as one (Horovod allgathers its rows and
+    indices and divides by the world size), so a large embedding sends only the
+    rows a step touched (:func:`hvdtrain.steps.sparse_choice` decides).
     With ``fp16`` the tensors travel as float16 (``hvd.Compression.fp16``,
     verified under Gloo for both forms) and come back in their own dtype;
     values beyond float16's range (65504) arrive as inf.
@@ -150,6 +155,30 @@ def allreduce_grads(grads: Sequence[Any], fp16: bool = False, grouped: bool = Tr
         return list(grads)
     import tensorflow as tf
 
+    keep = [i < len(sparse) and sparse[i] and isinstance(g, tf.IndexedSlices) for i, g in enumerate(grads)]
+    if not any(keep):
+        return _allreduce_dense(hvd, grads, fp16, grouped)
+    gathered = {i: _sum_duplicates(hvd.allreduce(g, op=hvd.Average)) for i, g in enumerate(grads) if keep[i]}
+    rest = _allreduce_dense(hvd, [g for i, g in enumerate(grads) if not keep[i]], fp16, grouped)
+    return [gathered[i] if keep[i] else rest.pop(0) for i in range(len(grads))]
+
+
+def _sum_duplicates(slices: Any) -> Any:
+    """One row per index (the ranks' rows of a table summed), so an optimizer's per-row arithmetic (Adam's
+    squared gradient) sees the same gradient as after a dense all-reduce."""
+    import tensorflow as tf
+
+    unique, position = tf.unique(slices.indices)
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, slices.dense_shape)
+
+
+def _allreduce_dense(hvd: Any, grads: Sequence[Any], fp16: bool, grouped: bool) -> list[Any]:
+    """:func:`allreduce_grads` of gradients sent dense (IndexedSlices densified first)."""
+    import tensorflow as tf
+
+    if not grads:
+        return []
     dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     if grouped:

@@ -98,6 +98,7 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
     format_version: int = FORMAT_VERSION
+    task: str = "multiclass"  # how the labels are encoded (hvdtrain.tasks); regression: labels is empty
     # Where the manifest was read from (not serialized).
     location: Optional[str] = field(default=None, compare=False, repr=False)
 
@@ -105,6 +106,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("location")
+        if data["task"] == "multiclass":
+            del data["task"]  # the layout (and digest) of datasets written before tasks existed
         for feature in data["features"].values():
             if not feature["encoding"]:
                 del feature["encoding"]  # stored as the protobuf list of its dtype (the format 1 layout)
@@ -143,6 +146,7 @@ class Manifest:
                 versions=data.get("versions", {}),
                 created_at=data.get("created_at", ""),
                 format_version=data["format_version"],
+                task=data.get("task", "multiclass"),
                 location=location,
             )
         except (KeyError, TypeError) as exc:

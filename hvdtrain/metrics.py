@@ -130,3 +130,102 @@ def auc_binning_error(hist: np.ndarray) -> Optional[float]:
     if neg.sum() == 0 or pos.sum() == 0:
         return None
     return float(0.5 * (pos * neg).sum() / (pos.sum() * neg.sum()))
+
+
+def pr_auc_from_histogram(hist: np.ndarray) -> Optional[float]:
+    """Average precision (scikit-learn's ``average_precision_score``) of the binned scores; None without positives.
+
+    Each bin is one threshold, from the highest down: AP = sum over bins of
+    (recall gained in the bin) x (precision at the bin). It equals
+    scikit-learn's value on the scores rounded to their bins exactly; on the raw
+    scores it differs only where positives and negatives share a bin.
+    """
+    neg, pos = (np.asarray(h, dtype=np.float64)[::-1] for h in np.asarray(hist))
+    n_pos = pos.sum()
+    if n_pos == 0:
+        return None
+    tp, fp = np.cumsum(pos), np.cumsum(neg)
+    precision = _ratio(tp, tp + fp)
+    return float((pos / n_pos * precision).sum())
+
+
+def binary_counts(labels: np.ndarray, logits: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(confusion ``[2, 2]`` at probability ``threshold``, logit histogram ``[2, AUC_BINS]``) of 0/1 labels."""
+    logits = np.asarray(logits, dtype=np.float64).ravel()
+    cut = float(np.log(threshold / (1 - threshold)))  # sigmoid(logit) >= threshold  <=>  logit >= cut
+    return confusion_matrix(labels, (logits >= cut).astype(np.int64), 2), score_histogram(labels, logits)
+
+
+def binary_report(cm: np.ndarray, hist: np.ndarray, loss_sum: float, labels: Sequence[str]) -> dict[str, Any]:
+    """Binary metrics from summed counts: ROC AUC (with its binning error), PR AUC, log loss, accuracy, F1."""
+    out = report(cm, labels)
+    records = int(np.asarray(cm).sum())
+    out.update(roc_auc=roc_auc_from_histogram(hist), roc_auc_max_binning_error=auc_binning_error(hist),
+               pr_auc=pr_auc_from_histogram(hist), log_loss=loss_sum / records if records else 0.0,
+               f1=float(per_class(cm)["f1"][1]))
+    return out
+
+
+# -- multilabel: per-label counts --------------------------------------------------------
+
+def multilabel_counts(labels: np.ndarray, logits: np.ndarray, threshold: float) -> dict[str, np.ndarray]:
+    """Per-label confusion ``[L, 2, 2]``, per-label logit histograms ``[L, 2, AUC_BINS]`` and exact matches."""
+    labels = np.asarray(labels).astype(np.int64)
+    logits = np.asarray(logits, dtype=np.float64)
+    if labels.ndim != 2 or labels.shape != logits.shape:
+        raise ValueError(f"multilabel labels and logits must both be [batch, labels] (got {labels.shape} and "
+                         f"{logits.shape})")
+    predicted = (logits >= np.log(threshold / (1 - threshold))).astype(np.int64)
+    width = labels.shape[1]
+    cm = np.stack([confusion_matrix(labels[:, j], predicted[:, j], 2) for j in range(width)]) if width else \
+        np.zeros((0, 2, 2), np.int64)
+    hist = np.stack([score_histogram(labels[:, j], logits[:, j]) for j in range(width)]) if width else \
+        np.zeros((0, 2, AUC_BINS), np.int64)
+    exact = np.array([int((predicted == labels).all(axis=1).sum()), labels.shape[0]], np.int64)
+    return {"label_confusion": cm, "label_histogram": hist, "exact": exact}
+
+
+def multilabel_report(counts: dict[str, np.ndarray], loss_sum: float, labels: Sequence[str]) -> dict[str, Any]:
+    """Micro and macro F1, macro ROC AUC (labels with both classes present), subset accuracy, per label."""
+    cm = np.asarray(counts["label_confusion"], dtype=np.int64)
+    tp, fp, fn = cm[:, 1, 1], cm[:, 0, 1], cm[:, 1, 0]
+    f1 = _ratio(2 * tp, 2 * tp + fp + fn)
+    aucs = [roc_auc_from_histogram(h) for h in counts["label_histogram"]]
+    scored = [a for a in aucs if a is not None]
+    matched, records = (int(v) for v in counts["exact"])
+    per_label = {name: {"f1": float(f1[j]), "roc_auc": aucs[j], "support": int(tp[j] + fn[j]),
+                        "predicted": int(tp[j] + fp[j])} for j, name in enumerate(labels)}
+    return {"records": records, "micro_f1": float(_ratio(2 * tp.sum(), 2 * tp.sum() + fp.sum() + fn.sum())),
+            "macro_f1": float(f1.mean()) if len(f1) else 0.0,
+            "macro_roc_auc": float(np.mean(scored)) if scored else None,
+            "macro_roc_auc_labels": len(scored),
+            "subset_accuracy": matched / records if records else 0.0,
+            "accuracy": float(_ratio(np.trace(cm, axis1=1, axis2=2).sum(), cm.sum())),  # per-label (Hamming)
+            "loss": loss_sum / records if records else 0.0, "per_label": per_label}
+
+
+# -- regression: summed moments -------------------------------------------------------------
+
+def regression_moments(targets: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """float64 ``[n, sum y, sum y^2, sum (y - p)^2, sum |y - p|]``: everything RMSE, MAE and R^2 need, summable."""
+    y = np.asarray(targets, dtype=np.float64).ravel()
+    p = np.asarray(predictions, dtype=np.float64).ravel()
+    if y.shape != p.shape:
+        raise ValueError(f"targets and predictions differ in length ({y.size} vs {p.size})")
+    err = y - p
+    return np.array([y.size, y.sum(), (y * y).sum(), (err * err).sum(), np.abs(err).sum()], np.float64)
+
+
+def regression_report(moments: np.ndarray) -> dict[str, Any]:
+    """RMSE, MAE and R^2 (scikit-learn's conventions: R^2 of a constant target is 1.0 if exact, else 0.0).
+
+    Sums of float64 over ranks equal the single-process sums up to rounding
+    (the order of additions differs), far below the metrics' printed digits.
+    """
+    n, sum_y, sum_y2, sse, sae = (float(v) for v in moments)
+    if n == 0:
+        return {"records": 0, "rmse": 0.0, "mae": 0.0, "r2": 0.0, "loss": 0.0}
+    sst = max(sum_y2 - sum_y * sum_y / n, 0.0)
+    r2 = 1.0 - sse / sst if sst > 0 else (1.0 if sse == 0 else 0.0)
+    return {"records": int(n), "rmse": float(np.sqrt(sse / n)), "mae": sae / n, "r2": r2, "loss": sse / n,
+            "target_mean": sum_y / n, "target_std": float(np.sqrt(sst / n))}

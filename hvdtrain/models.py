@@ -1,5 +1,14 @@
 """Keras 3 model builders, chosen by ``model.kind``.
 
+Every builder has one signature, ``build(contract, params) -> keras.Model``:
+it sees the dataset's :class:`hvdtrain.data.contract.ModelContract` and a
+dict of settings, and returns an uncompiled model whose output is
+``[batch, contract.num_outputs]`` float scores (logits; the value itself for
+regression). hvdtrain chooses the loss and metrics for the task
+(:mod:`hvdtrain.heads`). ``model.kind: custom`` imports the user's
+``model.builder`` (``package.module:function``); a built-in kind gets the
+model block's fields merged with ``model.params``.
+
 ``transformer`` takes a dict of ``input_ids`` and ``attention_mask`` (int64,
 shape ``[batch, max_length]``, mask 1 = token, 0 = padding); ``mlp`` takes
 ``numeric`` (float32 ``[batch, k]``, already imputed and scaled by the ETL)
@@ -15,12 +24,15 @@ serving time.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import keras
 from keras import layers, ops
 
 from hvdtrain.config import ModelConfig
+from hvdtrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from hvdtrain.data.contract import InputShape
@@ -36,16 +48,16 @@ def _embed(input_ids: Any, vocab_size: int, max_length: int, embed_dim: int) -> 
     return tokens + layers.Embedding(max_length, embed_dim, name="position_embedding")(positions)
 
 
-def _encoder_block(x: Any, key_mask: Any, cfg: ModelConfig, name: str) -> Any:
+def _encoder_block(x: Any, key_mask: Any, p: dict[str, Any], name: str) -> Any:
     """Post-norm encoder block: self-attention over real tokens, then a feed-forward net."""
-    attended = layers.MultiHeadAttention(cfg.num_heads, cfg.embed_dim // cfg.num_heads, dropout=cfg.dropout,
+    attended = layers.MultiHeadAttention(p["num_heads"], p["embed_dim"] // p["num_heads"], dropout=p["dropout"],
                                          name=f"{name}_attention")(x, x, attention_mask=key_mask)
     x = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_norm1")(
-        x + layers.Dropout(cfg.dropout, name=f"{name}_drop1")(attended))
-    ffn = layers.Dense(cfg.ff_dim, activation="gelu", name=f"{name}_ffn_in")(x)
-    ffn = layers.Dense(cfg.embed_dim, name=f"{name}_ffn_out")(ffn)
+        x + layers.Dropout(p["dropout"], name=f"{name}_drop1")(attended))
+    ffn = layers.Dense(p["ff_dim"], activation="gelu", name=f"{name}_ffn_in")(x)
+    ffn = layers.Dense(p["embed_dim"], name=f"{name}_ffn_out")(ffn)
     return layers.LayerNormalization(epsilon=1e-6, name=f"{name}_norm2")(
-        x + layers.Dropout(cfg.dropout, name=f"{name}_drop2")(ffn))
+        x + layers.Dropout(p["dropout"], name=f"{name}_drop2")(ffn))
 
 
 def _masked_mean(x: Any, attention_mask: Any) -> Any:
@@ -54,19 +66,19 @@ def _masked_mean(x: Any, attention_mask: Any) -> Any:
     return ops.sum(x * mask, axis=1) / ops.maximum(ops.sum(mask, axis=1), 1.0)
 
 
-def transformer_classifier(cfg: ModelConfig, shape: "InputShape") -> keras.Model:
-    """Transformer encoder text classifier returning logits ``[batch, num_classes]``."""
+def transformer_classifier(shape: "InputShape", params: dict[str, Any]) -> keras.Model:
+    """Transformer encoder over text returning scores ``[batch, num_outputs]``."""
     max_length = shape.max_length
     input_ids = keras.Input((max_length,), dtype="int64", name="input_ids")
     attention_mask = keras.Input((max_length,), dtype="int64", name="attention_mask")
     # [batch, 1, keys]: every query position attends to real tokens only.
     key_mask = ops.expand_dims(ops.cast(attention_mask, "bool"), 1)
-    x = layers.Dropout(cfg.dropout, name="embedding_dropout")(_embed(input_ids, shape.vocab_size, max_length,
-                                                                     cfg.embed_dim))
-    for i in range(cfg.num_layers):
-        x = _encoder_block(x, key_mask, cfg, name=f"block{i}")
-    x = layers.Dropout(cfg.dropout, name="pooled_dropout")(_masked_mean(x, attention_mask))
-    logits = layers.Dense(shape.num_classes, dtype="float32", name="logits")(x)
+    x = layers.Dropout(params["dropout"], name="embedding_dropout")(_embed(input_ids, shape.vocab_size, max_length,
+                                                                           params["embed_dim"]))
+    for i in range(params["num_layers"]):
+        x = _encoder_block(x, key_mask, params, name=f"block{i}")
+    x = layers.Dropout(params["dropout"], name="pooled_dropout")(_masked_mean(x, attention_mask))
+    logits = layers.Dense(shape.num_outputs, dtype="float32", name="logits")(x)
     return keras.Model({"input_ids": input_ids, "attention_mask": attention_mask}, logits, name="text_transformer")
 
 
@@ -84,7 +96,7 @@ def _categorical_embedding(categorical: Any, cardinalities: tuple[int, ...], dim
     return layers.Flatten(name="categorical_flat")(table)
 
 
-def mlp_classifier(cfg: ModelConfig, shape: "InputShape") -> keras.Model:
+def mlp_classifier(shape: "InputShape", params: dict[str, Any]) -> keras.Model:
     """Tabular MLP: numeric features and categorical embeddings, concatenated, then Dense layers."""
     inputs, parts = {}, []
     if "numeric" in shape.inputs:
@@ -92,19 +104,82 @@ def mlp_classifier(cfg: ModelConfig, shape: "InputShape") -> keras.Model:
         parts.append(inputs["numeric"])
     if "categorical" in shape.inputs:
         inputs["categorical"] = keras.Input((len(shape.cardinalities),), dtype="int64", name="categorical")
-        parts.append(_categorical_embedding(inputs["categorical"], shape.cardinalities, cfg.categorical_embed_dim))
+        parts.append(_categorical_embedding(inputs["categorical"], shape.cardinalities,
+                                            params["categorical_embed_dim"]))
     x = parts[0] if len(parts) == 1 else layers.Concatenate(name="features")(parts)
-    for i, units in enumerate(cfg.hidden_units):
+    for i, units in enumerate(params["hidden_units"]):
         x = layers.Dense(units, activation="relu", name=f"dense{i}")(x)
-        x = layers.Dropout(cfg.dropout, name=f"dropout{i}")(x)
-    logits = layers.Dense(shape.num_classes, dtype="float32", name="logits")(x)
+        x = layers.Dropout(params["dropout"], name=f"dropout{i}")(x)
+    logits = layers.Dense(shape.num_outputs, dtype="float32", name="logits")(x)
     return keras.Model(inputs, logits, name="tabular_mlp")
 
 
-BUILDERS: dict[str, Callable[[ModelConfig, "InputShape"], keras.Model]] = {
+Builder = Callable[["InputShape", dict[str, Any]], keras.Model]
+BUILDERS: dict[str, Builder] = {
     "transformer": transformer_classifier,
     "mlp": mlp_classifier,
 }
+_BUILTIN_PARAMS = ("embed_dim", "num_heads", "ff_dim", "num_layers", "dropout", "hidden_units",
+                   "categorical_embed_dim")
+
+
+def builder_params(model_cfg: ModelConfig) -> dict[str, Any]:
+    """What the builder receives: a built-in kind's fields under ``model.params``; custom: ``model.params``."""
+    if model_cfg.kind == "custom":
+        return dict(model_cfg.params)
+    return {**{name: getattr(model_cfg, name) for name in _BUILTIN_PARAMS}, **model_cfg.params}
+
+
+def import_code_dir(code_dir: Optional[str]) -> None:
+    """Put ``model.code`` (the user's code folder) first on ``sys.path``, once."""
+    if code_dir and code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+
+
+def load_builder(path: str, code_dir: Optional[str] = None) -> Builder:
+    """The function named ``package.module:function``; importing it registers the user's Keras objects.
+
+    Raises:
+        ConfigError: the module does not import or has no such callable (one line, exit 2).
+    """
+    import_code_dir(code_dir)
+    module_name, _, func_name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's import is a config problem to report
+        where = f"model.code={code_dir} or " if code_dir else ""
+        raise ConfigError("model.builder", path, f"does not import ({type(exc).__name__}: {exc}); put the module "
+                          f"on {where}PYTHONPATH (or set model.code to its folder) and check its name") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError("model.builder", path, f"names no function {func_name!r} in module {module_name} "
+                          f"({getattr(module, '__file__', '?')}); use package.module:function")
+    return func
+
+
+def resolve_builder(model_cfg: ModelConfig) -> Builder:
+    """The builder of ``model.kind``: a built-in one, or the user's ``model.builder``."""
+    if model_cfg.kind == "custom":
+        return load_builder(model_cfg.builder or "", model_cfg.code)
+    return BUILDERS[model_cfg.kind]
+
+
+def check_built(model: Any, shape: "InputShape", who: str) -> keras.Model:
+    """The builder returned a Keras model with the inputs it was given and ``num_outputs`` scores."""
+    if not isinstance(model, keras.Model):
+        raise ConfigError("model.builder", who, f"returned {type(model).__name__}, not a keras.Model: return "
+                          "keras.Model(inputs, outputs) built from the contract's features")
+    width = model.outputs[0].shape[-1] if len(model.outputs) == 1 else None
+    if width != shape.num_outputs:
+        raise ConfigError("model.builder", who, f"returned a model with output shape "
+                          f"{[tuple(o.shape) for o in model.outputs]}, but a {shape.task} task over "
+                          f"{shape.num_classes} label(s) needs one output (batch, {shape.num_outputs}): end with "
+                          "Dense(contract.num_outputs) and no activation")
+    unknown = [t.name for t in model.inputs if t.name not in shape.inputs]
+    if unknown:
+        raise ConfigError("model.builder", who, f"returned a model with inputs {unknown} the dataset does not "
+                          f"have; name keras.Input(...) after the contract's features: {', '.join(shape.inputs)}")
+    return model
 
 
 @contextlib.contextmanager
@@ -125,8 +200,10 @@ def dtype_policy(mixed_precision: str) -> Iterator[None]:
 
 
 def build_model(model_cfg: ModelConfig, shape: "InputShape", mixed_precision: str = "none") -> keras.Model:
-    """The model named by ``model_cfg.kind``, built for this dataset's sizes."""
+    """The model named by ``model_cfg.kind``, built for this dataset's sizes and task."""
     if shape.kind != model_cfg.kind:
         raise ValueError(f"input shape is for model.kind={shape.kind}, not {model_cfg.kind}")
+    builder = resolve_builder(model_cfg)
     with dtype_policy(mixed_precision):
-        return BUILDERS[model_cfg.kind](model_cfg, shape)
+        model = builder(shape, builder_params(model_cfg))
+    return check_built(model, shape, model_cfg.builder or model_cfg.kind)

@@ -175,6 +175,14 @@ class ScoreSpec:
     threads: int = 1
     input_names: tuple[str, ...] = field(default_factory=tuple)
     input_specs: dict[str, Any] = field(default_factory=dict)  # name -> {"dtype", "shape" without the batch axis}
+    task: str = "multiclass"
+    threshold: float = 0.5
+    model_builder: Optional[str] = None  # model.kind custom: imported before loading (registers custom layers)
+
+    @property
+    def score_width(self) -> int:
+        """Probability columns: one per class (multiclass), both classes (binary), one per label; none for regression."""
+        return {"binary": 2, "regression": 0}.get(self.task, len(self.labels))
 
 
 def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], dict[str, np.ndarray]]:
@@ -219,6 +227,38 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-np.clip(x.astype(np.float64), -60, 60)))).astype(np.float32)
+
+
+def probabilities(outputs: np.ndarray, task: str) -> np.ndarray:
+    """The model's scores as the task's probability columns (``[rows, score_width]``); regression: none."""
+    outputs = np.asarray(outputs)
+    if task == "multiclass":
+        return softmax(outputs)
+    if task == "binary":
+        p = _sigmoid(outputs[:, 0])
+        return np.stack([1 - p, p], axis=1)
+    if task == "multilabel":
+        return _sigmoid(outputs)
+    return np.zeros((len(outputs), 0), np.float32)
+
+
+def decide(probs: np.ndarray, values: np.ndarray, spec: "ScoreSpec") -> tuple[list[Any], np.ndarray]:
+    """(predicted_label, predicted_score) per row: the class and its probability (multiclass); the positive
+    class's probability (binary, label at ``threshold``); the label set joined by ``|`` and the highest label
+    probability (multilabel); no label and the predicted value (regression)."""
+    labels = np.array(spec.labels, dtype=object)
+    if spec.task == "regression":
+        return [None] * len(values), np.asarray(values, np.float32).reshape(-1)
+    if spec.task == "binary":
+        return list(labels[(probs[:, 1] >= spec.threshold).astype(int)]), probs[:, 1]
+    if spec.task == "multilabel":
+        return (["|".join(labels[row >= spec.threshold]) for row in probs],
+                probs.max(axis=1) if probs.shape[1] else np.zeros(len(probs), np.float32))
+    return list(labels[probs.argmax(axis=1)]), probs.max(axis=1)
+
+
 def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dict[str, np.ndarray]] = None
                 ) -> dict[str, np.ndarray]:
     """Model inputs for rows that passed :func:`reject_reasons` (the ETL's FeatureEncoder)."""
@@ -250,23 +290,25 @@ def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counter
     good = frame.reset_index(drop=True) if ok.all() else frame[ok].reset_index(drop=True)
     bad_idx = np.flatnonzero(~ok)
     n_bad = len(bad_idx)
-    probs = np.full((len(good) + n_bad, len(spec.labels)), np.nan, dtype=np.float32)  # NaN: a reject's row
+    probs = np.full((len(good) + n_bad, spec.score_width), np.nan, dtype=np.float32)  # NaN: a reject's row
+    values = np.full(len(good), np.nan, dtype=np.float32)  # the raw output (regression's prediction)
     for start in range(0, len(good), spec.predict_batch):
         chunk = good.iloc[start:start + spec.predict_batch]
         nums = {c: v[ok][start:start + spec.predict_batch] for c, v in numeric.items()}
-        probs[start:start + len(chunk)] = softmax(np.asarray(predict(encode_rows(chunk, spec, encoder, nums))))
-    labels = np.array(spec.labels, dtype=object)
-    top = probs[:len(good)].argmax(axis=1) if len(good) else np.zeros(0, dtype=np.int64)
+        raw = np.asarray(predict(encode_rows(chunk, spec, encoder, nums)))
+        probs[start:start + len(chunk)] = probabilities(raw, spec.task)
+        values[start:start + len(chunk)] = raw[:, 0]
+    predicted, scores = decide(probs[:len(good)], values, spec)
 
     def ordered(col: str) -> np.ndarray:  # scored rows first, then rejects; object arrays (see _column)
         return np.concatenate([_values(good[col]), _values(frame[col].iloc[bad_idx])])
 
     key = ordered(spec.key_column)
     out = pd.DataFrame({spec.key_column: _column([v if v is None or isinstance(v, str) else str(v) for v in key])})
-    out["predicted_label"] = _column(list(labels[top]) + [None] * n_bad)
-    out["predicted_score"] = probs.max(axis=1) if len(good) else np.full(n_bad, np.nan, dtype=np.float32)
-    for name, values in zip(prob_columns(len(spec.labels)), probs.T):
-        out[name] = values
+    out["predicted_label"] = _column(predicted + [None] * n_bad)
+    out["predicted_score"] = np.concatenate([np.asarray(scores, np.float32), np.full(n_bad, np.nan, np.float32)])
+    for name, column in zip(prob_columns(spec.score_width), probs.T):
+        out[name] = column
     for c in spec.extra_columns:
         out[c] = _column(list(ordered(c)))
     out["reject_reason"] = _column([None] * len(good) + [reasons[i] for i in bad_idx])
@@ -291,10 +333,11 @@ def batch_ddl(key_column: str, num_classes: int, extra: Sequence[tuple[str, str]
 def finish_exprs(spec: ScoreSpec) -> list[str]:
     """Spark SQL expressions from :func:`batch_ddl` columns to the :func:`output_ddl` columns, in order."""
     scored = "`reject_reason` IS NULL"
-    probs = ", ".join(f"`{name}`" for name in prob_columns(len(spec.labels)))
+    probs = ", ".join(f"`{name}`" for name in prob_columns(spec.score_width))
+    array = f"CASE WHEN {scored} THEN array({probs}) END" if probs else "CAST(NULL AS array<float>)"
     return [f"`{spec.key_column}`", "`predicted_label`",
             f"CASE WHEN {scored} THEN `predicted_score` END AS `predicted_score`",
-            f"CASE WHEN {scored} THEN array({probs}) END AS `probabilities`",
+            f"{array} AS `probabilities`",
             *[f"`{c}`" for c in spec.extra_columns],
             f"{_sql_string(spec.model_uri)} AS `model_uri`", f"{_sql_string(spec.model_version)} AS `model_version`",
             f"{_sql_string(spec.manifest_digest)} AS `manifest_digest`",
@@ -345,6 +388,8 @@ def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tup
     if spec.model_digest in _MODELS:
         return _MODELS[spec.model_digest]
     limit_threads(spec.threads)  # one Spark core per task: TensorFlow must not spread over the others' cores
+
+    import_user_code(spec.model_builder)
 
     model = load_keras(model_bytes.value if hasattr(model_bytes, "value") else model_bytes)
     _MODELS[spec.model_digest] = (compile_predict(model, spec.input_specs),
@@ -411,6 +456,25 @@ def release_zip_finders() -> None:
             sys.path_importer_cache.pop(path, None)
 
 
+def import_user_code(builder: Optional[str]) -> None:
+    """Import a custom model's module, so its ``@keras.saving.register_keras_serializable`` layers load.
+
+    The module comes with the job: ``model.code`` is shipped to Spark's executors
+    (``SparkContext.addPyFile``) and to YARN containers with the project's code.
+    """
+    if not builder:
+        return
+    import importlib
+
+    module = builder.partition(":")[0]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise DataError(f"the model was built by {builder}, whose module {module} does not import here ({exc}): "
+                        "set model.code to the folder holding it (it is shipped to the executors), or install it "
+                        "where the model runs") from None
+
+
 def load_keras(model_bytes: bytes) -> Any:
     """A Keras model from the bytes of a ``.keras`` file (Keras loads from a path)."""
     import keras
@@ -467,7 +531,7 @@ def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = Non
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch))
     model_bc = spark.sparkContext.broadcast(bundle.model_bytes)
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    schema = batch_ddl(key_column, len(spec.labels), [(c, types[c]) for c in extra_columns])
+    schema = batch_ddl(key_column, spec.score_width, [(c, types[c]) for c in extra_columns])
     cols = list(dict.fromkeys([key_column, *bundle.feature_columns(), *extra_columns]))
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -496,7 +560,8 @@ def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> Sc
         model_digest=bundle.digest,
         scored_at=opts.scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
         predict_batch=opts.predict_batch, threads=opts.threads, input_names=tuple(bundle.labels_doc.get("inputs", ())),
-        input_specs=dict(bundle.labels_doc.get("input_specs", {})))
+        input_specs=dict(bundle.labels_doc.get("input_specs", {})), task=bundle.labels_doc.get("task", "multiclass"),
+        threshold=float(bundle.labels_doc.get("threshold", 0.5)), model_builder=bundle.labels_doc.get("model_builder"))
 
 
 def predict_features(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = None) -> Any:
@@ -520,18 +585,18 @@ def predict_features(spark: Any, df: Any, model: Any, options: Optional[ScoreOpt
 
         predict, _ = worker_model(spec, model_bc)
         for frame in batches:
-            probs = np.zeros((len(frame), len(spec.labels)), dtype=np.float32)
+            probs = np.zeros((len(frame), spec.score_width), dtype=np.float32)
             for start in range(0, len(frame), spec.predict_batch):
                 chunk = frame.iloc[start:start + spec.predict_batch]
                 x = {n: np.stack(chunk[n].to_numpy()).astype(dtypes.get(n, "int64")) for n in names}
-                probs[start:start + len(chunk)] = softmax(np.asarray(predict(x)))
+                probs[start:start + len(chunk)] = probabilities(np.asarray(predict(x)), spec.task)
             out = pd.DataFrame({key_column: _column(list(_values(frame[key_column])))})
             for name, values in zip(probs_cols, probs.T):  # one float column per class: see score_frame
                 out[name] = values
             yield out
         release_zip_finders()
 
-    probs_cols = prob_columns(len(spec.labels))
+    probs_cols = prob_columns(spec.score_width)
     schema = ", ".join([f"`{key_column}` string", *[f"`{c}` float" for c in probs_cols]])
     return df.select(key_column, *names).mapInPandas(run, schema).selectExpr(
         f"`{key_column}`", f"array({', '.join(f'`{c}`' for c in probs_cols)}) AS `probabilities`")

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from hvdtrain import manifest as manifest_lib
+from hvdtrain import tasks
 from hvdtrain.manifest import FeatureSpec, Manifest, Shard, Split
 from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter, int_column
 
@@ -58,8 +59,10 @@ def _write_shard(root: str, rel: str, rows: dict[str, Any], labels: list[str], c
     with open(os.path.join(root, rel), "wb") as fh:
         writer = TFRecordWriter(fh, compression=compression)
         writer.write_columns({name: int_column(values, encodings[name]) if name in encodings
-                              else (_KINDS[name], values) for name, values in rows.items()})
-        writer.count_labels(rows["label"])
+                              else (FLOAT if name == "label" and np.asarray(values).dtype == np.float32
+                                    else _KINDS[name], values) for name, values in rows.items()})
+        if np.asarray(rows["label"]).dtype == np.int64:  # class indices (multiclass, binary)
+            writer.count_labels(rows["label"])
         stats = writer.finish()
     counts = {labels[k]: v for k, v in stats.class_counts.items()}
     return Shard(path=rel, records=stats.records, bytes=stats.bytes, sha256=stats.sha256, class_counts=counts)
@@ -106,6 +109,25 @@ class TabularSpec:
     seed: int = 0
     signal: float = 1.5  # spread of the per-class numeric means, in standard deviations
     label_noise: float = 0.0  # fraction of labels replaced by another class
+    # binary: class 0 vs the rest (labels negative/positive); multilabel: each row has its class's label and,
+    # when its first numeric value is > 1, the next one; regression: the target is the sum of the numeric
+    # values plus noise of standard deviation 0.1 (hvdtrain.tasks)
+    task: str = "multiclass"
+
+
+def _task_labels(task: str, table: dict[str, np.ndarray], num_classes: int, rng: np.random.Generator) -> np.ndarray:
+    """The ``label`` column of a tabular table for ``task`` (see :class:`TabularSpec`)."""
+    y = table["label"]
+    if task == "binary":
+        return (y != 0).astype(np.int64)
+    if task == "multilabel":
+        multi = np.eye(num_classes, dtype=np.float32)[y]
+        extra = table["numeric"][:, 0] > 1
+        multi[extra, (y[extra] + 1) % num_classes] = 1.0
+        return multi
+    if task == "regression":
+        return (table["numeric"].sum(axis=1) + rng.normal(0, 0.1, len(y))).astype(np.float32)
+    return y
 
 
 def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], labels: list[str], layout: Layout,
@@ -204,10 +226,12 @@ def make_tabular_dataset(root: str, spec: TabularSpec = TabularSpec()) -> Manife
     if any(c < 2 for c in cards):
         raise ValueError(f"cardinalities include the unknown bucket, so each must be >= 2 (got {cards})")
     rng = np.random.default_rng(s.seed)
-    labels = [f"class{i}" for i in range(s.num_classes)]
+    labels = {"binary": ["negative", "positive"], "regression": []}.get(
+        s.task, [f"class{i}" for i in range(s.num_classes)])
 
     def rows(n: int) -> dict[str, np.ndarray]:
         table = _tabular_rows(rng, n, s.num_classes, max(num_numeric, 1), cards or [2], s.signal, s.label_noise)
+        table["label"] = _task_labels(s.task, table, s.num_classes, rng)
         return {name: table[name] for name in ("numeric", "categorical", "label")
                 if (name != "numeric" or num_numeric > 0) and (name != "categorical" or cards)}
 
@@ -216,10 +240,11 @@ def make_tabular_dataset(root: str, spec: TabularSpec = TabularSpec()) -> Manife
         features["numeric"] = FeatureSpec("float32", [num_numeric])
     if cards:
         features["categorical"] = FeatureSpec("int64", [len(cards)])
-    features["label"], features["key"] = FeatureSpec("int64", []), FeatureSpec("bytes", [])
+    features["label"] = FeatureSpec(*tasks.label_spec(s.task, len(labels)))
+    features["key"] = FeatureSpec("bytes", [])
     splits = _write_splits(root, rows, labels, s.layout, features)
     manifest = Manifest(
-        features=features,
+        features=features, task=s.task,
         label_feature="label", labels=labels, splits=splits, compression=s.layout.compression,
         preprocessing={"tabular": tabular_preprocessing(num_numeric, cards)},
         source={"synthetic": True, "seed": s.seed, "kind": "tabular"}, etl_config_hash="synthetic",

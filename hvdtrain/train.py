@@ -57,6 +57,7 @@ from typing import Any, Optional, Sequence
 import keras
 
 from hvdtrain import config as config_lib
+from hvdtrain import tasks as tasks_lib
 from hvdtrain import console, data, distributed, fs, resume, supervise, tracking, watchdog
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import JobConfig
@@ -66,7 +67,7 @@ from hvdtrain.schedules import scaled_learning_rate
 from hvdtrain.training import runtime, steps as steps_lib
 from hvdtrain.training.assemble import Observed, Restored, training_hooks
 from hvdtrain.training.context import TrainContext
-from hvdtrain.training.evaluate import evaluate_splits
+from hvdtrain.training.evaluate import evaluate_splits, task_head
 from hvdtrain.training.events import EpochStats, LoopPlan
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
@@ -119,15 +120,16 @@ def run(cfg: JobConfig) -> dict[str, Any]:
             # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
             dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
             result = publish(ctx, model, report)
-    log.info("test accuracy %.4f, macro F1 %.4f; outputs in %s", evaluated["test"]["accuracy"],
-             evaluated["test"]["macro_f1"], cfg.train.output)
+    test = evaluated["test"]
+    log.info("test %s; outputs in %s", ", ".join(f"{k} {test[k]:.4f}" for k in tasks_lib.HEADLINE[test["task"]]
+                                                 if test.get(k) is not None), cfg.train.output)
     return result
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
     manifest = manifest_lib.read(cfg.etl.output)
-    shape = data.check_manifest(manifest, cfg.model)
+    shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
         raise DataError(f"{manifest.location}: train.record_trace={cfg.train.record_trace} needs feature "
                         f"{data.KEY_FEATURE!r} (the record keys), which this dataset lacks; rerun the ETL with this "
@@ -159,10 +161,11 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
-    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce)
+    reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model), task_head(ctx))
     per_call = 1 if cfg.monitoring.step_breakdown else cfg.train.steps_per_call  # the breakdown times each step
-    step_fn = make_step(model, optimizer, ctx.shape.label_feature, ctx.shape.inputs, cfg.train.grad_accum_steps,
-                        reduction, guard, **({"steps_per_call": per_call} if per_call > 1 else {}))
+    step_fn = make_step(model, optimizer, ctx.shape.label_feature, steps_lib.input_names(model),
+                        cfg.train.grad_accum_steps, reduction, guard,
+                        **({"steps_per_call": per_call} if per_call > 1 else {}))
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size, per_call)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
@@ -178,6 +181,18 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopping.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+
+
+def _sparse(ctx: TrainContext, model: keras.Model) -> tuple[bool, ...]:
+    """Per trainable variable, whether its gradient travels sparse (model.sparse_embedding_rows); logged once."""
+    if ctx.cfg.train.grad_accum_steps > 1:
+        return ()  # accumulated gradients are dense
+    chosen = steps_lib.sparse_variables(model, ctx.cfg.model.sparse_embedding_rows)
+    for variable, sparse in zip(model.trainable_variables, chosen):
+        if sparse and ctx.rank.is_chief:
+            log.info("gradient of %s %s: sparse allgather of the touched rows (model.sparse_embedding_rows=%d)",
+                     variable.path, tuple(variable.shape), ctx.cfg.model.sparse_embedding_rows)
+    return chosen
 
 
 def _train_batches(ctx: TrainContext, start_record: int) -> Any:

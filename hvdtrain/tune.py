@@ -44,13 +44,14 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from hvdtrain import config as config_lib
-from hvdtrain import fs, launch
+from hvdtrain import fs, launch, tasks
 from hvdtrain.errors import ConfigError, HvdtrainError
 from hvdtrain import plots, tracking
 
 log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
-METRICS = ("validation_accuracy", "validation_macro_f1", "validation_loss", "validation_roc_auc")
+METRICS = tasks.validation_metrics("multiclass")  # the default task's; each task has its own (hvdtrain.tasks)
+FREE_SECTIONS = ("model.params.",)  # free-form keys the user's builder reads: any name may be searched
 LAUNCHERS = ("local", "horovodrun", "yarn")
 # Keys each trial gets from the tune driver: a space may not set them.
 RESERVED = ("name", "workdir", "train.epochs", "train.output", "checkpoint.dir", "train.validate_every_epoch",
@@ -98,7 +99,7 @@ def _param(key: str, spec: Any, where: str, known: Mapping[str, Any]) -> Param:
     field = f"{where}: {key}"
     if key in RESERVED or key.startswith(RESERVED_SECTIONS):
         raise ConfigError(field, spec, "is set by hvdtrain tune for every trial; search other keys")
-    if key not in known:
+    if key not in known and not (key.startswith(FREE_SECTIONS) and len(key.split(".")) == 3):
         close = difflib.get_close_matches(key, list(known), n=1)
         raise ConfigError(field, spec, "is not a config key" + (f"; did you mean {close[0]!r}?" if close else
                                                                   " (see hvdtrain config CONFIG)"))
@@ -179,7 +180,7 @@ class TuneOptions:
     hosts: Optional[str] = None
     eta: int = 3
     min_epochs: int = 1
-    metric: str = "validation_accuracy"
+    metric: Optional[str] = "validation_accuracy"  # None: the task's default (tune.metric)
 
     def check(self, cfg: config_lib.JobConfig) -> None:
         """Option errors, named, before anything starts."""
@@ -190,7 +191,8 @@ class TuneOptions:
                 ("--eta", self.eta, self.eta >= 2, "must be >= 2 (keep 1/eta of the trials at each rung)"),
                 ("--min-epochs", self.min_epochs, 1 <= self.min_epochs <= cfg.train.epochs,
                  f"must be in [1, train.epochs={cfg.train.epochs}] (ASHA's first rung)"),
-                ("--metric", self.metric, self.metric in METRICS, f"must be one of {', '.join(METRICS)}"),
+                ("--metric", self.metric, self.metric in tasks.validation_metrics(cfg.task.kind),
+                 f"must be one of {', '.join(tasks.validation_metrics(cfg.task.kind))} ({cfg.task.kind} task)"),
                 ("--launcher", self.launcher, self.launcher in LAUNCHERS, f"must be one of {', '.join(LAUNCHERS)}"),
                 ("--hosts", self.hosts, self.launcher != "horovodrun" or bool(self.hosts),
                  "is needed with --launcher horovodrun, e.g. --hosts host1:2,host2:2")):
@@ -199,7 +201,7 @@ class TuneOptions:
 
 
 def direction(metric: str) -> str:
-    return "minimize" if metric.endswith("loss") else "maximize"
+    return "minimize" if tasks.direction(metric) == "min" else "maximize"
 
 
 def epoch_metric(metric: str) -> str:
@@ -510,6 +512,8 @@ def open_study(cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Pa
 
 def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     """Check everything, then run trials until ``--trials`` have ended; returns the study's summary."""
+    if opts.metric is None:  # --metric not given: the task's own (tune.metric, resolved by the config)
+        opts = dataclasses.replace(opts, metric=cfg.tune.metric)
     opts.check(cfg)
     if opts.launcher == "yarn" and storage_url(cfg).startswith("sqlite:"):
         raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach "

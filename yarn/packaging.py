@@ -69,9 +69,24 @@ def code_files(root: str, packages: Sequence[str] = CODE_PACKAGES) -> list[tuple
     return out
 
 
-def build_code_zip(output: str, root: Optional[str] = None, packages: Sequence[str] = CODE_PACKAGES) -> str:
-    """Zip the project's packages for ``--py-files``; returns ``output``."""
-    files = code_files(root or project_root(), packages)
+def user_code_files(folder: str) -> list[tuple[str, str]]:
+    """(absolute path, path in the zip) of the Python files under ``model.code``, at the zip's top level (so its
+    modules import as they do from that folder)."""
+    if not os.path.isdir(folder):
+        raise EnvironmentProblem(f"cannot ship model.code {folder}: not a folder on this host")
+    out = []
+    for base, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        out += [(os.path.join(base, n), os.path.relpath(os.path.join(base, n), folder).replace(os.sep, "/"))
+                for n in sorted(files) if n.endswith(".py")]
+    return out
+
+
+def build_code_zip(output: str, root: Optional[str] = None, packages: Sequence[str] = CODE_PACKAGES,
+                   user_code: Optional[str] = None) -> str:
+    """Zip the project's packages (and ``model.code``, the user's model code) for ``--py-files``; returns
+    ``output``."""
+    files = code_files(root or project_root(), packages) + (user_code_files(user_code) if user_code else [])
     with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for path, arcname in files:
             zf.write(path, arcname)

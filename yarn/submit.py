@@ -568,7 +568,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
     with open(inputs.job_yaml, "w") as fh:
         fh.write(cfg.to_yaml())
     fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
-    packaging.build_code_zip(inputs.code_zip)
+    packaging.build_code_zip(inputs.code_zip, user_code=cfg.model.code)
     for note in plan.notes:
         print(f"hvdtrain: note: {note}", file=sys.stderr)
     print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
@@ -595,9 +595,10 @@ def result_summary(uri: str) -> str:
     except Exception as exc:  # noqa: BLE001 - the job succeeded; the summary is a courtesy
         return f"hvdtrain: training finished; could not read {uri} ({exc})"
     result = doc.get("result") or {}
-    return (f"hvdtrain: training finished on {doc.get('world_size')} ranks: test accuracy "
-            f"{result.get('test_accuracy', float('nan')):.4f}, ranks agree: {result.get('ranks_agree')}; "
-            f"result: {uri}")
+    metrics = result.get("test_metrics") or {"accuracy": result.get("test_accuracy", float("nan"))}
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in list(metrics.items())[:3])
+    return (f"hvdtrain: training finished on {doc.get('world_size')} ranks: test {shown}, ranks agree: "
+            f"{result.get('ranks_agree')}; result: {uri}")
 
 
 def main(argv: Optional[Sequence[str]] = None, deps: Optional[Collaborators] = None) -> int:

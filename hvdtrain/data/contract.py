@@ -1,14 +1,19 @@
 """The contract between a dataset's manifest and a model: which features a model kind reads, their
-dtypes and shapes, and what the model builder needs to know (:class:`InputShape`).
+dtypes and shapes, and what the model builder needs to know (:class:`ModelContract`).
+
+A builder (built-in or ``model.kind: custom``) sees only the contract: each
+feature's name, dtype, shape and vocabulary / category sizes, the task, the
+label names and the width its output must have.
 
 Pure and free of TensorFlow: :mod:`hvdtrain.models` and the checks that run before
 any rank starts work import it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
+from hvdtrain import tasks
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import FeatureSpec, Manifest
@@ -18,18 +23,39 @@ from hvdtrain.manifest import FeatureSpec, Manifest
 MODEL_INPUTS: dict[str, tuple[str, ...]] = {
     "transformer": ("input_ids", "attention_mask"),
     "mlp": ("numeric", "categorical"),
+    "custom": ("input_ids", "attention_mask", "numeric", "categorical"),  # whichever the dataset has
 }
 KEY_FEATURE = "key"  # the record keys, read when tracing the data order
 
 
 @dataclass(frozen=True)
+class Feature:
+    """One model input: ``dtype`` and ``shape`` without the batch axis, and what its values index.
+
+    ``vocab_size`` (token ids: ``input_ids``), ``cardinalities`` (one size per
+    ``categorical`` column, the unknown bucket 0 included) and ``columns`` (the
+    source columns behind ``numeric`` / ``categorical``, in order).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    vocab_size: Optional[int] = None
+    cardinalities: tuple[int, ...] = ()
+    columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InputShape:
-    """What the model builder needs to know about the data.
+    """What the model builder needs to know about the data (the model contract).
 
     Text datasets fill ``max_length`` and ``vocab_size``; tabular ones
     ``numeric_features`` (width of ``numeric``) and ``cardinalities`` (one per
     ``categorical`` column, unknown bucket included). ``inputs`` are the
-    features the model reads, in order.
+    features the model reads, in order; ``features`` describes each of them.
+    ``task`` is one of :data:`hvdtrain.tasks.KINDS`; ``labels`` the class or
+    label names (empty for regression); the model must return
+    ``[batch, num_outputs]`` float scores (logits; the value for regression).
     """
 
     max_length: int
@@ -40,6 +66,13 @@ class InputShape:
     inputs: tuple[str, ...] = MODEL_INPUTS["transformer"]
     numeric_features: int = 0
     cardinalities: tuple[int, ...] = ()
+    task: str = "multiclass"
+    labels: tuple[str, ...] = field(default=(), compare=False)
+    features: dict[str, Feature] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_outputs(self) -> int:
+        return tasks.outputs(self.task, self.num_classes)
 
     def input_specs(self) -> dict[str, tuple[str, list[int]]]:
         """(dtype, shape without the batch axis) of each model input."""
@@ -49,11 +82,14 @@ class InputShape:
         return {name: specs[name] for name in self.inputs}
 
 
+ModelContract = InputShape  # the name builders know it by
+
+
 def model_inputs(kind: str, features: Sequence[str]) -> tuple[str, ...]:
     """The features a model of ``kind`` reads from a dataset with ``features`` (pure)."""
     if kind not in MODEL_INPUTS:
         raise DataError(f"model.kind {kind!r} has no input contract; use one of {', '.join(MODEL_INPUTS)}")
-    if kind == "mlp":
+    if kind in ("mlp", "custom"):
         return tuple(name for name in MODEL_INPUTS[kind] if name in features)
     return MODEL_INPUTS[kind]
 
@@ -64,12 +100,14 @@ def required_features(model_cfg: ModelConfig, label_feature: str, max_length: in
     wanted = {"input_ids": FeatureSpec("int64", [max_length]), "attention_mask": FeatureSpec("int64", [max_length]),
               "numeric": FeatureSpec("float32", [0]), "categorical": FeatureSpec("int64", [0])}
     inputs = model_inputs(model_cfg.kind, features)
+    if model_cfg.kind == "custom" and "input_ids" in inputs and "attention_mask" not in inputs:
+        inputs = inputs + ("attention_mask",)  # reported missing below
     if not inputs:
         raise DataError(f"model.kind={model_cfg.kind} needs feature 'numeric' {_describe(wanted['numeric'])} "
                         f"and/or 'categorical' {_describe(wanted['categorical'])}, but the dataset has neither "
                         f"(it has {', '.join(features) or 'none'}): use model.kind=transformer for a text "
                         "dataset, or set source.numeric_columns/categorical_columns and rerun the ETL")
-    return {**{name: wanted[name] for name in inputs}, label_feature: FeatureSpec("int64", [])}
+    return {name: wanted[name] for name in inputs}
 
 
 def _fits(have: FeatureSpec, want: FeatureSpec) -> bool:
@@ -88,48 +126,82 @@ def _describe(spec: FeatureSpec, name: str = "") -> str:
 def _missing_fix(kind: str, features: Sequence[str]) -> str:
     """What to do about a missing model input: another model kind, or a newer ETL."""
     for other, names in MODEL_INPUTS.items():
-        if other != kind and any(n in features for n in names):
+        if other not in (kind, "custom") and any(n in features for n in names):
             return f"the dataset has {other} inputs: set model.kind={other}, or rerun the ETL for {kind} features"
     return "rerun the ETL with this hvdtrain version"
 
 
-def _check_features(manifest: Manifest, model_cfg: ModelConfig, wanted: dict[str, FeatureSpec]) -> None:
+def _check_features(manifest: Manifest, who: str, wanted: dict[str, FeatureSpec]) -> None:
+    """Each wanted feature is in the manifest with a fitting spec; ``who`` names what needs it."""
     where = manifest.location or "manifest"
     for name, want in wanted.items():
         have = manifest.features.get(name)
         if have is None:
             has = ", ".join(f"{k} {_describe(v)}" for k, v in manifest.features.items()) or "none"
             raise DataError(f"{where}: feature {name!r} is missing (the dataset has: {has}) but "
-                            f"model.kind={model_cfg.kind} needs {name} {_describe(want, name)}; "
-                            f"{_missing_fix(model_cfg.kind, list(manifest.features))}")
+                            f"{who} needs {name} {_describe(want, name)}; "
+                            f"{_missing_fix(who.partition('=')[2], list(manifest.features))}")
         if not _fits(have, want):
             raise DataError(f"{where}: feature {name!r} is {_describe(have)} in the dataset but "
-                            f"model.kind={model_cfg.kind} needs {_describe(want, name)}; "
+                            f"{who} needs {_describe(want, name)}; "
                             "rerun the ETL, or fix the feature spec it writes")
 
 
-def check_manifest(manifest: Manifest, model_cfg: ModelConfig) -> InputShape:
-    """Fail before training when the dataset cannot feed the model.
+def _check_task(manifest: Manifest, task: Optional[str]) -> None:
+    """The dataset's labels were encoded for the task this run trains (and there are enough of them)."""
+    where = manifest.location or "manifest"
+    if task is not None and task != manifest.task:
+        raise DataError(f"{where}: the dataset's labels were encoded for task {manifest.task}, but this run's "
+                        f"task is {task}: rerun the ETL with task: {task}, or set task: {manifest.task}")
+    dtype, shape = tasks.label_spec(manifest.task, manifest.num_classes)
+    _check_features(manifest, "label", {manifest.label_feature: FeatureSpec(dtype, shape)})
+    least = {"multiclass": 2, "binary": 2, "multilabel": 1, "regression": 0}[manifest.task]
+    if manifest.num_classes < least:
+        raise DataError(f"{where}: labels {manifest.labels!r} has {manifest.num_classes} class(es); "
+                        f"a {manifest.task} model needs >= {least}: check the source's label column")
+
+
+def check_manifest(manifest: Manifest, model_cfg: ModelConfig, task: Optional[str] = None) -> InputShape:
+    """Fail before training when the dataset cannot feed the model (of ``task``, when given).
 
     Raises:
         DataError: naming the feature, the dataset's spec and the spec the model needs.
     """
-    where = manifest.location or "manifest"
     ids = manifest.features.get("input_ids")
     max_length = ids.shape[0] if ids is not None and len(ids.shape) == 1 and ids.shape[0] > 0 else 0
     wanted = required_features(model_cfg, manifest.label_feature, max_length, list(manifest.features))
-    _check_features(manifest, model_cfg, wanted)
-    if manifest.num_classes < 2:
-        raise DataError(f"{where}: labels {manifest.labels!r} has {manifest.num_classes} class(es); "
-                        "a classifier needs >= 2: check the source's label column")
-    inputs = tuple(name for name in wanted if name != manifest.label_feature)
-    if model_cfg.kind == "mlp":
-        return _tabular_shape(manifest, inputs)
+    _check_features(manifest, f"model.kind={model_cfg.kind}", wanted)
+    _check_task(manifest, task)
+    inputs = tuple(wanted)
+    text = _text_sizes(manifest, max_length) if "input_ids" in inputs else (0, 0)
+    tabular = _tabular_shape(manifest, inputs)
+    return InputShape(text[0], text[1], manifest.num_classes, manifest.label_feature, kind=model_cfg.kind,
+                      inputs=inputs, numeric_features=tabular.numeric_features, cardinalities=tabular.cardinalities,
+                      task=manifest.task, labels=tuple(manifest.labels),
+                      features=describe_features(manifest, inputs, text[1], tabular.cardinalities))
+
+
+def _text_sizes(manifest: Manifest, max_length: int) -> tuple[int, int]:
     vocab_size = manifest.vocab.get("size")
     if not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise DataError(f"{where}: vocab.size is {vocab_size!r}; the embedding needs a positive vocabulary size: "
-                        "rerun the ETL so the manifest records its vocabulary")
-    return InputShape(max_length, vocab_size, manifest.num_classes, manifest.label_feature)
+        raise DataError(f"{manifest.location or 'manifest'}: vocab.size is {vocab_size!r}; the embedding needs a "
+                        "positive vocabulary size: rerun the ETL so the manifest records its vocabulary")
+    return max_length, vocab_size
+
+
+def describe_features(manifest: Manifest, inputs: Sequence[str], vocab_size: int,
+                      cardinalities: tuple[int, ...]) -> dict[str, Feature]:
+    """The contract's view of each model input (pure)."""
+    tab = manifest.preprocessing.get("tabular", {})
+    out = {}
+    for name in inputs:
+        spec = manifest.features[name]
+        out[name] = Feature(name, spec.dtype, tuple(spec.shape),
+                            vocab_size=vocab_size if name == "input_ids" else None,
+                            cardinalities=cardinalities if name == "categorical" else (),
+                            columns=tuple(tab.get(f"{name}_columns", ())) if name in ("numeric", "categorical")
+                            else ())
+    return out
 
 
 def _tabular_shape(manifest: Manifest, inputs: tuple[str, ...]) -> InputShape:
@@ -147,4 +219,4 @@ def _tabular_shape(manifest: Manifest, inputs: tuple[str, ...]) -> InputShape:
                             "included); rerun the ETL with this hvdtrain version")
         cards = tuple(found)
     return InputShape(0, 0, manifest.num_classes, manifest.label_feature, kind="mlp", inputs=inputs,
-                      numeric_features=numeric, cardinalities=cards)
+                      numeric_features=numeric, cardinalities=cards)  # the tabular sizes only

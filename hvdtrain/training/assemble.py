@@ -19,7 +19,7 @@ from hvdtrain import tensorboard, timeline as timeline_lib, tune
 from hvdtrain.errors import ConfigError, EnvironmentProblem
 from hvdtrain.training import hooks, steps as steps_lib
 from hvdtrain.training.context import TrainContext
-from hvdtrain.training.evaluate import evaluate_split
+from hvdtrain.training.evaluate import evaluate_split, make_eval_step
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.state import current_learning_rate
 
@@ -78,7 +78,7 @@ def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlySt
     """Validation (and early stopping) after each epoch, when configured."""
     if not ctx.cfg.train.validates_each_epoch:
         return []
-    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    eval_step = make_eval_step(ctx, model)
     return [hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper)]
 
 

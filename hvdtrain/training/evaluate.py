@@ -6,13 +6,22 @@ from typing import Any
 
 import keras
 
-from hvdtrain import data
+from hvdtrain import data, heads
 from hvdtrain.training import evaluation, steps as steps_lib
 from hvdtrain.training.context import TrainContext
 
 log = logging.getLogger("hvdtrain.train")
 EVAL_SPLITS = ("validation", "test")
 
+
+def task_head(ctx: TrainContext) -> heads.Head:
+    """The task's loss and decisions (with ``task.class_weights`` from the training split's class counts)."""
+    return heads.for_task(ctx.cfg.task, ctx.manifest.labels, ctx.manifest.split("train").class_counts())
+
+
+def make_eval_step(ctx: TrainContext, model: keras.Model) -> Any:
+    """The compiled evaluation step of the run's task, over the features the model reads."""
+    return steps_lib.make_eval_step(model, ctx.shape.label_feature, steps_lib.input_names(model), task_head(ctx))
 
 
 def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
@@ -23,7 +32,8 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
                                                   features=[*shape.inputs, shape.label_feature],
                                                   stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
-                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
+                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"),
+                                   task=ctx.cfg.task.kind, threshold=ctx.cfg.task.threshold)
     ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
     expected = ctx.manifest.split(split).records
@@ -33,5 +43,5 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
 
 
 def evaluate_splits(ctx: TrainContext, model: keras.Model) -> dict[str, dict[str, Any]]:
-    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    eval_step = make_eval_step(ctx, model)
     return {split: evaluate_split(ctx, eval_step, split) for split in EVAL_SPLITS}

@@ -7,45 +7,82 @@ classes, a histogram of logit margins per true class (int64, for ROC-AUC;
 see :mod:`hvdtrain.metrics`). Summing those over ranks gives exactly the
 counts one process would get on the whole split, so accuracy, macro F1,
 loss and ROC-AUC equal the single-process values.
+
+The other tasks keep counts the same way (:mod:`hvdtrain.tasks`): binary a
+confusion matrix at ``task.threshold`` and a logit histogram (ROC and PR AUC);
+multilabel one confusion matrix and one histogram per label and the exact
+matches; regression the sums of y, y^2, squared and absolute errors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import distributed, metrics
+from hvdtrain import distributed, metrics, tasks
 
 
 @dataclass
 class SplitCounts:
     """What evaluation keeps of a split: counts and sums, nothing per example."""
 
-    confusion: np.ndarray  # int64 [classes, classes]: cm[true, predicted]
+    confusion: np.ndarray  # int64 [classes, classes]: cm[true, predicted] ([0, 0] for multilabel, regression)
     loss_sum: float
-    histogram: Optional[np.ndarray] = None  # int64 [2, AUC_BINS], binary tasks only
+    histogram: Optional[np.ndarray] = None  # int64 [2, AUC_BINS]: binary, and multiclass with two classes
+    task: str = "multiclass"
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # multilabel and regression counts
 
     @property
     def records(self) -> int:
+        if self.task == "regression":
+            return int(self.arrays["moments"][0])
+        if self.task == "multilabel":
+            return int(self.arrays["exact"][1])
         return int(self.confusion.sum())
 
 
+def empty_counts(task: str, num_classes: int) -> SplitCounts:
+    """Zero counts of one split for ``task`` over ``num_classes`` classes or labels."""
+    width = 2 if task == "binary" else num_classes if task == "multiclass" else 0
+    hist = np.zeros((2, metrics.AUC_BINS), np.int64) if width == 2 else None
+    arrays = {}
+    if task == "multilabel":
+        arrays = {"label_confusion": np.zeros((num_classes, 2, 2), np.int64),
+                  "label_histogram": np.zeros((num_classes, 2, metrics.AUC_BINS), np.int64),
+                  "exact": np.zeros(2, np.int64)}
+    elif task == "regression":
+        arrays = {"moments": np.zeros(5, np.float64)}
+    return SplitCounts(np.zeros((width, width), np.int64), 0.0, hist, task, arrays)
+
+
+def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], threshold: float = 0.5) -> None:
+    """Add one batch's eval-step outputs to this rank's counts (in place)."""
+    counts.loss_sum += float(np.asarray(out["loss"], dtype=np.float64).sum())
+    if counts.task == "multiclass":
+        counts.confusion += metrics.confusion_matrix(labels, np.asarray(out["pred"]), counts.confusion.shape[0])
+        if counts.histogram is not None:
+            counts.histogram += metrics.score_histogram(labels, np.asarray(out["margin"]))
+    elif counts.task == "binary":
+        cm, hist = metrics.binary_counts(labels, np.asarray(out["scores"]), threshold)
+        counts.confusion += cm
+        counts.histogram += hist
+    elif counts.task == "multilabel":
+        for name, value in metrics.multilabel_counts(labels, np.asarray(out["scores"]), threshold).items():
+            counts.arrays[name] += value
+    else:
+        counts.arrays["moments"] += metrics.regression_moments(labels, np.asarray(out["scores"]))
+
+
 def count_split(eval_step: Callable[[dict[str, Any]], dict[str, Any]], batches: Iterable[dict[str, Any]],
-                label_feature: str, num_classes: int, on_batch: Callable[[], None] = lambda: None) -> SplitCounts:
+                label_feature: str, num_classes: int, on_batch: Callable[[], None] = lambda: None,
+                task: str = "multiclass", threshold: float = 0.5) -> SplitCounts:
     """This rank's counts over its batches (no communication); ``on_batch`` hears each batch done."""
-    cm = np.zeros((num_classes, num_classes), np.int64)
-    hist = np.zeros((2, metrics.AUC_BINS), np.int64) if num_classes == 2 else None
-    loss_sum = 0.0
+    counts = empty_counts(task, num_classes)
     for batch in batches:
-        out = eval_step(batch)
-        labels = np.asarray(batch[label_feature])
-        cm += metrics.confusion_matrix(labels, np.asarray(out["pred"]), num_classes)
-        loss_sum += float(np.asarray(out["loss"], dtype=np.float64).sum())
-        if hist is not None:
-            hist += metrics.score_histogram(labels, np.asarray(out["margin"]))
+        add_batch(counts, np.asarray(batch[label_feature]), eval_step(batch), threshold)
         on_batch()
-    return SplitCounts(cm, loss_sum, hist)
+    return counts
 
 
 def allreduce_counts(counts: SplitCounts, name: str) -> SplitCounts:
@@ -55,24 +92,33 @@ def allreduce_counts(counts: SplitCounts, name: str) -> SplitCounts:
     hist = None
     if counts.histogram is not None:
         hist = distributed.allreduce_sum(counts.histogram, name=f"hvdtrain.eval.{name}.hist")
-    return SplitCounts(cm, float(loss[0]), hist)
+    arrays = {key: distributed.allreduce_sum(value, name=f"hvdtrain.eval.{name}.{key}")
+              for key, value in sorted(counts.arrays.items())}
+    return SplitCounts(cm, float(loss[0]), hist, counts.task, arrays)
 
 
 def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: int) -> dict[str, Any]:
-    """JSON-ready metrics of one split (pure): the confusion-matrix report, loss, ROC-AUC when binary."""
-    out = {**metrics.report(counts.confusion, labels),
-           "loss": counts.loss_sum / counts.records if counts.records else 0.0}
-    if counts.histogram is not None:
-        out["roc_auc"] = metrics.roc_auc_from_histogram(counts.histogram)
-        out["roc_auc_max_binning_error"] = metrics.auc_binning_error(counts.histogram)
+    """JSON-ready metrics of one split (pure), as the task defines them (:mod:`hvdtrain.tasks`)."""
+    loss = counts.loss_sum / counts.records if counts.records else 0.0
+    if counts.task == "binary":
+        out = metrics.binary_report(counts.confusion, counts.histogram, counts.loss_sum, labels)
+        out["loss"] = loss
+    elif counts.task == "multilabel":
+        out = metrics.multilabel_report(counts.arrays, counts.loss_sum, labels)
+    elif counts.task == "regression":
+        out = metrics.regression_report(counts.arrays["moments"])
+    else:
+        out = {**metrics.report(counts.confusion, labels), "loss": loss, "log_loss": loss}
+        if counts.histogram is not None:
+            out["roc_auc"] = metrics.roc_auc_from_histogram(counts.histogram)
+            out["roc_auc_max_binning_error"] = metrics.auc_binning_error(counts.histogram)
+    out["task"] = counts.task
     out["expected_records"] = expected_records
     out["complete"] = counts.records == expected_records
     return out
 
 
 def scalar_metrics(report: dict[str, Any], prefix: str) -> dict[str, float]:
-    """The numbers of a split report worth a metric each (``{prefix}_accuracy``, ...)."""
-    out = {f"{prefix}_{k}": float(report[k]) for k in ("accuracy", "macro_f1", "loss") if k in report}
-    if report.get("roc_auc") is not None:
-        out[f"{prefix}_roc_auc"] = float(report["roc_auc"])
-    return out
+    """The numbers of a split report worth a metric each (``{prefix}_accuracy``, ...): the task's metrics."""
+    names = tasks.METRICS.get(report.get("task", "multiclass"), ())
+    return {f"{prefix}_{k}": float(report[k]) for k in names if report.get(k) is not None}

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import early_stopping
+from hvdtrain import early_stopping, tasks
 from hvdtrain.config import EarlyStoppingConfig
 from hvdtrain.training.events import EpochStats, LoopState, StepInfo
 
@@ -128,7 +128,8 @@ class EarlyStopper:
 
     def update(self, validation: Mapping[str, Any]) -> bool:
         """Record this epoch's value; returns True to stop."""
-        value = float(validation[self.cfg.metric])
+        found = validation[self.cfg.metric]
+        value = float("nan") if found is None else float(found)  # None: undefined here (an AUC with one class)
         self.values.append(value)
         self.decision = early_stopping.decide(self.values, self.cfg.direction, self.cfg.patience, self.cfg.min_delta)
         if self.decision.improved and self.cfg.restore_best:
@@ -240,7 +241,11 @@ def epoch_line(stats: EpochStats, epochs: int) -> str:
             f"lr {stats.learning_rate:.3g}")
     if stats.validation is not None:
         v = stats.validation
-        line += f"; validation loss {v['loss']:.4f}, accuracy {v['accuracy']:.4f}, macro F1 {v['macro_f1']:.4f}"
-        if v.get("roc_auc") is not None:
-            line += f", ROC-AUC {v['roc_auc']:.4f}"
+        if v.get("task", "multiclass") == "multiclass":
+            line += f"; validation loss {v['loss']:.4f}, accuracy {v['accuracy']:.4f}, macro F1 {v['macro_f1']:.4f}"
+            if v.get("roc_auc") is not None:
+                line += f", ROC-AUC {v['roc_auc']:.4f}"
+        else:
+            shown = [name for name in tasks.HEADLINE[v["task"]] if v.get(name) is not None]
+            line += "; validation " + ", ".join(f"{name} {v[name]:.4f}" for name in shown)
     return line

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from hvdtrain import data, fs, plots, tensorboard, timeline as timeline_lib
+from hvdtrain.config import JobConfig
 from hvdtrain.errors import StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
@@ -26,7 +27,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
     output, tracker = ctx.cfg.train.output, ctx.tracker
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
-        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape))
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg))
         _copy_tokenizer(ctx.manifest, local)
         png = _confusion_png(report, local)
         model.save(os.path.join(local, "model.keras"))
@@ -47,6 +48,8 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
 def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
     """The test split's confusion matrix as a PNG; a charting failure only warns."""
     test = report["evaluation"]["test"]
+    if "confusion_matrix" not in test:
+        return None  # multilabel and regression: the report has per-label and error figures instead
     title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
     try:
         return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
@@ -57,9 +60,12 @@ def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
         return None
 
 
-def labels_document(manifest: Manifest, shape: data.InputShape) -> dict[str, Any]:
-    """What a server needs beside the model: label names and how inputs were made."""
+def labels_document(manifest: Manifest, shape: data.InputShape,
+                    cfg: Optional[JobConfig] = None) -> dict[str, Any]:
+    """What a server needs beside the model: label names, the task, the user's builder and how inputs were made."""
+    custom = {"model_builder": cfg.model.builder, "threshold": cfg.task.threshold} if cfg is not None else {}
     return {"labels": manifest.labels, "label_feature": shape.label_feature, "model_kind": shape.kind,
+            "task": shape.task, "num_outputs": shape.num_outputs, **custom,
             "max_length": shape.max_length, "inputs": list(shape.inputs),
             "input_specs": {k: {"dtype": d, "shape": s} for k, (d, s) in shape.input_specs().items()},
             "outputs": "logits", "preprocessing": manifest.preprocessing,
@@ -92,7 +98,7 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
     if png is not None:
         tracker.log_artifact(png)
     tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
-    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_classes,
+    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_outputs,
                                    ctx.cfg.tracking.registered_model_name)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import keras
 import numpy as np
 
-from hvdtrain import distributed, fs
+from hvdtrain import distributed, fs, tasks
 from hvdtrain.config import TrainConfig
 from hvdtrain.schedules import scaled_learning_rate
 from hvdtrain.training import evaluation
@@ -59,7 +59,8 @@ def build_report(ctx: TrainContext, history: list[EpochStats], evaluated: dict[s
         "dataset": {"location": manifest.root, "manifest_digest": manifest.digest(),
                     "records": {name: split.records for name, split in manifest.splits.items()}},
         "labels": manifest.labels,
-        "model": {"kind": cfg.model.kind, "mixed_precision": cfg.train.mixed_precision},
+        "task": cfg.task.kind,
+        "model": {"kind": cfg.model.kind, "builder": cfg.model.builder, "mixed_precision": cfg.train.mixed_precision},
         "training": training_summary(cfg.train, ctx.rank, ctx.steps, history),
         "early_stopping": stopping,
         "evaluation": evaluated,
@@ -93,15 +94,19 @@ EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labe
 def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),
                   model_uri: Optional[str] = None, tracking_uri: Optional[str] = None) -> dict[str, Any]:
     """The result.json document (pure); ``exports`` lists only the exports in ``written`` (names in the output)."""
-    test = report["evaluation"]["test"]
+    test, validation = report["evaluation"]["test"], report["evaluation"]["validation"]
+    task = test.get("task", "multiclass")
     return {
         "run_id": run_id,
         "tracking_uri": tracking_uri,
         "mlflow_model_uri": model_uri,
-        "test_accuracy": test["accuracy"],
-        "test_macro_f1": test["macro_f1"],
+        "task": task,
+        "test_accuracy": test.get("accuracy"),
+        "test_macro_f1": test.get("macro_f1"),
         "test_roc_auc": test.get("roc_auc"),
-        "validation_accuracy": report["evaluation"]["validation"]["accuracy"],
+        "validation_accuracy": validation.get("accuracy"),
+        "test_metrics": {k: test[k] for k in tasks.METRICS[task] if test.get(k) is not None},
+        "validation_metrics": {k: validation[k] for k in tasks.METRICS[task] if validation.get(k) is not None},
         "ranks_agree": report["rank_digest"]["agree"],
         "world_size": report["training"]["world_size"],
         "epochs_run": report["training"]["epochs"],

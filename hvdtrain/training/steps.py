@@ -40,6 +40,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import distributed
+from hvdtrain.heads import Head
 
 Batch = dict[str, tf.Tensor]
 Allreduce = Callable[[Sequence[Any]], list[Any]]
@@ -66,30 +67,51 @@ class Reduction:
 
     fp16: bool = False
     mode: AllreduceMode = "grouped"
+    sparse: tuple[bool, ...] = ()  # per trainable variable: send its IndexedSlices gradient sparse (sparse_choice)
+    head: Head = Head()  # the task's loss whose gradients these are (hvdtrain.heads)
 
     def __call__(self, grads: Sequence[Any]) -> list[Any]:
-        return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped")
+        return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped", sparse=self.sparse)
 
 
-def _loss_fn() -> keras.losses.Loss:
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+def sparse_choice(shapes: Sequence[Sequence[int]], min_rows: int) -> tuple[bool, ...]:
+    """Which variables send sparse gradients (pure): tables of at least ``min_rows`` rows (0: none).
+
+    An embedding lookup's gradient holds only the rows a batch touched. All-
+    gathering those (rows x width x ranks values, plus indices) beats all-
+    reducing the whole table when the table is much larger than the rows a
+    step touches: a 1M-row table against a few thousand lookups per step. A
+    small table is cheaper densified, in the one fused all-reduce. A variable
+    whose gradient turns out dense is all-reduced densely whatever this says.
+    """
+    return tuple(min_rows > 0 and len(shape) == 2 and shape[0] >= min_rows for shape in shapes)
 
 
-def _input_names(model: keras.Model) -> tuple[str, ...]:
+def input_names(model: keras.Model) -> tuple[str, ...]:
+    """The features the model reads (a custom model may read only some of the contract's)."""
     return tuple(t.name for t in model.inputs)
 
 
-def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: keras.losses.Loss,
+def sparse_variables(model: keras.Model, min_rows: int) -> tuple[bool, ...]:
+    """:func:`sparse_choice` over the model's trainable variables."""
+    return sparse_choice([tuple(v.shape) for v in model.trainable_variables], min_rows)
+
+
+def _head(allreduce: Any) -> Head:
+    """The task head travelling with a :class:`Reduction` (a plain all-reduce callable: multiclass)."""
+    return getattr(allreduce, "head", Head())
+
+
+def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, head: Head,
                batch: Batch, inputs: Sequence[str], label_feature: str) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
     """This rank's (loss-scaled) gradients of the batch-mean loss, loss sum and correct count."""
     labels = batch[label_feature]
     with tf.GradientTape() as tape:
         logits = model({k: batch[k] for k in inputs}, training=True)
-        per_example = loss_fn(labels, logits)
+        per_example = head.loss(labels, logits)
         scaled = optimizer.scale_loss(tf.reduce_mean(per_example))
     grads = tape.gradient(scaled, model.trainable_variables)
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float64))
-    return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), correct
+    return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), head.correct(labels, logits)
 
 
 class FiniteGuard:
@@ -131,11 +153,11 @@ def train_step_body(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
                     guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """One optimizer step on one batch, to be traced (uncompiled): gradients, one all-reduce, update;
     returns (loss sum, correct)."""
-    names = tuple(inputs) if inputs is not None else _input_names(model)
-    loss_fn = _loss_fn()
+    names = tuple(inputs) if inputs is not None else input_names(model)
+    head = _head(allreduce)
 
     def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
-        grads, loss_sum, correct = _gradients(model, optimizer, loss_fn, batch, names, label_feature)
+        grads, loss_sum, correct = _gradients(model, optimizer, head, batch, names, label_feature)
         _apply(optimizer, allreduce(grads), model.trainable_variables, guard)
         return loss_sum, correct
 
@@ -178,15 +200,15 @@ class AccumulatingStep:
             raise ValueError(f"train.grad_accum_steps must be >= 1 (got {accum_steps})")
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
-        self._names = tuple(inputs) if inputs is not None else _input_names(model)
-        self._label, self._loss_fn = label_feature, _loss_fn()
+        self._names = tuple(inputs) if inputs is not None else input_names(model)
+        self._label, self._head = label_feature, _head(allreduce)
         self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
                       for v in model.trainable_variables]
         self._micro = tf.function(self._micro_step)
         self._apply = tf.function(self._apply_step)
 
     def _micro_step(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
-        grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names,
+        grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._head, batch, self._names,
                                               self._label)
         for total, grad in zip(self._sums, grads):
             if grad is not None:
@@ -242,7 +264,7 @@ class TimedStep:
                  guard: Optional[FiniteGuard] = None):
         self.accum_steps = accum_steps
         self._model, self._optimizer, self._allreduce, self._guard = model, optimizer, allreduce, guard
-        self._names, self._label, self._loss_fn = tuple(inputs), label_feature, _loss_fn()
+        self._names, self._label, self._head = tuple(inputs), label_feature, _head(allreduce)
         self._accumulate = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs,
                                             allreduce) if accum_steps > 1 else None
         self._gradients = tf.function(self._gradients_step, reduce_retracing=True)
@@ -251,7 +273,7 @@ class TimedStep:
         self.allreduce_seconds: Optional[float] = None
 
     def _gradients_step(self, batch: Batch) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
-        return _gradients(self._model, self._optimizer, self._loss_fn, batch, self._names, self._label)
+        return _gradients(self._model, self._optimizer, self._head, batch, self._names, self._label)
 
     def _apply_step(self, grads: Sequence[Any]) -> None:
         _apply(self._optimizer, grads, self._model.trainable_variables, self._guard)
@@ -300,19 +322,13 @@ def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     return TimedStep(model, optimizer, label_feature, inputs, accum_steps, reduction, guard)
 
 
-def make_eval_step(model: keras.Model, label_feature: str,
-                   inputs: Optional[Sequence[str]] = None) -> Callable[[Batch], dict[str, tf.Tensor]]:
-    """A compiled inference step: predicted class, per-example loss and, for two classes, the logit margin."""
-    names = tuple(inputs) if inputs is not None else _input_names(model)
-    loss_fn = _loss_fn()
-    binary = model.outputs[0].shape[-1] == 2
+def make_eval_step(model: keras.Model, label_feature: str, inputs: Optional[Sequence[str]] = None,
+                   head: Head = Head()) -> Callable[[Batch], dict[str, tf.Tensor]]:
+    """A compiled inference step: per-example loss and the scores evaluation counts (:meth:`Head.eval_outputs`)."""
+    names = tuple(inputs) if inputs is not None else input_names(model)
 
     @tf.function(reduce_retracing=True)
     def eval_step(batch: Batch) -> dict[str, tf.Tensor]:
-        logits = tf.cast(model({k: batch[k] for k in names}, training=False), tf.float32)
-        out = {"pred": tf.argmax(logits, axis=-1), "loss": loss_fn(batch[label_feature], logits)}
-        if binary:
-            out["margin"] = logits[:, 1] - logits[:, 0]  # log-odds of class 1
-        return out
+        return head.eval_outputs(batch[label_feature], model({k: batch[k] for k in names}, training=False))
 
     return eval_step

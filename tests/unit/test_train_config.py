@@ -46,7 +46,7 @@ def test_nested_early_stopping_and_round_trip() -> None:
      "train.early_stopping.mode must be auto or min for metric loss"),
     ("train", {"early_stopping": {"patience": -1}}, "train.early_stopping.patience must be >= 0 epochs (got -1)"),
     ("train", {"progress": "fancy"}, "train.progress must be one of auto, bar, log, off"),
-    ("model", {"kind": "cnn"}, "model.kind must be one of transformer, mlp (got 'cnn')"),
+    ("model", {"kind": "cnn"}, "model.kind must be one of transformer, mlp, custom (got 'cnn')"),
     ("model", {"hidden_units": []}, "model.hidden_units must be a non-empty list of layer widths > 0"),
     ("model", {"hidden_units": [8, 0]}, "model.hidden_units must be a non-empty list"),
     ("tracking", {"log_every_steps": -1}, "tracking.log_every_steps must be >= 0 (0 turns per-step metrics off)"),

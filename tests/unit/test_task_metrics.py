@@ -1,0 +1,95 @@
+"""Each task's metrics from summed counts equal scikit-learn's on the same predictions, also when the
+predictions are split over "ranks" and the counts summed (as the all-reduce does)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+from hvdtrain import metrics
+from hvdtrain.training import evaluation
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _log_loss_sum(y: np.ndarray, logits: np.ndarray) -> float:
+    return float(np.sum(np.logaddexp(0, logits) - y * logits))  # sigmoid cross-entropy from logits
+
+
+def _counts_over_ranks(task: str, labels: np.ndarray, scores: np.ndarray, losses: np.ndarray, width: int,
+                       ranks: int = 3, threshold: float = 0.5) -> evaluation.SplitCounts:
+    """Counts of each rank's slice, summed as allreduce_counts sums them."""
+    parts = [evaluation.empty_counts(task, width) for _ in range(ranks)]
+    for part, idx in zip(parts, np.array_split(np.arange(len(labels)), ranks)):
+        evaluation.add_batch(part, labels[idx], {"scores": scores[idx], "loss": losses[idx]}, threshold)
+    total = evaluation.empty_counts(task, width)
+    for part in parts:
+        total.confusion += part.confusion
+        total.loss_sum += part.loss_sum
+        if total.histogram is not None:
+            total.histogram += part.histogram
+        for key in total.arrays:
+            total.arrays[key] += part.arrays[key]
+    return total
+
+
+def test_binary_metrics_match_scikit_learn_2_percent_positives() -> None:
+    rng = np.random.default_rng(3)
+    y = (rng.random(20_000) < 0.02).astype(np.int64)
+    logits = rng.normal(0, 1, y.size) + 2.5 * y - 3
+    losses = np.logaddexp(0, logits) - y * logits
+    counts = _counts_over_ranks("binary", y, logits, losses, 2, threshold=0.3)
+    report = evaluation.split_report(counts, ["negative", "positive"], y.size)
+    p = _sigmoid(logits)
+    assert abs(report["roc_auc"] - skm.roc_auc_score(y, p)) <= report["roc_auc_max_binning_error"] + 1e-12
+    assert report["roc_auc_max_binning_error"] < 1e-3
+    binned = np.floor((np.clip(logits, -16, 16 - 1e-9) + 16) / 32 * metrics.AUC_BINS)  # the histogram's scores
+    assert report["pr_auc"] == pytest.approx(skm.average_precision_score(y, binned), abs=1e-12)
+    assert report["pr_auc"] == pytest.approx(skm.average_precision_score(y, p), abs=2e-3)
+    assert report["log_loss"] == pytest.approx(skm.log_loss(y, p), rel=1e-9)
+    predicted = (p >= 0.3).astype(int)
+    assert report["accuracy"] == pytest.approx(skm.accuracy_score(y, predicted))
+    assert report["f1"] == pytest.approx(skm.f1_score(y, predicted))
+
+
+def test_multilabel_metrics_match_scikit_learn() -> None:
+    rng = np.random.default_rng(5)
+    y = (rng.random((3000, 4)) < [0.5, 0.2, 0.05, 0.3]).astype(np.float32)
+    logits = rng.normal(0, 1, y.shape) + 2 * y - 1
+    losses = (np.logaddexp(0, logits) - y * logits).mean(axis=1)
+    counts = _counts_over_ranks("multilabel", y, logits, losses, 4)
+    report = evaluation.split_report(counts, ["a", "b", "c", "d"], len(y))
+    predicted = (logits >= 0).astype(int)
+    assert report["micro_f1"] == pytest.approx(skm.f1_score(y, predicted, average="micro"))
+    assert report["macro_f1"] == pytest.approx(skm.f1_score(y, predicted, average="macro"))
+    assert report["subset_accuracy"] == pytest.approx(skm.accuracy_score(y, predicted))
+    assert report["macro_roc_auc"] == pytest.approx(skm.roc_auc_score(y, _sigmoid(logits), average="macro"), abs=1e-3)
+    assert report["loss"] == pytest.approx(losses.mean(), rel=1e-9)
+    assert report["records"] == len(y)
+
+
+def test_regression_metrics_match_scikit_learn() -> None:
+    rng = np.random.default_rng(7)
+    y = rng.normal(50.0, 3.0, 5001)
+    pred = y + rng.normal(0.2, 1.0, y.size)
+    counts = _counts_over_ranks("regression", y, pred, (y - pred) ** 2, 0)
+    report = evaluation.split_report(counts, [], y.size)
+    assert report["rmse"] == pytest.approx(np.sqrt(skm.mean_squared_error(y, pred)), rel=1e-9)
+    assert report["mae"] == pytest.approx(skm.mean_absolute_error(y, pred), rel=1e-9)
+    assert report["r2"] == pytest.approx(skm.r2_score(y, pred), abs=1e-9)
+    assert report["complete"] is True
+
+
+def test_regression_r2_of_a_constant_target_follows_scikit_learn() -> None:
+    y = np.full(10, 2.0)
+    assert metrics.regression_report(metrics.regression_moments(y, y))["r2"] == skm.r2_score(y, y) == 1.0
+    assert metrics.regression_report(metrics.regression_moments(y, y + 1))["r2"] == 0.0
+
+
+def test_scalar_metrics_follow_the_task() -> None:
+    moments = metrics.regression_moments(np.array([1.0, 2.0, 4.0]), np.array([1.5, 2.0, 3.0]))
+    report = evaluation.split_report(evaluation.SplitCounts(np.zeros((0, 0), np.int64), 0.0, task="regression",
+                                                            arrays={"moments": moments}), [], 3)
+    assert set(evaluation.scalar_metrics(report, "val")) == {"val_rmse", "val_mae", "val_r2", "val_loss"}
