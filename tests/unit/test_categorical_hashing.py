@@ -1,4 +1,5 @@
 """Hashed categorical columns: the stable hash, its config, and what the manifest tells model builders (pure)."""
+import json
 import os
 import subprocess
 import sys
@@ -24,9 +25,10 @@ def test_hash_buckets_are_pinned_and_the_same_in_another_process():
     assert features.hash_bucket("user-42", 1_000_000) == 375024
     here = [features.hash_bucket(f"id{i}", 97) for i in range(50)]
     code = "from hvdtrain import features; print([features.hash_bucket(f'id{i}', 97) for i in range(50)])"
+    repo = os.path.dirname(os.path.dirname(features.__file__))
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": "123"}, cwd=os.path.dirname(os.path.dirname(features.__file__))).stdout
-    assert eval(there) == here  # noqa: S307 - our own subprocess's list
+                           env={"PYTHONHASHSEED": "123"}, cwd=repo).stdout
+    assert json.loads(there) == here
     assert all(1 <= b <= 97 for b in here) and len(set(here)) > 30  # spread over the buckets, 0 never used
 
 
