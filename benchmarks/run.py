@@ -1,7 +1,7 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
-    python -m benchmarks.run [--quick] [--only etl,input,allreduce,training,checkpoint,monitoring,score,mwms,tune,
-                             scale,embedding] [--out DIR]
+    python -m benchmarks.run [--quick] [--only etl,etl_highcard,input,allreduce,training,checkpoint,monitoring,score,
+                             mwms,tune,scale,embedding] [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -21,6 +21,7 @@ from benchmarks.common import Entry, markdown_table, write_reports
 
 GROUPS = {
     "etl": "benchmarks.bench_etl",
+    "etl_highcard": "benchmarks.bench_etl_highcard",
     "input": "benchmarks.bench_input",
     "allreduce": "benchmarks.bench_allreduce",
     "training": "benchmarks.bench_training",

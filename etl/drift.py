@@ -1,13 +1,17 @@
 """Drift statistics in Spark: counts of rows in the training reference's bins (math in hvdtrain.drift).
 
 The ETL calls :func:`reference` on the training split (stored in the manifest);
-scoring calls :func:`check` on the rows it is about to score. Both bin with
-the same expressions, so the two distributions are comparable bin for bin.
+scoring calls :func:`check` on the rows it is about to score. Both bin the
+same way (decile edges; a category's own bin, "other", "missing"), so the two
+distributions are comparable bin for bin. Every count is a grouped aggregation
+in long format (:mod:`etl.stats`): the plan does not grow with the number of
+categories, and only the bin counts reach the driver.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from etl import stats
 from hvdtrain import drift as drift_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.features import FeatureEncoder
@@ -15,66 +19,30 @@ from hvdtrain.features import FeatureEncoder
 DECILES = [i / 10 for i in range(1, 10)]
 
 
-def _numeric_bucket(col: str, edges: Sequence[float]) -> Any:
-    """Spark expression: the bin of hvdtrain.drift.numeric_bin (missing or non-numeric last)."""
-    from pyspark.sql import functions as F
-
-    x = F.col(f"`{col}`").cast("double")
-    expr = F.when(x.isNull() | F.isnan(x), len(edges) + 1)
-    for i, edge in enumerate(edges):
-        expr = expr.when(x < F.lit(float(edge)), i)
-    return expr.otherwise(len(edges))
-
-
-def _category_bucket(col: str, known: Sequence[str]) -> Any:
-    from pyspark.sql import functions as F
-
-    x = F.col(f"`{col}`").cast("string")
-    index = F.create_map(*[F.lit(v) for i, k in enumerate(known) for v in (k, i)]) if known else None
-    expr = F.when(x.isNull(), len(known) + 1)
-    if index is not None:
-        expr = expr.when(index[x].isNotNull(), index[x])
-    return expr.otherwise(len(known))
-
-
 def bin_counts(df: Any, numeric: dict[str, Sequence[float]], categorical: dict[str, Sequence[str]]
                ) -> dict[str, dict[str, list[int]]]:
-    """Rows per bin of every column, in one aggregation over ``df``."""
-    from pyspark.sql import functions as F
-
-    aggs, names = [], []
-    for kind, cols, bucket, width in (
-            ("numeric", numeric, _numeric_bucket, lambda edges: len(edges) + 2),
-            ("categorical", categorical, _category_bucket, lambda known: len(known) + 2)):
-        for col, spec in cols.items():
-            b = bucket(col, spec)
-            for i in range(width(spec)):
-                aggs.append(F.sum(F.when(b == i, 1).otherwise(0)).alias(f"b{len(names)}_{i}"))
-            names.append((kind, col, width(spec)))
+    """Rows per bin of every column: one grouped count per kind, in long format (:mod:`etl.stats`)."""
     out: dict[str, dict[str, list[int]]] = {"numeric": {}, "categorical": {}}
-    if not aggs:
-        return out
-    row = df.agg(*aggs).first()
-    for j, (kind, col, width) in enumerate(names):
-        out[kind][col] = [int(row[f"b{j}_{i}"] or 0) for i in range(width)]
+    if numeric:
+        out["numeric"] = stats.gather_bins(stats.numeric_bin_frame(df, numeric), list(numeric),
+                                           [len(e) + 2 for e in numeric.values()])
+    if categorical:
+        out["categorical"] = stats.gather_bins(stats.category_bin_frame(df, categorical), list(categorical),
+                                               [len(k) + 2 for k in categorical.values()])
     return out
 
 
-def reference(train: Any, numeric_columns: Sequence[str], categories: dict[str, list[str]]) -> dict[str, Any]:
-    """The training split's distributions: decile bins of numeric columns, shares of categories."""
-    from pyspark.sql import functions as F
+def reference(train: Any, edges: dict[str, list[float]], categories: dict[str, stats.CategoryCounts]
+              ) -> dict[str, Any]:
+    """The training split's distributions: decile bins of numeric columns, shares of the top categories.
 
-    edges: dict[str, list[float]] = {}
-    if numeric_columns:
-        aggs = [F.expr(f"percentile_approx(CAST(`{c}` AS DOUBLE), array({', '.join(map(str, DECILES))}), 1000)")
-                .alias(c) for c in numeric_columns]
-        row = train.agg(*aggs).first()
-        for c in numeric_columns:
-            edges[c] = sorted({float(v) for v in (row[c] or [])})
-    counts = bin_counts(train, edges, categories)
+    ``edges`` are the numeric columns' decile edges; ``categories`` the counted top values of each
+    categorical column (the shares come from those counts, so only the numeric bins need a pass).
+    """
+    counts = bin_counts(train, edges, {})
     return {"numeric": {c: {"edges": edges[c], "shares": drift_lib.shares(counts["numeric"][c])} for c in edges},
-            "categorical": {c: {"bins": drift_lib.category_bins(categories[c]),
-                                "shares": drift_lib.shares(counts["categorical"][c])} for c in categories}}
+            "categorical": {c: {"bins": drift_lib.category_bins(cc.values), "shares": drift_lib.shares(cc.bin_counts())}
+                            for c, cc in categories.items()}}
 
 
 def text_counts(rows: Any, column: str, tokenizer_json: str) -> dict[str, int]:

@@ -7,42 +7,38 @@ re-exported here.
 
 Features written: ``numeric`` float32 [len(numeric_columns)] and
 ``categorical`` int64 [len(categorical_columns)], where index 0 is the
-unknown bucket (missing, unseen, or rarer than the top ``max_categories``).
+unknown bucket (missing, unseen, or rarer than the top ``max_categories``);
+a column in ``etl.categorical_hash_buckets`` holds 1 + its stable hash bucket.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from hvdtrain.config import JobConfig
-from hvdtrain.features import cardinalities, feature_specs, fill_values, transform  # noqa: F401
-from etl import drift
+from hvdtrain.features import HASH, cardinalities, feature_specs, fill_values, transform  # noqa: F401
+from etl import drift, stats
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
-    """Statistics of the training rows (a Spark DataFrame with the source column names)."""
-    from pyspark.sql import functions as F
+    """Statistics of the training rows (a Spark DataFrame with the source column names).
 
+    Bounded aggregations only (:mod:`etl.stats`): one pass for the numeric summaries (mean, std, count and
+    approximate median and deciles), one grouped count of every categorical column in long format of which
+    only the top ``etl.max_categories`` values per column reach the driver, and one pass for the numeric
+    drift bins. A column in ``etl.categorical_hash_buckets`` keeps no vocabulary (its top values serve the
+    drift reference only).
+    """
     src, etl = cfg.source, cfg.etl
-    numeric: dict[str, dict[str, float]] = {}
-    if src.numeric_columns:
-        aggs = []
-        for c in src.numeric_columns:
-            x = F.col(f"`{c}`").cast("double")
-            aggs += [F.avg(x).alias(f"{c}__mean"), F.stddev_pop(x).alias(f"{c}__std"),
-                     F.expr(f"percentile(CAST(`{c}` AS DOUBLE), 0.5)").alias(f"{c}__median"),
-                     F.count(x).alias(f"{c}__count")]
-        row = train.agg(*aggs).first().asDict()
-        for c in src.numeric_columns:
-            numeric[c] = {k: (float(row[f"{c}__{k}"]) if row[f"{c}__{k}"] is not None else None)
-                          for k in ("mean", "std", "median", "count")}
-    categorical: dict[str, list[str]] = {}
-    for c in src.categorical_columns:
-        counts = (train.where(F.col(f"`{c}`").isNotNull())
-                  .groupBy(F.col(f"`{c}`").cast("string").alias("v")).count()
-                  .orderBy(F.desc("count"), F.asc("v")).limit(etl.max_categories).collect())
-        categorical[c] = [r["v"] for r in counts]
+    summary = stats.numeric_summary(train, src.numeric_columns, [0.5, *drift.DECILES])
+    numeric = {c: {"mean": s["mean"], "std": s["std"], "median": (s["quantiles"] or [None])[0], "count": s["count"]}
+               for c, s in summary.items()}
+    edges = {c: sorted(set(s["quantiles"][1:])) for c, s in summary.items()}
+    counted = stats.category_counts(train, src.categorical_columns, etl.max_categories)
+    hashed = {c: n for c, n in etl.categorical_hash_buckets.items() if c in counted}
     return {"numeric_columns": list(src.numeric_columns), "categorical_columns": list(src.categorical_columns),
             "impute": etl.impute, "impute_value": etl.impute_value, "scale": etl.scale,
-            "numeric": numeric, "categories": categorical,
+            "numeric": numeric, "categories": {c: cc.values for c, cc in counted.items() if c not in hashed},
+            "hash_buckets": hashed, "hash": HASH if hashed else None,
+            "distinct_values": {c: cc.distinct for c, cc in counted.items()},
             # the training distributions scoring's drift check compares its input with
-            "reference": drift.reference(train, list(src.numeric_columns), categorical)}
+            "reference": drift.reference(train, edges, counted)}

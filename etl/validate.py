@@ -110,9 +110,10 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     if has_text and v.text_max_chars is not None:
         out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > v.text_max_chars))
     for c in cfg.source.numeric_columns:
-        if c not in v.ranges:  # a range rule brings its own type check
+        if c not in v.ranges:  # a range rule brings its own type and finiteness checks
             out.append(Rule(f"type:{c}", c, lambda c=c: F.col(f"`{c}`").isNotNull()
                             & F.expr(f"try_cast(`{c}` AS DOUBLE)").isNull()))
+            out.append(non_finite(c, c))
     for c in v.not_null:
         out.append(Rule(f"not_null:{c}", roles.get(c, c), lambda c=c: col(c).isNull()))
     for c, allowed in v.allowed_values.items():
@@ -121,6 +122,7 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     for c, rng in v.ranges.items():
         num = lambda c=c: F.expr(f"try_cast(`{roles.get(c, c)}` AS DOUBLE)")  # noqa: E731
         out.append(Rule(f"type:{c}", roles.get(c, c), lambda c=c, num=num: col(c).isNotNull() & num().isNull()))
+        out.append(non_finite(c, roles.get(c, c)))  # NaN passes any range comparison
         lo = -float("inf") if rng.min is None else rng.min
         hi = float("inf") if rng.max is None else rng.max
         out.append(Rule(f"range:{c}", roles.get(c, c), lambda num=num, lo=lo, hi=hi: (num() < lo) | (num() > hi)))
@@ -128,6 +130,18 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         out.append(Rule(f"regex:{c}", roles.get(c, c),
                         lambda c=c, pattern=pattern: col(c).isNotNull() & ~col(c).cast("string").rlike(pattern)))
     return out
+
+
+def non_finite(name: str, column: str) -> Rule:
+    """``non_finite:<name>``: a numeric value that is NaN or infinite ("NaN", "Infinity", "-inf" as text, or
+    such a double), which would train as garbage (and NaN would pass every range rule)."""
+    from pyspark.sql import functions as F
+
+    def fails() -> Any:
+        x = F.expr(f"try_cast(`{column}` AS DOUBLE)")
+        return x.isNotNull() & (F.isnan(x) | (F.abs(x) == F.lit(float("inf"))))
+
+    return Rule(f"non_finite:{name}", column, fails)
 
 
 def first_failed(rule_list: list[Rule]) -> tuple[Any, Any]:

@@ -28,6 +28,7 @@ from hvdtrain import tasks
 from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
+MAX_HASH_BUCKETS = 2**31 - 2  # + the missing bucket, an embedding index still fits int32
 
 
 def path_field(default: Optional[str]) -> Any:
@@ -214,6 +215,9 @@ class EtlConfig:
     impute_value: float = 0.0  # with impute: constant
     scale: bool = True  # standard-scale numeric columns with train mean and std
     max_categories: int = 1000  # per categorical column; rarer values share the unknown bucket (index 0)
+    # Categorical columns hashed instead of indexed: column -> number of hash buckets (for IDs with millions of
+    # values). Index 0 stays the missing bucket; a value goes to 1 + a stable hash mod buckets (hvdtrain.features).
+    categorical_hash_buckets: dict[str, int] = field(default_factory=dict)
     target_shard_mb: float = 64.0
     # At least this many shards per split, so a large split spreads over many ranks (64: 16 hosts x 4 GPUs)...
     min_shards_per_split: int = 64
@@ -238,6 +242,9 @@ class EtlConfig:
         _require(self.vocab_size >= 10, "vocab_size", self.vocab_size, "must be >= 10")
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
         _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
+        bad = {c: n for c, n in self.categorical_hash_buckets.items() if not 2 <= n <= MAX_HASH_BUCKETS}
+        _require(not bad, "categorical_hash_buckets", bad,
+                 f"must map each column to a bucket count in [2, {MAX_HASH_BUCKETS}], e.g. {{user_id: 1000000}}")
         _require(self.min_shards_per_split >= 1, "min_shards_per_split", self.min_shards_per_split, "must be >= 1")
         _require(self.shuffle_partitions is None or self.shuffle_partitions >= 1, "shuffle_partitions",
                  self.shuffle_partitions, "must be >= 1, or null to let Spark's adaptive execution choose")
@@ -697,6 +704,7 @@ class JobConfig:
                  "must be letters, digits, '_' or '-'")
         self._check_task_metrics()
         self._resolve_best_metric()
+        self._check_hashed_columns()
 
     def _check_task_metrics(self) -> None:
         """Early stopping and tuning name a metric this task's evaluation produces."""
@@ -725,6 +733,15 @@ class JobConfig:
             raise ConfigError("checkpoint.best_metric", ck.best_metric,
                               f"is never recorded by this run, so keep_best {ck.keep_best} would keep nothing: "
                               f"{how}use one of {', '.join(sorted(produced))}, or set checkpoint.keep_best: 0")
+
+    def _check_hashed_columns(self) -> None:
+        """Every column of ``etl.categorical_hash_buckets`` must be one of ``source.categorical_columns``."""
+        stray = sorted(set(self.etl.categorical_hash_buckets) - set(self.source.categorical_columns))
+        if stray:
+            raise ConfigError("etl.categorical_hash_buckets", stray,
+                              "names columns that are not in source.categorical_columns "
+                              f"({', '.join(self.source.categorical_columns) or 'none'}): add them there, "
+                              "or drop them from etl.categorical_hash_buckets")
 
     # -- derived values -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,10 @@ Tabular: imputation, categorical indexing, standard scaling with statistics
 fitted on the training split (``etl/tabular.py`` fits them in Spark). Features:
 ``numeric`` float32 [len(numeric_columns)] and ``categorical`` int64
 [len(categorical_columns)], where index 0 is the unknown bucket (missing,
-unseen, or rarer than the top ``max_categories``).
+unseen, or rarer than the top ``max_categories``); a column listed in
+``etl.categorical_hash_buckets`` holds 1 + a stable hash of the value mod its
+bucket count instead (0 still missing), so IDs with millions of values need no
+vocabulary.
 
 Labels: names to class indexes in the manifest's order.
 """
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
+
+import hashlib
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -128,6 +133,8 @@ def encode(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray
 
 # -- tabular -----------------------------------------------------------------------------------
 
+HASH = "blake2b-64"  # the hash of hashed categorical columns (:func:`hash_bucket`), recorded in the manifest
+
 def fill_values(stats: dict[str, Any]) -> list[float]:
     """The value that replaces a missing entry, per numeric column."""
     out = []
@@ -153,10 +160,33 @@ def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]
         mean = np.array([stats["numeric"][c]["mean"] or 0.0 for c in cols])
         std = np.array([stats["numeric"][c]["std"] or 0.0 for c in cols])
         x = (x - mean) / np.where(std > 0, std, 1.0)
-    lookups = [{v: i + 1 for i, v in enumerate(stats["categories"][c])} for c in stats["categorical_columns"]]
-    cat = np.array([[lookups[j].get(None if v is None else str(v), 0) for j, v in enumerate(row)]
-                    for row in categorical], dtype=np.int64).reshape(n, len(lookups))
-    return x.astype(np.float32), cat
+    return x.astype(np.float32), category_ids(stats, categorical, n)
+
+
+def category_ids(stats: dict[str, Any], categorical: Sequence[Sequence[Optional[str]]], n: int) -> np.ndarray:
+    """int64 [n, m]: per column, 1 + the value's vocabulary index, or its hash bucket (hashed columns); 0 for a
+    missing value (and, in a vocabulary column, an unseen or rare one)."""
+    names = stats["categorical_columns"]
+    buckets = stats.get("hash_buckets") or {}
+    out = np.zeros((n, len(names)), dtype=np.int64)
+    for j, c in enumerate(names):
+        values = [None if row[j] is None else str(row[j]) for row in categorical]
+        if c in buckets:
+            out[:, j] = [0 if v is None else hash_bucket(v, buckets[c]) for v in values]
+        else:
+            lookup = {v: i + 1 for i, v in enumerate(stats["categories"][c])}
+            out[:, j] = [lookup.get(v, 0) for v in values]
+    return out
+
+
+def hash_bucket(value: str, buckets: int) -> int:
+    """1 + a stable 64-bit hash of ``value`` (BLAKE2b, 8 bytes, little-endian) mod ``buckets``.
+
+    The same in every process, host and Python version (unlike ``hash()``, which is salted per process), so
+    the ETL and scoring put a value in the same bucket. The manifest records the scheme (``HASH``).
+    """
+    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
+    return 1 + int.from_bytes(digest, "little") % buckets
 
 
 def feature_specs(stats: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
@@ -170,8 +200,17 @@ def feature_specs(stats: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
 
 
 def cardinalities(stats: dict[str, Any]) -> list[int]:
-    """Embedding sizes the model needs: known categories + the unknown bucket."""
-    return [len(stats["categories"][c]) + 1 for c in stats["categorical_columns"]]
+    """Embedding sizes the model needs: known categories (or hash buckets) + the unknown/missing bucket."""
+    buckets = stats.get("hash_buckets") or {}
+    return [buckets[c] + 1 if c in buckets else len(stats["categories"][c]) + 1 for c in stats["categorical_columns"]]
+
+
+def check_hash(stats: Optional[dict[str, Any]]) -> None:
+    """Refuse statistics whose hashed columns were bucketed by another scheme than :func:`hash_bucket`."""
+    if stats and stats.get("hash_buckets") and stats.get("hash") != HASH:
+        raise ValueError(f"categorical columns {', '.join(stats['hash_buckets'])} were hashed with "
+                         f"{stats.get('hash')!r}, this hvdtrain hashes with {HASH!r}: rerun the ETL and retrain "
+                         "with one hvdtrain version")
 
 
 # -- labels ------------------------------------------------------------------------------------
@@ -193,6 +232,7 @@ class FeatureEncoder:
 
     def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict]):
         self.tok = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        check_hash(tabular_stats)
         self.stats = tabular_stats
 
     def encode(self, texts: Optional[Sequence[str]], numeric: Sequence[Sequence[Optional[float]]] = (),

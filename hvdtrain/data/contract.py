@@ -50,8 +50,9 @@ class InputShape:
     """What the model builder needs to know about the data (the model contract).
 
     Text datasets fill ``max_length`` and ``vocab_size``; tabular ones
-    ``numeric_features`` (width of ``numeric``) and ``cardinalities`` (one per
-    ``categorical`` column, unknown bucket included). ``inputs`` are the
+    ``numeric_features`` (width of ``numeric``), ``cardinalities`` (one per
+    ``categorical`` column, unknown bucket included) and ``hash_buckets`` (one
+    per ``categorical`` column, 0 unless hashed). ``inputs`` are the
     features the model reads, in order; ``features`` describes each of them.
     ``task`` is one of :data:`hvdtrain.tasks.KINDS`; ``labels`` the class or
     label names (empty for regression); the model must return
@@ -66,6 +67,9 @@ class InputShape:
     inputs: tuple[str, ...] = MODEL_INPUTS["transformer"]
     numeric_features: int = 0
     cardinalities: tuple[int, ...] = ()
+    # Per ``categorical`` column: its hash bucket count when the ETL hashed it (etl.categorical_hash_buckets;
+    # ids 1..n, 0 = missing, so its cardinality is n + 1), 0 when it has a vocabulary.
+    hash_buckets: tuple[int, ...] = ()
     task: str = "multiclass"
     labels: tuple[str, ...] = field(default=(), compare=False)
     features: dict[str, Feature] = field(default_factory=dict, compare=False)
@@ -219,4 +223,12 @@ def _tabular_shape(manifest: Manifest, inputs: tuple[str, ...]) -> InputShape:
                             "included); rerun the ETL with this hvdtrain version")
         cards = tuple(found)
     return InputShape(0, 0, manifest.num_classes, manifest.label_feature, kind="mlp", inputs=inputs,
-                      numeric_features=numeric, cardinalities=cards)  # the tabular sizes only
+                      numeric_features=numeric, cardinalities=cards, hash_buckets=_hash_buckets(manifest, cards))
+
+
+def _hash_buckets(manifest: Manifest, cards: tuple[int, ...]) -> tuple[int, ...]:
+    """Per categorical column, the ETL's hash bucket count (0: a vocabulary column); () without categoricals."""
+    tab = manifest.preprocessing.get("tabular", {})
+    buckets = tab.get("hash_buckets") or {}
+    names = tab.get("categorical_columns") or []
+    return tuple(int(buckets.get(c, 0)) for c in names) if cards and len(names) == len(cards) else ()

@@ -20,9 +20,11 @@ EXPECTED = {"etl_write", "input_raw", "input_pipeline", "input_vs_stock", "parse
             "monitoring_overhead_breakdown", "score_throughput", "score_throughput_all_cores", "score_vs_pyfunc",
             "train_vs_mwms",
             "tune_efficiency", "tune_best_accuracy", "overlap_gain", "scale_model_np1", "scale_model_np2",
-            "vocab_driver_memory", "embedding_sparse_vs_dense"}
+            "vocab_driver_memory", "embedding_sparse_vs_dense", "etl_high_cardinality",
+            "etl_high_cardinality_driver_memory"}
 # Peer comparisons: interleaved repetitions, a min/median/max of the per-pair ratios.
-PAIRED = {"input_vs_stock", "allreduce_vs_tcp", "allreduce_vs_tf_ring", "train_vs_mwms", "embedding_sparse_vs_dense"}
+PAIRED = {"input_vs_stock", "allreduce_vs_tcp", "allreduce_vs_tf_ring", "train_vs_mwms", "embedding_sparse_vs_dense",
+          "etl_high_cardinality"}
 
 
 def test_quick_benchmarks_write_json_markdown_and_charts(tmp_path):

@@ -1,0 +1,155 @@
+"""etl_high_cardinality: the whole ETL (read, validate, dedup, split, fit, tokenize, write TFRecords, publish) on
+a generated table with a 1,000,000-distinct-value ID column (hashed), a 50,000-value column (a vocabulary capped
+at etl.max_categories), a numeric column and a text column, on ``local[2]`` with Spark's default driver memory;
+against Spark writing the same rows to Parquet, interleaved in the same run.
+etl_high_cardinality_driver_memory: the driver's peak memory during the ETL with 1,000,000 distinct IDs vs the
+same table with 100,000 (flat when distinct values grow 10x; the bounded aggregations of etl.stats).
+
+The driver is two processes: the JVM (in local mode it also runs the executors' tasks, in its heap) and this
+Python process. The figure is the JVM's peak heap in use (sampled through py4j, the heap is capped by
+spark.driver.memory, 1g by default) plus this process's peak rise in resident memory; both RSS peaks are in the
+notes. Spark's Python workers are separate processes and not counted.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from benchmarks.common import Entry
+
+WORDS = 300  # the text column's vocabulary
+
+
+def make_table(spark: Any, path: str, rows: int, distinct_ids: int, items: int) -> None:
+    """The source table as Parquet: id, user (distinct_ids values), item (items values), amount, text, label."""
+    spark.range(rows).selectExpr(
+        "concat('r', id) AS id",
+        f"concat('u', CAST((id * 7919) % {distinct_ids} AS STRING)) AS user",
+        f"concat('i', CAST((id * 104729) % {items} AS STRING)) AS item",
+        "CAST((id % 1000) / 10.0 AS DOUBLE) AS amount",
+        f"concat_ws(' ', transform(sequence(0, 7), j -> concat('w', CAST((id * (j + 3) + j) % {WORDS} AS STRING))))"
+        " AS text",
+        "CAST(id % 3 AS STRING) AS label").repartition(8).write.mode("overwrite").parquet(path)
+
+
+def job_config(source: str, output: str, workdir: str) -> Any:
+    from hvdtrain import config
+
+    return config.from_dict({
+        "name": "highcard", "workdir": workdir,
+        "source": {"path": source, "format": "parquet", "numeric_columns": ["amount"],
+                   "categorical_columns": ["user", "item"]},
+        "etl": {"output": output, "max_length": 16, "vocab_size": 1000, "max_categories": 1000,
+                "categorical_hash_buckets": {"user": 1_000_000}, "overwrite": True}}, base_dir=workdir)
+
+
+class DriverMemory:
+    """Peak JVM heap in use and peak resident memory of the JVM and of this process, sampled in a thread."""
+
+    def __init__(self, spark: Any, interval: float = 0.1):
+        import psutil
+
+        jvm = spark.sparkContext._jvm
+        self._bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+        self._runtime = jvm.java.lang.Runtime.getRuntime()
+        self._jvm = psutil.Process(int(jvm.java.lang.ProcessHandle.current().pid()))
+        self._me = psutil.Process()
+        self.interval = interval
+        self.heap = self.jvm_rss = self.py_rss = 0
+        self.py_start = self._me.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def heap_max(self) -> int:
+        return int(self._runtime.maxMemory())
+
+    def _sample(self) -> None:
+        self.heap = max(self.heap, int(self._bean.getHeapMemoryUsage().getUsed()))
+        self.jvm_rss = max(self.jvm_rss, self._jvm.memory_info().rss)
+        self.py_rss = max(self.py_rss, self._me.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "DriverMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def mb(self) -> float:
+        """The driver's figure: peak heap in use + this process's peak rise (MB)."""
+        return (self.heap + max(self.py_rss - self.py_start, 0)) / 1e6
+
+    def notes(self) -> dict[str, float]:
+        return {"heap_peak_mb": round(self.heap / 1e6, 1), "heap_max_mb": round(self.heap_max / 1e6, 1),
+                "jvm_rss_peak_mb": round(self.jvm_rss / 1e6, 1), "python_rss_peak_mb": round(self.py_rss / 1e6, 1),
+                "python_rise_mb": round(max(self.py_rss - self.py_start, 0) / 1e6, 1)}
+
+
+def run(quick: bool, extra: dict) -> list[Entry]:
+    from etl import job as etl_job
+    from etl import session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # One interleaved pair at full size: on 2 cores one 1M-row ETL takes minutes.
+    rows, ids, items, reps = (5_000, 5_000, 1_000, 1) if quick else (1_000_000, 1_000_000, 50_000, 1)
+    tmp = tempfile.mkdtemp(prefix="bench-highcard-")
+    try:
+        big = job_config(os.path.join(tmp, "src-big"), os.path.join(tmp, "out"), tmp)
+        small = job_config(os.path.join(tmp, "src-small"), os.path.join(tmp, "out"), tmp)
+        spark = session.get_session(big, "local[2]")  # spark.driver.memory left at Spark's default
+        make_table(spark, big.source.path, rows, ids, items)
+        make_table(spark, small.source.path, rows, ids // 10, items)
+        counter = iter(range(1000))
+
+        def parquet() -> None:
+            spark.read.parquet(big.source.path).write.mode("overwrite").parquet(os.path.join(tmp, f"pq{next(counter)}"))
+
+        stages: list[dict] = []
+
+        def etl(cfg: Any) -> tuple[float, DriverMemory]:
+            started = time.perf_counter()
+            with DriverMemory(spark) as mem:
+                report = etl_job.run(spark, cfg)
+            assert report["rows_written"] == rows, report
+            stages.append(report["stage_seconds"])
+            return time.perf_counter() - started, mem
+
+        parquet()  # warm-up: JVM code paths and the source files' page cache, outside the figures
+        etl_s, pq_s, mems = [], [], []
+        for _ in range(reps):
+            seconds, mem = etl(big)
+            etl_s.append(seconds)
+            mems.append(mem)
+            started = time.perf_counter()
+            parquet()
+            pq_s.append(time.perf_counter() - started)
+        small_s, small_mem = etl(small)
+        spark.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    big_mem = max(mems, key=lambda m: m.mb)
+    load = os.getloadavg()
+    common = {"rows": rows, "distinct_ids": ids, "item_values": items, "spark_master": "local[2]",
+              "driver_memory": "Spark default (1g)", "load_average_1_5_15": [round(x, 2) for x in load]}
+    return [Entry.paired("etl_high_cardinality", [rows / s for s in etl_s], "rows/s",
+                         "Spark writing the same rows to Parquet", [rows / s for s in pq_s], 0.5,
+                         notes={**common, "etl_seconds": [round(s, 1) for s in etl_s],
+                                "parquet_seconds": [round(s, 1) for s in pq_s], "etl_stage_seconds": stages}),
+            Entry("etl_high_cardinality_driver_memory", big_mem.mb, "MB",
+                  f"the same ETL with {ids // 10:,} distinct IDs", small_mem.mb, 1.1, lower_is_better=True,
+                  notes={**common, "target_absolute_mb": 1000, "at_distinct_ids": big_mem.notes(),
+                         "at_tenth_distinct_ids": small_mem.notes(), "tenth_seconds": round(small_s, 1)})]
