@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
+from etl import publish
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
@@ -53,18 +54,27 @@ class StageTimer:
 
 
 def check_output(cfg: JobConfig) -> bool:
-    """Refuse to clobber a published dataset unless asked; True when one is there to be replaced."""
+    """Refuse to clobber a published dataset unless asked, and anything else always; True when one is replaced.
+
+    ``etl.overwrite`` replaces only what hvdtrain wrote: a folder holding any other name is refused.
+    """
     out = cfg.etl.output
     if not fs.exists(out):
         return False
     names = [n for n in fs.listdir(out) if n != "_staging"]
     published = manifest.MANIFEST_NAME in names or manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX in names
+    foreign = publish.foreign_names(names)
+    if foreign:
+        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({', '.join(foreign[:5])}"
+                        f"{', ...' if len(foreign) > 5 else ''}); hvdtrain never deletes them, even with "
+                        "--overwrite: choose a new or empty folder for etl.output (e.g. a subfolder)")
     if published and not cfg.etl.overwrite:
         raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
                         "(or etl.overwrite=true) to replace it, or choose another etl.output")
     if names and not published and not cfg.etl.overwrite:
-        raise DataError(f"etl.output {out} is not empty and holds no manifest ({', '.join(names[:5])}); "
-                        "pass --overwrite to replace it, or choose an empty folder")
+        raise DataError(f"etl.output {out} holds the remains of an unfinished hvdtrain ETL "
+                        f"({', '.join(names[:5])}) and no manifest; pass --overwrite to replace them, or choose "
+                        "an empty folder")
     return published
 
 
@@ -72,7 +82,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import faults, publish, sources, split as split_mod, validate, writer
+    from etl import faults, sources, split as split_mod, validate, writer
 
     timer = StageTimer()
     fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
@@ -122,7 +132,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
 
 def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
             stats: Optional[dict]) -> Any:
-    from etl import publish, text
+    from etl import text
 
     if tok is None:
         return publish.Fitted(labels=labels, tabular_stats=stats)
