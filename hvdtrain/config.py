@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -95,6 +96,8 @@ class SourceConfig:
         if self.path is not None:
             _require(self.format is not None, "format", self.format,
                      "must be set when source.path is: one of parquet, orc, csv, json")
+        if self.filter is not None:
+            check_predicate("filter", self.filter)
         _require(self.text_column is not None or bool(self.numeric_columns or self.categorical_columns),
                  "text_column", self.text_column, "may be null only when numeric_columns or categorical_columns "
                  "name the features")
@@ -127,7 +130,7 @@ class ValidationConfig:
     ranges: dict[str, RangeRule] = field(default_factory=dict)
     regex: dict[str, str] = field(default_factory=dict)
     text_min_chars: int = 1
-    text_max_chars: Optional[int] = None
+    text_max_chars: Optional[int] = 100_000  # longer texts are rejected (text_too_long); null: no limit
     unique_key: bool = True
     min_rows: int = 1
     fail_if_reject_fraction_over: Optional[float] = None
@@ -500,8 +503,15 @@ class ScoreConfig:
     psi_threshold: float = 0.2  # population stability index above this is drift (0.1-0.25 is "moderate")
     unknown_token_threshold: float = 0.05  # unknown-token rate above training's by more than this is drift
     fail_on_drift: bool = False  # stop before scoring instead of warning
+    min_rows: int = 1  # fewer scored rows than this publishes nothing (an empty input never replaces a partition)
+    max_reject_fraction: float = 0.5  # more rejected rows than this fraction of the input publishes nothing
 
     def __post_init__(self) -> None:
+        _require(self.min_rows >= 0, "min_rows", self.min_rows, "must be >= 0 (0: an empty partition may publish)")
+        _require(0 <= self.max_reject_fraction <= 1, "max_reject_fraction", self.max_reject_fraction,
+                 "must be in [0, 1] (1: any share of rejects publishes)")
+        if self.filter is not None:
+            check_predicate("filter", self.filter)
         for name in ("output_table", "rejects_table"):
             value = getattr(self, name)
             if value is not None:
@@ -522,6 +532,18 @@ class ScoreConfig:
         _require(len(set(self.columns)) == len(self.columns), "columns", self.columns, "must not repeat a column")
 
 
+_PARTITION_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}")
+_PREDICATE_FORBIDDEN = (";", "${", "--", "/*")  # a second statement, variable substitution, comments
+
+
+def check_predicate(name: str, predicate: str) -> None:
+    """A Spark SQL filter from a config: one expression, no statement separator, substitution or comment."""
+    bad = [t for t in _PREDICATE_FORBIDDEN if t in predicate]
+    if bad:
+        raise ConfigError(name, predicate, f"must be one Spark SQL predicate without {' or '.join(bad)} "
+                          "(e.g. \"lang = 'en' AND ds >= '2026-11-01'\")")
+
+
 def parse_partition(spec: str) -> dict[str, str]:
     """``ds=2026-11-23,region=eu`` -> {"ds": "2026-11-23", "region": "eu"} (pure; ValueError says what is wrong)."""
     out: dict[str, str] = {}
@@ -530,8 +552,9 @@ def parse_partition(spec: str) -> dict[str, str]:
         key, value = key.strip(), value.strip()
         if not sep or not key.isidentifier() or not value:
             raise ValueError(f"must be column=value pairs separated by commas, e.g. ds=2026-11-23 (bad part {part!r})")
-        if "'" in value or "\\" in value:
-            raise ValueError(f"partition value {value!r} must not contain quotes or backslashes")
+        if not _PARTITION_VALUE.fullmatch(value):
+            raise ValueError(f"partition value {value!r} may hold only letters, digits and . _ : + - "
+                             "(e.g. ds=2026-11-23)")
         if key in out:
             raise ValueError(f"names column {key!r} twice")
         out[key.lower()] = value

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from hvdtrain.config import JobConfig, has_scheme
+from hvdtrain.errors import DataError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -391,6 +393,22 @@ def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str], resume_run_id
 
 # -- reading models back (batch scoring) -------------------------------------------------------
 
+_FILTER_VALUE = re.compile(r"[A-Za-z0-9_.:@ -]{1,256}")
+
+
+def search_filter(**equals: str) -> str:
+    """An MLflow search filter of ``field = 'value'`` terms; a value outside a safe character set is refused.
+
+    MLflow filters have no bound parameters, so a value is checked, never spliced in as given (a quote in a
+    model name would otherwise change the query).
+    """
+    for value in equals.values():
+        if not _FILTER_VALUE.fullmatch(value):
+            raise DataError(f"{value!r} cannot be searched for in MLflow: use letters, digits and _ . : @ - or "
+                            "space only")
+    return " and ".join(f"{key} = '{value}'" for key, value in equals.items())
+
+
 def parse_model_ref(ref: str) -> tuple[str, str, str]:
     """MODEL -> (kind, name or run id, version/alias/artifact path) (pure).
 
@@ -425,8 +443,6 @@ def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = "
 
     import mlflow
 
-    from hvdtrain.errors import DataError
-
     store = resolve_store(getattr(tracking_cfg, "uri", None), os.environ, workdir)
     mlflow.set_tracking_uri(store.tracking_uri)
     client = mlflow.MlflowClient()
@@ -460,7 +476,7 @@ def _locate(client: Any, kind: str, name: str, detail: str) -> tuple[str, str, s
     elif kind == "version":
         mv = client.get_model_version(name, detail)
     else:
-        versions = client.search_model_versions(f"name='{name}'")
+        versions = client.search_model_versions(search_filter(name=name))
         if not versions:
             raise ValueError(f"no registered model named {name!r}")
         mv = max(versions, key=lambda v: int(v.version))
@@ -554,11 +570,10 @@ class StudyRun:
         """A trial whose driver died left its run RUNNING (or KILLED): mark it FAILED."""
         def fail() -> None:
             run = self._client.get_run(self.run_id)
-            found = self._client.search_runs([run.info.experiment_id],
-                                             f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.tune_trial = "
-                                             f"'{trial}' and attributes.status != 'FINISHED'")
+            found = self._client.search_runs([run.info.experiment_id], search_filter(
+                **{"tags.`mlflow.parentRunId`": self.run_id, "tags.tune_trial": str(trial)}))
             for child in found:
-                if child.info.status != "FAILED":
+                if child.info.status not in ("FAILED", "FINISHED"):
                     self._client.set_terminated(child.info.run_id, status="FAILED")
 
         self._call("set_terminated", fail)
