@@ -149,6 +149,9 @@ class Tracker:
         self._down_since: Optional[float] = None  # an outage in progress
         self._next_try = 0.0
         self.not_logged: list[str] = []  # what an outage or an error kept out of MLflow (the run's summary)
+        # Hears each MLflow call before it starts (and each retry): the trainer points it at the stall
+        # watchdog while it uploads, so a slow artifact store is progress, not a stall.
+        self.progress: Callable[[str], None] = lambda what: None
 
     @property
     def active(self) -> bool:
@@ -157,6 +160,7 @@ class Tracker:
     def _guard(self, what: str, fn: Callable[[], T]) -> Optional[T]:
         """Run an MLflow call; through an outage, wait for the server (up to the outage budget) and retry."""
         while self._active:
+            self.progress(what)
             try:
                 result = fn()
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
@@ -286,9 +290,15 @@ class Tracker:
         self._guard("set_tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        """A file, or a folder's contents (under ``artifact_path``)."""
+        """A file, or a folder's contents (under ``artifact_path``), one file per call (each one is progress)."""
         if os.path.isdir(local_path):
-            self._guard("log_artifacts", lambda: self._mlflow.log_artifacts(local_path, artifact_path))
+            for root, _, names in sorted(os.walk(local_path)):
+                rel = os.path.relpath(root, local_path).replace(os.sep, "/")
+                where = "/".join(p for p in (artifact_path, "" if rel == "." else rel) if p) or None
+                for name in sorted(names):
+                    path = os.path.join(root, name)
+                    self._guard(f"log_artifact {where or ''}/{name}".replace(" /", " "),
+                                lambda path=path, where=where: self._mlflow.log_artifact(path, where))
         else:
             self._guard("log_artifact", lambda: self._mlflow.log_artifact(local_path, artifact_path))
 

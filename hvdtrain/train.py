@@ -79,6 +79,7 @@ from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
 log = logging.getLogger("hvdtrain.train")
 EVAL_SPLITS = ("validation", "test")
 CONFUSION_PNG = "confusion_matrix.png"
+RESULT_NAME = "result.json"  # written last into train.output: marks a folder hvdtrain may replace
 
 
 # -- pure helpers -------------------------------------------------------------------
@@ -192,6 +193,7 @@ def _kerberos(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
+    check_replaceable(cfg.train.output)  # before any training: a refused output would waste it all
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model)
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
@@ -485,11 +487,12 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
         if os.path.isfile(recorded):
             shutil.copy(recorded, local)
+        tracker.progress = lambda what: ctx.phase(f"MLflow: {what}", ctx.cfg.fault.checkpoint_timeout)
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
                                   tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
-        _dump_json(os.path.join(local, "result.json"), result)
+        _dump_json(os.path.join(local, RESULT_NAME), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
 
@@ -582,9 +585,20 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
     _swap_in(incoming, output)
 
 
+def check_replaceable(output: str) -> None:
+    """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
+    (it holds ``result.json``), may be; anything else raises DataError before it is touched."""
+    names = fs.listdir(output) if fs.exists(output) else []
+    if names and RESULT_NAME not in names:
+        raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
+                        f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "
+                        "so choose a new or empty folder for train.output")
+
+
 def _swap_in(incoming: str, output: str) -> None:
     """``incoming`` becomes ``output``; a previous ``output`` is moved aside first, then deleted."""
     previous = f"{incoming}.previous"
+    check_replaceable(output)  # again: something may have been put there while training ran
     if fs.exists(output):
         fs.move(output, previous)
     fs.move(incoming, output)
