@@ -357,9 +357,14 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
 
 def verify_counts(spark: Any, run_dir: str, counted: dict[str, int]) -> dict[str, Any]:
     """rows_in = scored + rejected as counted in the tasks, and each term equal to the rows written."""
-    written = {r["outcome"]: r["count"] for r in spark.read.parquet(run_dir).groupBy("outcome").count().collect()}
-    reasons = {r["reject_reason"]: r["count"] for r in spark.read.parquet(run_dir).where("outcome = 'rejected'")
-               .groupBy("reject_reason").count().collect()}
+    from pyspark.sql.utils import AnalysisException
+
+    try:
+        written = {r["outcome"]: r["count"] for r in spark.read.parquet(run_dir).groupBy("outcome").count().collect()}
+        reasons = {r["reject_reason"]: r["count"] for r in spark.read.parquet(run_dir)
+                   .where("outcome = 'rejected'").groupBy("reject_reason").count().collect()}
+    except AnalysisException:  # an empty input writes no file to infer a schema from
+        written, reasons = {}, {}
     out = {"rows_in": counted["rows_in"], "scored": counted["scored"], "rejected": counted["rejected"],
            "rejects_by_reason": dict(sorted(reasons.items())), "model_loads": counted["model_loads"],
            "tasks": counted["tasks"], "arrow_batches": counted["batches"]}

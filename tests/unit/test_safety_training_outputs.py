@@ -52,7 +52,7 @@ def test_every_mlflow_upload_is_progress_the_stall_watchdog_sees(tmp_path):
     now = [0.0]
     dog = watchdog.Watchdog(timeout=5.0, rank=0, clock=lambda: now[0])
     cfg = config.from_dict({"name": "s", "workdir": str(tmp_path), "source": {"table": "demo.t"},
-                            "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}, base_dir=str(tmp_path))
+                            "tracking": {"uri": str(tmp_path / "mlflow")}}, base_dir=str(tmp_path))
     tracker = tracking.Tracker(cfg)
     tracker.start({})
     folder = tmp_path / "saved_model"
