@@ -144,10 +144,14 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def join(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or URI."""
+    """Join path parts onto a local path or URI.
+
+    Onto a URI, a part with a leading ``/`` stays under ``base`` (``posixpath.join`` would drop the
+    scheme and authority: ``hdfs://nn/ds`` + ``/x`` must never become the local ``/x``).
+    """
     if is_local(base) and not base.startswith("file://"):
         return os.path.join(base, *parts)
-    return posixpath.join(base, *parts)
+    return posixpath.join(base, *(p.lstrip("/") for p in parts))
 
 
 # -- the Hadoop client that libhdfs loads ------------------------------------------
