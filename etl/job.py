@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
 import hvdtrain
 from etl import publish
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, manifest
+from hvdtrain import console, fs, manifest, secrets
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 
@@ -277,8 +277,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # "Closing down clientserver connection" at exit
     args = parse_args(argv)
     spark_log = None
+    secrets.private_files()
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
+        secrets.protect_logging(*secrets.secret_values(cfg.flat()))
         from etl import session, sources
 
         spark_log = session.log_file(cfg, args.master, args.verbose, "etl")

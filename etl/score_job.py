@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, score as score_lib
+from hvdtrain import console, fs, score as score_lib, secrets
 from hvdtrain.config import JobConfig, parse_partition
 from hvdtrain.errors import DataError, HvdtrainError, StorageError
 
@@ -443,8 +443,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse_args(argv)
+    secrets.private_files()
     try:
         cfg = config_mod.load(args.config, args.overrides)
+        secrets.protect_logging(*secrets.secret_values(cfg.flat()))
         model = args.model or cfg.score.model
         if not model:
             raise DataError("no model: pass --model (a training output folder, runs:/..., models:/...) or set "

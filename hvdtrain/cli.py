@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, supervise
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs
+from hvdtrain import console, fs, secrets
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
                              UsageError)
 
@@ -285,7 +285,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
+    print(config_mod.load(args.config, args.overrides).to_yaml(redacted=True), end="")
     return 0
 
 
@@ -394,6 +394,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    secrets.private_files()  # inherited by every step: checkpoints, logs, stores are the user's only
+    secrets.protect_logging()
     try:
         return args.fn(args)
     except HvdtrainError as exc:

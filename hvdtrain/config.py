@@ -25,6 +25,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from hvdtrain import secrets
 from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
@@ -623,12 +624,15 @@ class JobConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+    def to_yaml(self, redacted: bool = False) -> str:
+        """The config as YAML; ``redacted`` masks secrets (:func:`hvdtrain.secrets.redact`) for logs and artifacts."""
+        data = self.to_dict()
+        return yaml.safe_dump(secrets.redact(data) if redacted else data, sort_keys=False)
 
-    def flat(self) -> dict[str, Any]:
-        """Dotted keys to leaf values (MLflow params)."""
-        return _flatten(self.to_dict())
+    def flat(self, redacted: bool = False) -> dict[str, Any]:
+        """Dotted keys to leaf values (MLflow params); ``redacted`` masks secrets."""
+        flat = _flatten(self.to_dict())
+        return {k: secrets.redact(v, k) for k, v in flat.items()} if redacted else flat
 
     def section_hash(self, *sections: str) -> str:
         """A stable hash of some config sections (e.g. the ETL's inputs)."""

@@ -37,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
+from hvdtrain import secrets
 from hvdtrain.config import JobConfig, has_scheme
 from hvdtrain.errors import DataError
 
@@ -92,7 +93,7 @@ def _local_store(folder: str) -> Store:
 def flat_params(cfg: JobConfig) -> dict[str, str]:
     """Config as MLflow params: dotted keys, values as strings cut to MLflow's length limit."""
     out = {}
-    for key, value in cfg.flat().items():
+    for key, value in cfg.flat(redacted=True).items():
         text = "" if value is None else str(value)
         out[key] = text if len(text) <= MAX_PARAM_LENGTH else text[:MAX_PARAM_LENGTH - 3] + "..."
     return out
@@ -243,7 +244,7 @@ class Tracker:
             run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
         self._mlflow, self.run_id, self.tracking_uri = mlflow, run.info.run_id, store.tracking_uri
         log.info("MLflow run %s in experiment %r at %s", self.run_id, self.cfg.tracking.experiment,
-                 store.tracking_uri)
+                 secrets.redact_url(store.tracking_uri))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = list(params.items())

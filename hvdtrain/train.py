@@ -66,7 +66,7 @@ from hvdtrain import config as config_lib
 from hvdtrain import breakdown, cpus, data, distributed, evaluation, fs, hooks, plots, progress, resume
 from hvdtrain import console, kerberos, steps as steps_lib, supervise, timeline as timeline_lib, tracking
 from hvdtrain import manifest as manifest_lib
-from hvdtrain import watchdog
+from hvdtrain import secrets, watchdog
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.context import TrainContext
 from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem, HvdtrainError, StorageError
@@ -143,6 +143,8 @@ def run(cfg: JobConfig) -> dict[str, Any]:
             os.environ.setdefault(name, value)
     rank = distributed.init()
     _configure_logging(rank)
+    secrets.protect_logging(*secrets.secret_values(cfg.flat()))
+    secrets.private_files()  # checkpoints, the MLflow store, outputs: the user's only
     threads = _configure_tf(rank, cfg.train)
     with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, _kerberos(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
@@ -491,7 +493,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
-                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
+                                  tracking_uri=secrets.redact_url(tracker.tracking_uri)), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, RESULT_NAME), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
@@ -544,7 +546,7 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
         tags.update(best_epoch=report["early_stopping"]["best_epoch"],
                     stopped_early=report["early_stopping"]["stopped_early"])
     tracker.set_tags(tags)
-    tracker.log_text(ctx.cfg.to_yaml(), "config.yaml")
+    tracker.log_text(ctx.cfg.to_yaml(redacted=True), "config.yaml")
     tracker.log_text(ctx.manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
