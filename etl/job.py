@@ -140,6 +140,17 @@ def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureS
                           tokenizer_json=tok.to_str(), tabular_stats=stats)
 
 
+def read_vocab(uri: str) -> list[str]:
+    """A vocab.txt's lines; a file that is not UTF-8 is a DataError naming the byte."""
+    raw = fs.read_bytes(uri)
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"etl.vocab_file {uri} is not UTF-8 (byte {raw[exc.start:exc.start + 1]!r} at offset "
+                        f"{exc.start}, line {line}): convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
 def _tokenizer(rows: Any, cfg: JobConfig):
     from etl import text
 
@@ -148,7 +159,7 @@ def _tokenizer(rows: Any, cfg: JobConfig):
         if not fs.exists(cfg.etl.vocab_file):
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file} does not exist; give a vocab.txt path "
                             "or remove the key to learn the vocabulary from the training split")
-        lines = fs.read_bytes(cfg.etl.vocab_file).decode("utf-8").splitlines()
+        lines = read_vocab(cfg.etl.vocab_file)
         try:
             return text.from_vocab(lines, opts)
         except ValueError as exc:

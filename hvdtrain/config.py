@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -429,6 +430,7 @@ class MonitoringConfig:
     interval_seconds: float = 15.0
     textfile_dir: str = path_field("{workdir}/metrics")
     port: Optional[int] = None  # rank 0 serves /metrics here; it must be free
+    addr: str = "127.0.0.1"  # the interface /metrics binds to ("0.0.0.0": every interface, for a remote scraper)
     job: str = "{name}"  # the `job` label on every metric
     step_breakdown: bool = False
 
@@ -439,6 +441,8 @@ class MonitoringConfig:
         _require(self.port is None or 1 <= self.port <= 65535, "port", self.port,
                  "must be a TCP port in 1-65535, or null for no /metrics endpoint")
         _require(bool(self.job.strip()), "job", self.job, "must be a non-empty label value")
+        _require(_is_ip(self.addr), "addr", self.addr, "must be an IP address of this host's interface "
+                 "(127.0.0.1 by default; 0.0.0.0 for every interface)")
 
 
 @dataclass
@@ -543,6 +547,14 @@ def check_predicate(name: str, predicate: str) -> None:
     if bad:
         raise ConfigError(name, predicate, f"must be one Spark SQL predicate without {' or '.join(bad)} "
                           "(e.g. \"lang = 'en' AND ds >= '2026-11-01'\")")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_partition(spec: str) -> dict[str, str]:
