@@ -53,7 +53,7 @@ setup(
             "tfrecord>=1.14,<2",
             "scikit-learn>=1.4,<2",  # tests compare the metrics with sklearn.metrics
             "cmake>=3.18,<4",
-            # Horovod's own test files (tests/test_horovod_upstream.py) import these.
+            # Horovod's own test files (tests/multiprocess/test_horovod_upstream.py) import these.
             "mock>=4,<6",
             "parameterized>=0.8,<0.10",
         ],

@@ -49,15 +49,14 @@ def train(dataset: str, precision: str, steps: int) -> dict:
     import tensorflow as tf
 
     from hvdtrain import config, data, distributed, manifest
-    from hvdtrain import steps as steps_lib
-    from hvdtrain import train as train_lib
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
 
     rank = distributed.init()
     m = manifest.read(dataset)
     cfg = config.from_dict({"name": "bench-gpu", "source": {"table": "bench.rows"}, "etl": {"output": dataset},
                             "model": MODEL, "train": {"batch_size": BATCH, "mixed_precision": precision}})
-    model, optimizer = train_lib.build_state(cfg, data.check_manifest(m, cfg.model), rank.size)
+    model, optimizer = state.build_state(cfg, data.check_manifest(m, cfg.model), rank.size)
     distributed.broadcast_state(model, optimizer)
     ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH,
                                                 shuffle_buffer=1024, seed=1),

@@ -17,7 +17,7 @@ Figures: resumes that succeeded, seconds from each kill to the job's teardown
 the final weight difference between the two runs, and the records lost or
 repeated (the interrupted run's batches, segment by segment up to where the
 next run resumed, against the uninterrupted run's batches).
-``tests/test_resume_mp.py`` runs the same drill with one kill.
+``tests/multiprocess/test_resume_mp.py`` runs the same drill with one kill.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def allreduce_mode(np: int) -> str:
     """The all-reduce mode a drill of ``np`` ranks checks exact resume in.
 
     At 2 ranks, the non-default overlap mode (grouped and overlap give bit-identical updates there,
-    tests/test_fp16_safety_mp.py). Beyond 2, only grouped is bit-reproducible: a ring all-reduce sums a fused
+    tests/multiprocess/test_fp16_safety_mp.py). Beyond 2, only grouped is bit-reproducible: a ring all-reduce sums a fused
     buffer in an order set by its layout, and in overlap mode which gradients Horovod fuses in a cycle depends
     on timing (a 4-rank drill in overlap mode ended 7e-6 away from its uninterrupted run).
     """

@@ -2,7 +2,7 @@
 
     horovodrun -np N ... python -m benchmarks.monitoring_worker DATASET STEPS REPS OUT_DIR
 
-Every mode runs :func:`hvdtrain.loop.fit` on the same model and input stream,
+Every mode runs :func:`hvdtrain.training.loop.fit` on the same model and input stream,
 one epoch of STEPS optimizer steps per repetition, in turn off, on,
 metrics_only, off, on, ... after one warm-up epoch of each (tracing). *off*: the fused step, no
 hooks. *on*: what ``monitoring.enabled`` and ``monitoring.step_breakdown``
@@ -31,10 +31,11 @@ def main() -> None:
     p.add_argument("out_dir")
     args = p.parse_args()
 
-    from hvdtrain import breakdown, config, data, distributed, manifest, monitoring, train
-    from hvdtrain import steps as steps_lib
+    from hvdtrain import breakdown, config, data, distributed, manifest, monitoring
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
-    from hvdtrain.loop import LoopPlan, fit
+    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.training.loop import fit
 
     rank = distributed.init()
     m = manifest.read(args.dataset)
@@ -42,7 +43,7 @@ def main() -> None:
                             "model": {"embed_dim": 64, "num_heads": 2, "ff_dim": 128, "num_layers": 1},
                             "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
     shape = data.check_manifest(m, cfg.model)
-    model, optimizer = train.build_state(cfg, shape, rank.size)
+    model, optimizer = state.build_state(cfg, shape, rank.size)
     distributed.broadcast_state(model, optimizer)
     batches = iter(data.train_dataset(m, data.TrainStream(rank.rank, rank.size, BATCH, 1024, 1),
                                       features=[*contract.MODEL_INPUTS["transformer"], "label"]))
@@ -60,7 +61,7 @@ def main() -> None:
     def on(step_fn=timed, breakdown_too: bool = True) -> float:
         start = time.perf_counter()
         metrics = monitoring.Metrics("bench", "bench", rank.rank, socket.gethostname())
-        metrics.read_at_collect("hvdtrain_learning_rate", lambda: train.current_learning_rate(optimizer))
+        metrics.read_at_collect("hvdtrain_learning_rate", lambda: state.current_learning_rate(optimizer))
         allreduce = lambda: getattr(step_fn, "allreduce_seconds", None)  # noqa: E731
         hooks = [monitoring.MetricsHook(metrics, allreduce, lambda: None, lambda: int(optimizer.iterations.numpy()))]
         if breakdown_too:

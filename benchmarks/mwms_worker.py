@@ -57,8 +57,8 @@ def main() -> None:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     task, size = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
 
-    from hvdtrain import config, data, manifest, train
-    from hvdtrain import steps as steps_lib
+    from hvdtrain import config, data, manifest
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
 
     m = manifest.read(args.dataset)
@@ -67,7 +67,7 @@ def main() -> None:
                             "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
     shape = data.check_manifest(m, cfg.model)
     with strategy.scope():
-        model, optimizer = train.build_state(cfg, shape, size)
+        model, optimizer = state.build_state(cfg, shape, size)
     inputs = contract.MODEL_INPUTS["transformer"]
     ds = data.train_dataset(m, data.TrainStream(rank=task, size=size, batch_size=BATCH, shuffle_buffer=1024, seed=1),
                             features=[*inputs, "label"])

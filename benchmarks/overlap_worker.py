@@ -38,7 +38,7 @@ def make_steps(width: int, layers: int) -> tuple[dict, dict, int]:
     import tensorflow as tf
 
     from hvdtrain import distributed
-    from hvdtrain import steps as steps_lib
+    from hvdtrain.training import steps as steps_lib
 
     rank = distributed.info()
     out = {}

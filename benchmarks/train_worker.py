@@ -43,8 +43,8 @@ def main() -> None:
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras
 
-    from hvdtrain import config, data, distributed, manifest, train
-    from hvdtrain import steps as steps_lib
+    from hvdtrain import config, data, distributed, manifest
+    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
 
     rank = distributed.init() if args.mode == "hvd" else distributed.RankInfo(0, 1, 0, 1, "localhost", "single")
@@ -53,7 +53,7 @@ def main() -> None:
                             "model": {"embed_dim": 64, "num_heads": 2, "ff_dim": 128, "num_layers": 1},
                             "train": {"batch_size": BATCH, "learning_rate": 1e-3}})
     shape = data.check_manifest(m, cfg.model)
-    model, optimizer = train.build_state(cfg, shape, rank.size)
+    model, optimizer = state.build_state(cfg, shape, rank.size)
     ds = data.train_dataset(m, data.TrainStream(rank=rank.rank, size=rank.size, batch_size=BATCH, shuffle_buffer=1024,
                                                 seed=1), features=[*contract.MODEL_INPUTS["transformer"], "label"])
     if args.threads:  # the input pipeline gets the same budget as the model: no idle core to borrow

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from hvdtrain import drift as drift_lib
 from hvdtrain.config import JobConfig
+from hvdtrain.features import FeatureEncoder
 
 DECILES = [i / 10 for i in range(1, 10)]
 
@@ -80,8 +81,6 @@ def text_counts(rows: Any, column: str, tokenizer_json: str) -> dict[str, int]:
     """[UNK] and real tokens of a text column, tokenized with the model's tokenizer in Spark tasks."""
     def count(batches):
         import pandas as pd
-
-        from hvdtrain.features import FeatureEncoder
 
         enc = FeatureEncoder(tokenizer_json, None)
         for frame in batches:

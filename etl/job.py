@@ -29,9 +29,10 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
-from etl import publish
+from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
+from etl.fitted import Fitted
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, manifest, secrets
+from hvdtrain import console, fs, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 
@@ -82,8 +83,6 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     from pyspark import StorageLevel
 
-    from etl import faults, sources, split as split_mod, validate, writer
-
     timer = StageTimer()
     fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
     replacing = check_output(cfg)
@@ -111,14 +110,13 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             stats = _tabular_stats(rows, cfg)
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
+        fitted = _fitted(labels, tok, text_specs, stats)
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
-            results = _write_shards(rows, labels, tok.to_str() if tok else None, stats, plan, staging, cfg,
-                                    manifest.encodings(text_specs), fault)
+            results = _write_shards(rows, fitted, plan, staging, cfg, fault)
         rows.unpersist()
         with timer.stage("publish"):
-            fitted = _fitted(labels, tok, text_specs, stats)
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
                                      created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                      generation=f"v-{run_id}" if replacing else "")
@@ -131,12 +129,10 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
 
 
 def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
-            stats: Optional[dict]) -> Any:
-    from etl import text
-
+            stats: Optional[dict]) -> Fitted:
     if tok is None:
-        return publish.Fitted(labels=labels, tabular_stats=stats)
-    return publish.Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
+        return Fitted(labels=labels, tabular_stats=stats)
+    return Fitted(labels=labels, text_specs=text_specs, vocab=text.vocab_lines(tok),
                           tokenizer_json=tok.to_str(), tabular_stats=stats)
 
 
@@ -152,8 +148,6 @@ def read_vocab(uri: str) -> list[str]:
 
 
 def _tokenizer(rows: Any, cfg: JobConfig):
-    from etl import text
-
     opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:
         if not fs.exists(cfg.etl.vocab_file):
@@ -179,9 +173,6 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
 
     from pyspark.sql import functions as F
 
-    from etl import text
-    from hvdtrain import wordpiece
-
     base_json = text.base(opts).to_str()
 
     def count_words(batches):
@@ -199,21 +190,15 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
 
 
 def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
-    from etl import tabular
-
     if not (cfg.source.numeric_columns or cfg.source.categorical_columns):
         return None
     return tabular.fit(rows.where("split = 'train'"), cfg)
 
 
-def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                  plan: Any, staging: str, cfg: JobConfig, encodings: dict[str, str],
-                  fault: Any = None) -> list:
+def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
     from functools import partial
 
-    from etl import writer
-
-    label_index = {name: i for i, name in enumerate(labels)}
+    label_index = {name: i for i, name in enumerate(fitted.labels)}
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
@@ -223,9 +208,8 @@ def _write_shards(rows: Any, labels: list[str], tokenizer_json: Optional[str], t
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
         (r["text"], label_index[r["label"]], tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
-    task = partial(writer.write_partition, plan=plan, staging=staging, tokenizer_json=tokenizer_json,
-                   tabular_stats=tabular_stats, compression=cfg.etl.compression, encodings=encodings,
-                   fault=fault)
+    task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
+                   compression=cfg.etl.compression, fault=fault)
     return ordered.mapPartitionsWithIndex(task).collect()
 
 
@@ -292,7 +276,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
         secrets.protect_logging(*secrets.secret_values(cfg.flat()))
-        from etl import session, sources
 
         spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
         spark = session.get_session(cfg, args.master, args.verbose, "etl")

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from etl import accounting, writer
 from etl.accounting import RowCounts
+from etl.fitted import Fitted
 from hvdtrain import fs, manifest
 from hvdtrain.config import SPLITS, JobConfig
+from etl import sample, sources, tabular, text
 
-log = logging.getLogger("hvdtrain.etl")
+LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
 
 # The names hvdtrain writes right under ``etl.output``; nothing else there is ever deleted.
 WRITTEN_NAMES = frozenset({*SPLITS, "vocab.txt", "tokenizer.json", "rejects", "etl_report.json", "_staging",
@@ -46,17 +47,6 @@ def written_by_hvdtrain(name: str) -> bool:
 def foreign_names(names: list[str]) -> list[str]:
     """The names hvdtrain did not write (pure): a folder holding any is never overwritten."""
     return sorted(n for n in names if not written_by_hvdtrain(n))
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """What the job learned before writing, as plain data (the manifest records it)."""
-
-    labels: list[str]
-    text_specs: dict[str, manifest.FeatureSpec] = field(default_factory=dict)
-    vocab: Optional[list[str]] = None  # vocab.txt lines in id order; None for tabular-only data
-    tokenizer_json: Optional[str] = None
-    tabular_stats: Optional[dict[str, Any]] = None
 
 
 @dataclass(frozen=True)
@@ -139,8 +129,6 @@ def _small_files(fitted: Fitted, out: str, prefix: str = "") -> list[tuple[str, 
 def _features(cfg: JobConfig, fitted: Fitted,
               prefix: str = "") -> tuple[dict[str, manifest.FeatureSpec], dict, dict]:
     """(feature specs, vocabulary reference, preprocessing) for the manifest."""
-    from etl import tabular, text
-
     features: dict[str, manifest.FeatureSpec] = {}
     vocab_info: dict[str, Any] = {}
     preprocessing: dict[str, Any] = {}
@@ -162,8 +150,6 @@ def _features(cfg: JobConfig, fitted: Fitted,
 
 def source_info(cfg: JobConfig, counts: RowCounts) -> dict[str, Any]:
     """The manifest's ``source`` block: what was read and its row accounting."""
-    from etl import sample, sources
-
     info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": counts.rows_in,
                             "rows_rejected": counts.rejected_total, "duplicates_dropped": counts.duplicates}
     if cfg.source.sample is not None:
@@ -191,7 +177,7 @@ def act(plan: PublishPlan) -> dict[str, Any]:
             fs.write_bytes_atomic(uri, data)
     except BaseException:
         if plan.generation:  # the old dataset was never touched; drop the new one's half
-            _discard(fs.join(out, plan.generation))
+            fs.discard(fs.join(out, plan.generation), LEFTOVER)
         raise
     if not plan.generation:
         _place_side_outputs(plan)
@@ -199,7 +185,7 @@ def act(plan: PublishPlan) -> dict[str, Any]:
     if plan.generation:
         for name in fs.listdir(out):
             if name not in plan.keep and written_by_hvdtrain(name):  # the replaced dataset, dead version folders
-                _discard(fs.join(out, name))
+                fs.discard(fs.join(out, name), LEFTOVER)
         _place_side_outputs(plan)
     return {**plan.report, "manifest": uri}
 
@@ -210,8 +196,8 @@ def _swap(plan: PublishPlan) -> str:
         return manifest.write(plan.manifest, plan.output)
     except BaseException:
         if plan.generation and _still_old(plan):
-            _discard(manifest.manifest_uri(plan.output) + manifest.NEXT_SUFFIX)
-            _discard(fs.join(plan.output, plan.generation))
+            fs.discard(manifest.manifest_uri(plan.output) + manifest.NEXT_SUFFIX, LEFTOVER)
+            fs.discard(fs.join(plan.output, plan.generation), LEFTOVER)
         raise
 
 
@@ -232,14 +218,6 @@ def _top_name(base: str, uri: str) -> str:
 def _place_side_outputs(plan: PublishPlan) -> None:
     """rejects/ and etl_report.json: not part of the dataset readers use, replaced whole."""
     for src, dst in plan.side_moves:
-        fs.delete(dst)
-        fs.move(src, dst)
+        fs.swap_dir(src, dst, LEFTOVER)
     for uri, data in plan.side_files:
         fs.write_bytes_atomic(uri, data)
-
-
-def _discard(uri: str) -> None:
-    try:
-        fs.delete(uri)
-    except Exception as exc:  # noqa: BLE001 - readers do not see it; the next publish deletes it
-        log.warning("could not delete %s (%s); the next publish to this folder deletes it", uri, exc)

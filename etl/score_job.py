@@ -38,6 +38,7 @@ from hvdtrain import config as config_mod
 from hvdtrain import console, fs, score as score_lib, secrets
 from hvdtrain.config import JobConfig, parse_partition
 from hvdtrain.errors import DataError, HvdtrainError, StorageError
+from etl import drift as drift_mod, session, sources, split as split_mod
 
 log = logging.getLogger("hvdtrain.score")
 REPORT_NAME = "score_report.json"
@@ -95,8 +96,6 @@ def read_input(spark: Any, cfg: JobConfig, bundle: score_lib.ModelBundle, split:
     """The rows to score: source (+ source.filter, score.filter, a split), narrowed to the columns needed."""
     from pyspark.sql import functions as F
     from pyspark.sql.utils import AnalysisException, ParseException
-
-    from etl import sources, split as split_mod
 
     src = cfg.source
     try:
@@ -296,8 +295,6 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
     """Score ``cfg.source`` with ``model`` into ``target``; returns the report (also score_report.json)."""
     from pyspark.sql import functions as F
 
-    from etl import drift as drift_mod
-
     started = time.perf_counter()
     bundle = score_lib.load_bundle(model, cfg.tracking, cfg.workdir)
     rows = read_input(spark, cfg, bundle, split)
@@ -453,7 +450,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                             "score.model")
         target = plan_target(cfg, args.output_table, args.partition, args.overwrite,
                              dt.datetime.now(dt.timezone.utc).date())
-        from etl import session
 
         spark = session.get_session(cfg, args.master)
         report = run(spark, cfg, model, target, args.split, args.evaluate)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from etl import sample
+from etl.validate import CORRUPT, extra_columns
 from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError
@@ -13,18 +15,11 @@ def describe(cfg: JobConfig) -> str:
     return f"Hive table {src.table}" if src.table else f"{src.format} files at {src.path}"
 
 
-def spark_path(uri: str) -> str:
-    """A path Spark's Hadoop filesystem layer understands."""
-    return f"file://{fs.resolve(uri)[1]}" if fs.is_local(uri) else uri
-
-
 def read(spark: Any, cfg: JobConfig) -> Any:
     """The source as a DataFrame: string columns key, text, label, plus the
     columns validation rules name (and ``_corrupt_record`` for malformed lines)."""
     from pyspark.sql import functions as F
     from pyspark.sql.utils import AnalysisException, ParseException
-
-    from etl.validate import CORRUPT, extra_columns
 
     src = cfg.source
     try:
@@ -57,8 +52,6 @@ def read(spark: Any, cfg: JobConfig) -> Any:
 
 
 def _read_files(spark: Any, cfg: JobConfig) -> Any:
-    from etl.validate import CORRUPT
-
     src = cfg.source
     if not fs.exists(src.path):
         raise DataError(f"source.path {src.path} does not exist: fix source.path (a file or folder of "
@@ -74,7 +67,7 @@ def _read_files(spark: Any, cfg: JobConfig) -> Any:
         if src.format in ("csv", "json"):
             schema += f", {CORRUPT} STRING"
         reader = reader.schema(schema)
-    df = reader.load(spark_path(src.path))
+    df = reader.load(fs.spark_path(src.path))
     if CORRUPT in df.columns:
         df = df.cache()  # Spark refuses queries on raw files that use only the corrupt-record column
     return df
@@ -86,8 +79,6 @@ def _metastore(cfg: JobConfig) -> str:
 
 def create_sample_table(spark: Any, cfg: JobConfig) -> int:
     """Write the configured synthetic rows into source.table (generated in Spark tasks)."""
-    from etl import sample
-
     sample_cfg = cfg.source.sample
     if sample_cfg is None or not cfg.source.table:
         raise DataError("--create-sample-table needs source.table and a source.sample block in the config")

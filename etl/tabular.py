@@ -15,13 +15,12 @@ from typing import Any
 
 from hvdtrain.config import JobConfig
 from hvdtrain.features import cardinalities, feature_specs, fill_values, transform  # noqa: F401
+from etl import drift
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     """Statistics of the training rows (a Spark DataFrame with the source column names)."""
     from pyspark.sql import functions as F
-
-    from etl import drift
 
     src, etl = cfg.source, cfg.etl
     numeric: dict[str, dict[str, float]] = {}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from etl import faults
 from etl.accounting import LABEL_UNKNOWN, RowCounts
+from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError
 
@@ -221,7 +222,5 @@ def enforce_limits(checked: Checked, valid_rows: int, cfg: JobConfig, source_nam
 
 def write_rejects(checked: Checked, uri: str) -> None:
     """The quarantined rows, with rule and value, as Parquet (only when there are any)."""
-    from etl.sources import spark_path
-
     if checked.quarantined:
-        checked.rejects.write.mode("overwrite").parquet(spark_path(uri))
+        checked.rejects.write.mode("overwrite").parquet(fs.spark_path(uri))

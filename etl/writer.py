@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Optional
 import numpy as np
 
 from etl import faults
+from etl.fitted import Fitted
 from hvdtrain import fs, tfrecord
 from hvdtrain.config import SPLITS
 from hvdtrain.features import FeatureEncoder
@@ -89,16 +90,14 @@ class ShardResult:
     class_counts: dict[int, int]  # label index -> records
 
 
-def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str,
-                    tokenizer_json: Optional[str], tabular_stats: Optional[dict], compression: str,
-                    encodings: Optional[dict[str, str]] = None,
-                    fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
+def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str, fitted: Fitted,
+                    compression: str, fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
     """Runs in a Spark task: encode sorted rows and write one shard.
 
     ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
     values)) pairs. Yields one :class:`ShardResult` (nothing for an empty
-    partition). ``encodings`` maps features to their packed encoding
-    (``FeatureSpec.encoding``); ``fault`` is the test-only hook (``etl.faults``).
+    partition). ``fitted`` holds the tokenizer, statistics and packed encodings
+    fitted on the training split; ``fault`` is the test-only hook (``etl.faults``).
     """
     from pyspark import TaskContext
 
@@ -106,7 +105,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
-    encode = RecordEncoder(tokenizer_json, tabular_stats, encodings)
+    encode = RecordEncoder(fitted)
     drop = fault.drops("write") if fault else None
     if drop is not None:
         rows = (r for r in rows if r[0][1] != drop)
@@ -152,10 +151,9 @@ class RecordEncoder:
     """Turns a batch of rows into tf.train.Example records: the model features from
     :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the label index and the key."""
 
-    def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict],
-                 encodings: Optional[dict[str, str]] = None):
-        self.features = FeatureEncoder(tokenizer_json, tabular_stats)
-        self.encodings = encodings or {}
+    def __init__(self, fitted: Fitted):
+        self.features = FeatureEncoder(fitted.tokenizer_json, fitted.tabular_stats)
+        self.encodings = fitted.encodings
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
         keys = [k for (_, k), _ in batch]

@@ -3,9 +3,9 @@
 :class:`StepTimeBreakdown` (a hook, after the checkpointer in the list) adds
 up, per epoch and rank, measured times:
 
-* ``data_wait``: blocked in ``next(batches)`` (:func:`hvdtrain.loop.take_batches`);
+* ``data_wait``: blocked in ``next(batches)`` (:func:`hvdtrain.training.loop.take_batches`);
 * ``allreduce``: the grouped gradient all-reduce, timed around its own
-  compiled call (:class:`hvdtrain.steps.TimedStep`); it includes waiting for
+  compiled call (:class:`hvdtrain.training.steps.TimedStep`); it includes waiting for
   the slowest rank to hand in its gradients;
 * ``compute``: the rest of the step call (forward, backward, optimizer
   update); with the all-reduce not timed separately it includes it;
@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import distributed
-from hvdtrain.hooks import Hook
-from hvdtrain.loop import LoopState, StepInfo
+from hvdtrain.training.hooks import Hook
+from hvdtrain.training.events import LoopState, StepInfo
 
 log = logging.getLogger("hvdtrain.train")
 PHASES = ("data_wait", "compute", "allreduce", "checkpoint", "other")

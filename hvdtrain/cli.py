@@ -15,54 +15,14 @@ import subprocess
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hvdtrain import checkpoint, supervise
+from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, secrets
+from hvdtrain import console, fs, secrets, tune
+from hvdtrain.launch import child_env, etl_command, score_command, score_flags, train_command
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
                              UsageError)
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
-
-
-def _bin(name: str) -> str:
-    """A console script installed beside this interpreter (the project venv)."""
-    candidate = os.path.join(os.path.dirname(sys.executable), name)
-    return candidate if os.path.exists(candidate) else name
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    # The repo root on the path, so `-m etl.job` works from a source checkout too.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def etl_command(config_path: str, overrides: Sequence[str], master: Optional[str], overwrite: bool,
-                create_sample_table: bool = False, verbose: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "etl.job", "--config", config_path]
-    if master:
-        cmd += ["--master", master]
-    if overwrite:
-        cmd.append("--overwrite")
-    if create_sample_table:
-        cmd.append("--create-sample-table")
-    if verbose:
-        cmd.append("--verbose")
-    return cmd + list(overrides)
-
-
-def train_command(config_path: str, overrides: Sequence[str], np: int, start_timeout: int = 120,
-                  hosts: Optional[str] = None) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo --start-timeout S python -m hvdtrain.train ...``
-    (or plain python for N=1 on this host); ``hosts`` (``h1:2,h2:2``) runs the ranks there."""
-    train = [sys.executable, "-m", "hvdtrain.train", config_path, *overrides]
-    if np == 1 and hosts is None:
-        return train
-    return [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo",
-            "--start-timeout", str(start_timeout), *train]
 
 
 def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> console.Outcome:
@@ -74,23 +34,6 @@ def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> conso
     tty = sys.stderr.isatty()
     print(f"$ {shlex.join(cmd)}", flush=True)
     return console.run(cmd, console.child_env({**child_env(), **(extra_env or {})}, tty), console.View(tty))
-
-
-def score_flags(model: Optional[str], output_table: Optional[str], partition: Optional[str] = None,
-                master: Optional[str] = None, overwrite: bool = False, split: Optional[str] = None,
-                evaluate: bool = False) -> list[str]:
-    """The scoring job's flags (pure)."""
-    out: list[str] = []
-    for flag, value in (("--model", model), ("--output-table", output_table), ("--partition", partition),
-                        ("--master", master), ("--split", split)):
-        if value:
-            out += [flag, value]
-    return out + (["--overwrite"] if overwrite else []) + (["--evaluate"] if evaluate else [])
-
-
-def score_command(config_path: str, overrides: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """``python -m etl.score_job ...``: the scoring job, the same entry point spark-submit runs (pure)."""
-    return [sys.executable, "-m", "etl.score_job", "--config", config_path, *flags, *overrides]
 
 
 def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
@@ -211,8 +154,6 @@ def train_summary(result: dict[str, Any]) -> str:
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
     """Where every output of the demo is, and how well it did."""
-    from hvdtrain import fs, manifest
-
     m = manifest.read(cfg.etl.output)
     result_path = fs.join(cfg.train.output, "result.json")
     result = json.loads(fs.read_bytes(result_path))
@@ -250,8 +191,6 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """``hvdtrain tune``: successive halving over training runs (hvdtrain/tune.py owns Optuna)."""
-    from hvdtrain import tune
-
     cfg = config_mod.load(args.config, args.overrides)
     opts = tune.TuneOptions(args.config, tuple(args.overrides), args.space, args.trials, args.parallel, args.np,
                             args.launcher, args.hosts, args.eta, args.min_epochs, args.metric)
@@ -260,15 +199,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_env_check(args: argparse.Namespace) -> int:
-    from hvdtrain import envcheck
-
     return envcheck.main()
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     """List or verify checkpoints: step, metric, size and status of each."""
-    from hvdtrain import checkpoint
-
     infos = checkpoint.scan(args.dir, verify=args.action == "verify")
     if not infos:
         raise DataError(f"no checkpoints (ckpt-*) under {args.dir}")
@@ -278,8 +213,6 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_timeline(args: argparse.Namespace) -> int:
     """``hvdtrain timeline summarize FILE``: time per phase of a recorded Horovod timeline."""
-    from hvdtrain import timeline
-
     print(timeline.summarize(args.file))
     return 0
 
@@ -317,19 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--partition", help="k=v[,k=v] to write (default score.partition, else ds=<UTC date>)")
     score.add_argument("--overwrite", action="store_true", help="replace a non-empty partition (atomically)")
     score.add_argument("--master", help="Spark master (default: spark.master from the config)")
-    tune = _command(sub, "tune", cmd_tune, "hyperparameter search: successive halving (Optuna ASHA) over training "
+    tuning = _command(sub, "tune", cmd_tune, "hyperparameter search: successive halving (Optuna ASHA) over training "
                     "runs, tracked in MLflow; rerun the same command to resume")
-    tune.add_argument("--space", required=True, help="YAML of dotted config key -> {loguniform|uniform|int: "
+    tuning.add_argument("--space", required=True, help="YAML of dotted config key -> {loguniform|uniform|int: "
                       "[low, high]} or {choice: [...]}")
-    tune.add_argument("--trials", type=int, required=True, help="trials in the study (a rerun tops it up)")
-    tune.add_argument("--parallel", type=int, default=1, help="trials running at once (default 1)")
-    _np_option(tune, "ranks per trial (default 2)")
-    tune.add_argument("--launcher", default="local", choices=["local", "horovodrun", "yarn"],
+    tuning.add_argument("--trials", type=int, required=True, help="trials in the study (a rerun tops it up)")
+    tuning.add_argument("--parallel", type=int, default=1, help="trials running at once (default 1)")
+    _np_option(tuning, "ranks per trial (default 2)")
+    tuning.add_argument("--launcher", default="local", choices=["local", "horovodrun", "yarn"],
                       help="local: horovodrun on this host; horovodrun: on --hosts; yarn: hvdtrain yarn submit")
-    tune.add_argument("--hosts", help="horovodrun -H for --launcher horovodrun, e.g. host1:2,host2:2")
-    tune.add_argument("--eta", type=int, default=3, help="successive halving keeps 1/eta per rung (default 3)")
-    tune.add_argument("--min-epochs", type=int, default=1, help="epochs before the first pruning rung (default 1)")
-    tune.add_argument("--metric", default="validation_accuracy",
+    tuning.add_argument("--hosts", help="horovodrun -H for --launcher horovodrun, e.g. host1:2,host2:2")
+    tuning.add_argument("--eta", type=int, default=3, help="successive halving keeps 1/eta per rung (default 3)")
+    tuning.add_argument("--min-epochs", type=int, default=1, help="epochs before the first pruning rung (default 1)")
+    tuning.add_argument("--metric", default="validation_accuracy",
                       help="validation_accuracy (default), validation_macro_f1, validation_roc_auc or "
                            "validation_loss (minimized)")
     _command(sub, "config", cmd_config_show, "print the resolved config (after overrides and path resolution)")

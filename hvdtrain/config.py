@@ -313,7 +313,7 @@ class TrainConfig:
     grad_accum_steps: int = 1
     fp16_allreduce: bool = False  # send gradients as float16 (Horovod fp16 compression)
     # grouped: one all-reduce of all gradients after the backward pass; overlap: one per gradient, issued as soon
-    # as it exists, so communication overlaps backprop (hvdtrain.steps.Reduction; README "Overlapped all-reduce");
+    # as it exists, so communication overlaps backprop (hvdtrain.training.steps.Reduction; README "Overlapped all-reduce");
     # beyond 2 ranks only grouped is bit-reproducible (overlap's fusion groups depend on timing)
     allreduce: Literal["grouped", "overlap"] = "grouped"
     mixed_precision: Literal["none", "bfloat16", "float16"] = "none"

@@ -30,7 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional, Sequence, TextIO
 
-from hvdtrain import errors
+from hvdtrain import errors, fs
+from hvdtrain.bar import TerminalBar
 
 TAIL_LINES = 400  # kept for telling a lost rank from a stall or a user error
 CONSOLE_ENV = "HVDTRAIN_CONSOLE"  # set by the launcher for its children: "tty" or "pipe"
@@ -45,8 +46,6 @@ NOISE = ("WARNING: All log messages before absl::InitializeLog() is called are w
 
 def spark_log_file(workdir: str, job: str) -> Optional[str]:
     """Where a local Spark job (``job``: etl, score, ...) writes Spark's own log; None off a local workdir."""
-    from hvdtrain import fs
-
     return os.path.join(fs.local_path(workdir), "logs", f"spark-{job}.log") if fs.is_local(workdir) else None
 
 
@@ -203,8 +202,6 @@ class View:
             self.close()  # the run is over: the bar would be in the way of what follows
 
     def _progress(self, event: dict[str, Any]) -> None:
-        from hvdtrain.progress import TerminalBar
-
         if self._bar is None:
             self._bar = TerminalBar(event["epochs"], event["steps"], done=event.get("done", 0), stream=self.err)
         self._bar.update(event["epoch"], event["step"], event.get("loss"), event.get("samples_per_sec"))

@@ -29,6 +29,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from hvdtrain import wordpiece
+
 # -- text --------------------------------------------------------------------------------------
 
 PAD, UNK = "[PAD]", "[UNK]"
@@ -88,8 +90,6 @@ def learn_vocab(word_counts: Mapping[str, int], vocab_size: int) -> list[str]:
     subword units from count-weighted pair merges (:mod:`hvdtrain.wordpiece`): the same counts give the
     same vocabulary, byte for byte, whatever order they come in.
     """
-    from hvdtrain import wordpiece
-
     return wordpiece.learn(word_counts, vocab_size, SPECIAL_TOKENS)
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from hvdtrain.errors import DataError, EnvironmentProblem, StorageError
+from hvdtrain.webhdfs import WebHdfsHandler
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,8 +110,6 @@ def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
 @functools.lru_cache(maxsize=16)
 def _webhdfs(netloc: str, user: Optional[str], tls: bool = False) -> pafs.FileSystem:
     """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``)."""
-    from hvdtrain.webhdfs import WebHdfsHandler  # the `hdfs` package stays optional at import time
-
     return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user))
 
 
@@ -211,6 +210,11 @@ def prepare_hdfs_client(*uris: Optional[str]) -> dict[str, str]:
 
 # -- operations ---------------------------------------------------------------
 
+def spark_path(uri: str) -> str:
+    """A URI Spark's Hadoop filesystem layer understands."""
+    return f"file://{resolve(uri)[1]}" if is_local(uri) else uri
+
+
 def exists(uri: str) -> bool:
     fs, path = resolve(uri)
     info = with_retries(lambda: fs.get_file_info(path), f"stat {uri}")
@@ -276,6 +280,28 @@ def _rename(fs: pafs.FileSystem, src: str, dst: str, rename: Callable[[str, str]
             raise
         log.warning("rename %s -> %s reported %s, but the file is in place: counted as done", src, dst,
                     type(exc).__name__)
+
+
+def swap_dir(incoming: str, target: str, leftover: str = "delete it by hand") -> None:
+    """``incoming`` takes ``target``'s place: a previous ``target`` is moved aside first, then deleted.
+
+    ``target`` is never half-written: it is the old folder or the new one. A
+    failed delete of the old one only warns (``leftover`` says what to do).
+    """
+    previous = f"{incoming}.previous"
+    if exists(target):
+        move(target, previous)
+    move(incoming, target)
+    discard(previous, leftover)
+
+
+def discard(uri: str, leftover: str = "delete it by hand") -> None:
+    """Delete ``uri`` when it is there; a failure only warns (``leftover`` says what to do about it)."""
+    try:
+        if exists(uri):
+            delete(uri)
+    except Exception as exc:  # noqa: BLE001 - a leftover folder is not worth failing over
+        log.warning("could not delete %s (%s); %s", uri, exc, leftover)
 
 
 def listdir(uri: str) -> list[str]:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from hvdtrain.errors import EnvironmentProblem
-from hvdtrain.hooks import Hook
-from hvdtrain.loop import LoopState, StepInfo
+from hvdtrain.training.hooks import Hook
+from hvdtrain.training.events import LoopState, StepInfo
 
 log = logging.getLogger("hvdtrain.train")
 

@@ -6,7 +6,7 @@ every ``train.progress_every_steps`` steps or ``train.progress_every_seconds``
 seconds instead. Under ``horovodrun`` rank 0 never has a terminal, even when
 the user does: when the ``hvdtrain`` launcher says it has one
 (:data:`hvdtrain.console.CONSOLE_ENV`), rank 0 sends progress events instead
-(mode ``events``) and the launcher draws the same :class:`TerminalBar`.
+(mode ``events``) and the launcher draws the same :class:`hvdtrain.bar.TerminalBar`.
 :func:`choose_mode` decides (pure).
 
 Step figures come from a :class:`WindowMeter`: wall time per optimizer step,
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Optional, TextIO
 
 from hvdtrain import console
+from hvdtrain.bar import TerminalBar
 
 Mode = Literal["bar", "events", "log", "off"]
 log = logging.getLogger("hvdtrain.progress")
@@ -124,51 +125,6 @@ def format_line(epoch: int, epochs: int, step: int, steps: int, stats: WindowSta
     return (f"epoch {epoch}/{epochs} step {step}/{steps}: loss {stats.loss:.4f}, "
             f"{stats.samples_per_sec:.0f} samples/s, {stats.step_seconds * 1000:.1f} ms/step, "
             f"data wait {stats.data_wait_fraction:.0%}")
-
-
-class TerminalBar:
-    """A tqdm bar over a whole run: epoch, step, loss, samples/s and the run's ETA.
-
-    Rank 0 draws it on its own terminal (mode ``bar``); the ``hvdtrain`` launcher draws it
-    from rank 0's progress events. ``done`` is the optimizer steps finished before the bar
-    starts (a resumed run), so the rate and ETA count only steps timed here.
-    """
-
-    def __init__(self, epochs: int, steps: int, done: int = 0, stream: Optional[TextIO] = None):
-        from tqdm import tqdm
-
-        self.epochs, self.steps = epochs, steps
-        self._bar = tqdm(total=epochs * steps, initial=done, file=stream, dynamic_ncols=True, leave=True,
-                         unit="step", bar_format="{desc} {percentage:3.0f}%|{bar}| ETA {remaining}")
-        self._figures = ""
-        self.update(*divmod_epoch(done, steps))
-
-    @property
-    def finished(self) -> bool:
-        return self._bar.n >= self._bar.total
-
-    def update(self, epoch: int, step: int, loss: Optional[float] = None,
-               samples_per_sec: Optional[float] = None) -> None:
-        """Move to ``step`` (1-based, 0 before the first) of ``epoch``; ``None`` keeps the last figures."""
-        epoch = max(epoch, 1)
-        if loss is not None and samples_per_sec is not None:
-            self._figures = f" | loss {loss:.4f} | {samples_per_sec:,.0f} samples/s"
-        self._bar.set_description_str(f"epoch {epoch}/{self.epochs} step {step}/{self.steps}{self._figures} |",
-                                      refresh=False)
-        self._bar.update((epoch - 1) * self.steps + step - self._bar.n)  # also redraws
-
-    def write(self, line: str, stream: Optional[TextIO] = None) -> None:
-        """A line above the bar."""
-        self._bar.write(line, file=stream or self._bar.fp)
-
-    def close(self) -> None:
-        self._bar.close()
-
-
-def divmod_epoch(done: int, steps: int) -> tuple[int, int]:
-    """(epoch, step) after ``done`` optimizer steps: the 1-based epoch and the step within it (pure)."""
-    epoch, step = divmod(done, steps)
-    return (epoch, steps) if step == 0 and epoch > 0 else (epoch + 1, step)
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,12 @@ import numpy as np
 
 from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
-from hvdtrain.context import TrainContext
+from hvdtrain.training.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
 from hvdtrain.errors import DataError, StorageError
-from hvdtrain.evaluation import scalar_metrics
-from hvdtrain.hooks import EarlyStopper, Hook
-from hvdtrain.loop import EpochStats, LoopState, Start
+from hvdtrain.training.evaluation import scalar_metrics
+from hvdtrain.training.hooks import EarlyStopper, Hook
+from hvdtrain.training.events import EpochStats, LoopState, Start
 
 log = logging.getLogger("hvdtrain.train")
 FORMAT = 1

@@ -39,6 +39,8 @@ import numpy as np
 
 from hvdtrain import fs
 from hvdtrain.errors import DataError
+from hvdtrain import manifest as manifest_lib, tracking
+from hvdtrain.features import FeatureEncoder
 
 try:
     from pandas import NA as _NA
@@ -114,7 +116,6 @@ def _tokenizer_json(folder: str, labels_doc: dict[str, Any]) -> Optional[str]:
     own = fs.join(folder, TOKENIZER_FILE)
     if fs.exists(own):
         return fs.read_bytes(own).decode()
-    from hvdtrain import manifest as manifest_lib
 
     dataset = labels_doc.get("dataset", "")
     m = manifest_lib.read(dataset) if dataset and fs.exists(manifest_lib.manifest_uri(dataset)) else None
@@ -133,7 +134,6 @@ def load_bundle(ref: str, tracking_cfg: Any = None, workdir: str = ".") -> Model
     if not ref.startswith(("runs:/", "models:/")) and ("/" in ref or fs.exists(ref)):
         raise DataError(f"--model {ref}: no labels.json there; pass a training output folder (train.output), "
                         "runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or a registered model name")
-    from hvdtrain import tracking
 
     with tempfile.TemporaryDirectory(prefix="hvdtrain-model-") as local:
         uri, version = tracking.fetch_model(ref, local, tracking_cfg, workdir)
@@ -345,7 +345,6 @@ def worker_model(spec: ScoreSpec, model_bytes: Any, counters: Any = None) -> tup
     if spec.model_digest in _MODELS:
         return _MODELS[spec.model_digest]
     limit_threads(spec.threads)  # one Spark core per task: TensorFlow must not spread over the others' cores
-    from hvdtrain.features import FeatureEncoder
 
     model = load_keras(model_bytes.value if hasattr(model_bytes, "value") else model_bytes)
     _MODELS[spec.model_digest] = (compile_predict(model, spec.input_specs),

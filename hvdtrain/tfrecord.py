@@ -20,6 +20,7 @@ import google_crc32c
 import numpy as np
 
 from hvdtrain.errors import DataError
+from hvdtrain.manifest import ENCODINGS
 
 INT64 = "int64"
 FLOAT = "float32"
@@ -177,8 +178,6 @@ def pack(values: np.ndarray, encoding: str) -> np.ndarray:
     Raises:
         ValueError: when a value does not fit the encoding.
     """
-    from hvdtrain.manifest import ENCODINGS
-
     dtype = np.dtype(ENCODINGS[encoding])
     arr = np.asarray(values)
     arr = arr.reshape(arr.shape[0], -1)

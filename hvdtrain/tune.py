@@ -12,7 +12,7 @@ died, re-queueing them (``RetryHeartbeatStaleTrialCallback``). Running the same
 command again resumes the study.
 
 A trial run reports to the study itself: after each epoch, rank 0 sends the
-validation metric (:class:`TrialReporter`, through :class:`hvdtrain.hooks.PruningHook`)
+validation metric (:class:`TrialReporter`, through :class:`hvdtrain.training.hooks.PruningHook`)
 and the prune decision is broadcast, so every rank stops at the same epoch.
 
 The space file maps dotted config keys to one distribution each::
@@ -44,8 +44,9 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from hvdtrain import config as config_lib
-from hvdtrain import fs, secrets
+from hvdtrain import fs, launch, secrets
 from hvdtrain.errors import ConfigError, HvdtrainError
+from hvdtrain import plots, tracking
 
 log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
@@ -252,13 +253,11 @@ def trial_env(env: Mapping[str, str], storage: str) -> dict[str, str]:
 
 def trial_command(opts: TuneOptions, overrides: Sequence[str], start_timeout: int) -> list[str]:
     """How one trial runs (pure): horovodrun here or on hosts, or a YARN submission."""
-    from hvdtrain import cli
-
     if opts.launcher == "yarn":
         return [sys.executable, "-m", "yarn.submit", opts.config_path, "--num-workers", str(opts.np),
                 *opts.overrides, *overrides]
     hosts = opts.hosts if opts.launcher == "horovodrun" else None
-    return cli.train_command(opts.config_path, [*opts.overrides, *overrides], opts.np, start_timeout, hosts=hosts)
+    return launch.train_command(opts.config_path, [*opts.overrides, *overrides], opts.np, start_timeout, hosts=hosts)
 
 
 def trial_values(params: Sequence[Param], suggest: Any) -> dict[str, Any]:
@@ -480,9 +479,7 @@ class Driver:
 
 
 def _child_env() -> dict[str, str]:
-    from hvdtrain import cli
-
-    env = cli.child_env()
+    env = launch.child_env()
     env.pop("MLFLOW_RUN_ID", None)  # each trial opens its own run
     return env
 
@@ -523,8 +520,6 @@ def open_study(cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Pa
 
 def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     """Check everything, then run trials until ``--trials`` have ended; returns the study's summary."""
-    from hvdtrain import tracking
-
     opts.check(cfg)
     if opts.launcher == "yarn" and storage_url(cfg).startswith("sqlite:"):
         raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach "
@@ -633,8 +628,6 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
 
 
 def _plot(cfg: config_lib.JobConfig, records: Sequence[Mapping[str, Any]], metric: str) -> Optional[str]:
-    from hvdtrain import plots
-
     local = cfg.tune.output if not config_lib.has_scheme(cfg.tune.output) else os.path.abspath("work")
     path = os.path.join(local, cfg.tune.study, "trials.png")
     curves = {f"trial {r['number']} ({r['state'].lower()})": r["curve"] for r in records if r["curve"]}

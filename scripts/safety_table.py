@@ -70,7 +70,7 @@ def _vocab(tmp: Path) -> object:
 
 
 def _train_output(tmp: Path) -> object:
-    from hvdtrain import train
+    from hvdtrain.training import publish as train
 
     (tmp / "home").mkdir()
     (tmp / "home" / "notes.txt").write_text("mine")

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import pytest
 
-from tests import mp
+from tests.support import mp
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -74,8 +74,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 @pytest.fixture
 def server(tmp_path):
-    """A loopback WebHDFS server (tests/webhdfs_server.py) over a fresh folder: the `webhdfs://` tests' NameNode."""
-    from tests.webhdfs_server import WebHdfsServer
+    """A loopback WebHDFS server (tests/support/webhdfs_server.py) over a fresh folder: the `webhdfs://` tests' NameNode."""
+    from tests.support.webhdfs_server import WebHdfsServer
 
     root = tmp_path / "namenode"
     root.mkdir()

@@ -33,6 +33,7 @@ from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
+from yarn import executor
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
@@ -72,8 +73,6 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     from pyspark.sql import SparkSession
 
     import horovod.spark
-
-    from yarn import executor
 
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -28,6 +28,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 from hvdtrain import cpus, fs  # no TensorFlow import either
+import hvdtrain
+from hvdtrain import config, distributed
+from hvdtrain.errors import HvdtrainError
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
@@ -85,9 +88,7 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
-    import hvdtrain
-    from hvdtrain import config, distributed, train
-    from hvdtrain.errors import HvdtrainError
+    from hvdtrain import train  # deferred: TensorFlow, after GPU pinning
 
     result, error, code = None, None, 0
     try:

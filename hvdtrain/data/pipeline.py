@@ -25,6 +25,7 @@ from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, sha
 from hvdtrain.data.staging import FileSource, check_local_shards, file_paths
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import Manifest
+from hvdtrain.manifest import ENCODINGS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -47,8 +48,6 @@ class Parser:
     def __init__(self, manifest: Manifest, names: Optional[Sequence[str]] = None):
         import numpy as np
         import tensorflow as tf
-
-        from hvdtrain.manifest import ENCODINGS
 
         self.spec: dict[str, Any] = {}
         self.packed: dict[str, tuple[Any, list[int]]] = {}

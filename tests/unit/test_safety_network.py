@@ -9,7 +9,7 @@ import requests
 
 from hvdtrain import config, fs, monitoring
 from hvdtrain.errors import ConfigError
-from tests.webhdfs_server import WebHdfsServer
+from tests.support.webhdfs_server import WebHdfsServer
 
 
 def test_metrics_bind_to_loopback_unless_told_otherwise(tmp_path):

@@ -28,7 +28,7 @@ def test_resume_never_over_committed_checkpoints_is_refused_and_they_stay(tmp_pa
 
 
 def test_train_output_replaces_only_an_empty_folder_or_a_previous_hvdtrain_output(tmp_path):
-    from hvdtrain import train
+    from hvdtrain.training import publish as train
 
     local = tmp_path / "local"
     local.mkdir()

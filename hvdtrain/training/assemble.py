@@ -1,0 +1,158 @@
+"""The hooks of a training run, assembled in the one place their order is written.
+
+:func:`training_hooks` yields the list :func:`hvdtrain.training.loop.fit`
+calls, in order (see :mod:`hvdtrain.training.hooks` for what each does).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+from typing import Any, Iterator, Optional
+
+import keras
+
+from hvdtrain import breakdown, config as config_lib, distributed, monitoring, progress, resume
+from hvdtrain import timeline as timeline_lib, tune
+from hvdtrain.errors import ConfigError, EnvironmentProblem
+from hvdtrain.training import hooks, steps as steps_lib
+from hvdtrain.training.context import TrainContext
+from hvdtrain.training.evaluate import evaluate_split
+from hvdtrain.training.hooks import EarlyStopper
+from hvdtrain.training.state import current_learning_rate
+
+log = logging.getLogger("hvdtrain.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """How this try started: seconds spent finding, reading and applying a checkpoint; restarts before it."""
+
+    seconds: float = 0.0
+    restarts: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the monitoring hooks read from the training run."""
+
+    step_fn: Any  # a steps.TimedStep exposes allreduce_seconds
+    optimizer: Any
+    checkpointer: resume.Checkpointer
+    resumed: Optional[resume.Resumed]
+    restored: Restored
+
+    def allreduce_seconds(self) -> Optional[float]:
+        return getattr(self.step_fn, "allreduce_seconds", None)
+
+
+@contextlib.contextmanager
+def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper],
+                   guard: Optional[steps_lib.FiniteGuard], observed: Observed) -> Iterator[list[hooks.Hook]]:
+    """Every hook of the run, in the order the loop calls them; ends the observers when training ends.
+
+    Progress and per-step metrics; validation and early stopping; skipped steps (float16 all-reduce);
+    the study's pruning (a tune trial); the epoch report (after validation, so it includes it); the
+    checkpointer (a pruned or stopped run still saves its last epoch); then the observers.
+    """
+    with _observers(ctx, observed) as observers:
+        yield [*_progress(ctx), *_validation(ctx, model, stopper),
+               *([hooks.SkippedSteps(guard.count)] if guard is not None else []), *_pruning(ctx),
+               _epoch_report(ctx, observed.optimizer), observed.checkpointer, *observers]
+
+
+def _progress(ctx: TrainContext) -> list[hooks.Hook]:
+    """Rank 0's progress display and its per-step MLflow metrics."""
+    cfg, rank = ctx.cfg, ctx.rank
+    mode = progress.mode_for(cfg.train.progress, rank.is_chief)
+    bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
+                            cfg.train.progress_every_seconds)
+    every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
+    return [hooks.ProgressHook(bar, rank.size),
+            hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
+
+
+def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:
+    """Validation (and early stopping) after each epoch, when configured."""
+    if not ctx.cfg.train.validates_each_epoch:
+        return []
+    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    return [hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper)]
+
+
+def _epoch_report(ctx: TrainContext, optimizer: Any) -> hooks.Hook:
+    return hooks.EpochReport(ctx.cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer))
+
+
+def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
+    """A ``hvdtrain tune`` trial (``tune.trial`` set): the hook reporting to the study, on every rank."""
+    tune_cfg = ctx.cfg.tune
+    if tune_cfg.trial is None:
+        return []
+    report = tune.TrialReporter(tune_cfg).report if ctx.rank.is_chief else None
+    return [hooks.PruningHook(tune.epoch_metric(tune_cfg.metric), report,
+                              lambda stop, epoch: bool(distributed.broadcast_object(
+                                  stop, name=f"hvdtrain.prune.{epoch}")))]
+
+
+@contextlib.contextmanager
+def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
+    """The hooks after the checkpointer: Prometheus metrics, the step-time breakdown, the Horovod timeline
+    (each when configured); stops the metrics writer and closes the timeline when training ends."""
+    cfg, rank = ctx.cfg, ctx.rank
+    out: list[hooks.Hook] = []
+    exporter, recorder = _metrics_exporter(ctx, observed)
+    if exporter is not None:
+        out.append(recorder)
+    if cfg.monitoring.step_breakdown:
+        out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
+                                               lambda: observed.checkpointer.seconds, ctx.tracker.log_metrics))
+    recording = None
+    if cfg.train.timeline is not None:
+        recording = timeline_lib.TimelineHook(  # published with the outputs (publish), attached to MLflow here
+            cfg.train.timeline, os.path.join(ctx.stage_dir, timeline_lib.FILENAME),
+            observed.resumed.step if observed.resumed else 0,
+            lambda path: ctx.tracker.log_artifact(path, "timeline"), rank.is_chief)
+        out.append(recording)
+    try:
+        with exporter if exporter is not None else contextlib.nullcontext():
+            yield out
+    finally:
+        if recording is not None:
+            recording.close()
+
+
+def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[hooks.Hook]]:
+    """This rank's Prometheus exporter and the hook feeding it (a collective: rank 0 checks the port and
+    hands every rank the run id); (None, None) when monitoring is off."""
+    mon, rank = ctx.cfg.monitoring, ctx.rank
+    if not mon.enabled:
+        return None, None
+    if config_lib.has_scheme(mon.textfile_dir):
+        raise ConfigError("monitoring.textfile_dir", mon.textfile_dir, "must be a local folder (node_exporter's "
+                          "textfile collector reads local files); set it, since workdir is remote")
+    port_problem = (monitoring.check_port_free(mon.port, mon.addr) if rank.is_chief and mon.port is not None
+                    else None)
+    shared = distributed.broadcast_object(
+        {"run_id": ctx.run_id or f"untracked-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}",
+         "error": port_problem}, name="hvdtrain.monitoring")
+    if shared["error"]:
+        raise EnvironmentProblem(shared["error"])
+    missing = monitoring.available()
+    if missing:  # monitoring never stops training
+        log.warning("%s; training goes on without Prometheus metrics on this rank", missing)
+        return None, None
+    metrics = monitoring.Metrics(mon.job, shared["run_id"], rank.rank, rank.hostname)
+    optimizer = observed.optimizer
+    metrics.read_at_collect("hvdtrain_learning_rate", lambda: current_learning_rate(optimizer))
+    metrics["hvdtrain_stall_timeout_seconds"].set(ctx.cfg.fault.stall_timeout)
+    monitoring.restored(metrics, observed.restored.seconds if observed.resumed else 0.0,
+                        observed.resumed.nbytes if observed.resumed else 0, observed.restored.restarts)
+    hook = monitoring.MetricsHook(metrics, observed.allreduce_seconds, lambda: observed.checkpointer.last_save,
+                                  lambda: int(optimizer.iterations.numpy()))
+    exporter = monitoring.Exporter(metrics, monitoring.textfile_path(mon.textfile_dir, mon.job, rank.rank),
+                                   mon.interval_seconds, port=mon.port if rank.is_chief else None,
+                                   before_write=hook.refresh, addr=mon.addr)
+    return exporter, hook

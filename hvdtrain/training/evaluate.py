@@ -1,0 +1,37 @@
+"""Evaluating a split on every rank: this rank's part of the data, counted, then summed over ranks."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+
+from hvdtrain import data
+from hvdtrain.training import evaluation, steps as steps_lib
+from hvdtrain.training.context import TrainContext
+
+log = logging.getLogger("hvdtrain.train")
+EVAL_SPLITS = ("validation", "test")
+
+
+
+def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, Any]:
+    """One split's report from counts summed over ranks (a collective: every rank calls it)."""
+    shape, rank = ctx.shape, ctx.rank
+    batches = data.with_threads(data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
+                                                  batch_size=ctx.cfg.train.batch_size,
+                                                  features=[*shape.inputs, shape.label_feature],
+                                                  stage_dir=ctx.stage_dir), ctx.threads)
+    local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
+                                   on_batch=lambda: ctx.phase(f"evaluating the {split} split"))
+    ctx.phase(f"all-reducing the {split} split's counts")
+    counts = evaluation.allreduce_counts(local, split)
+    expected = ctx.manifest.split(split).records
+    if counts.records != expected:
+        log.warning("%s: evaluated %d records but the manifest lists %d", split, counts.records, expected)
+    return evaluation.split_report(counts, ctx.manifest.labels, expected)
+
+
+def evaluate_splits(ctx: TrainContext, model: keras.Model) -> dict[str, dict[str, Any]]:
+    eval_step = steps_lib.make_eval_step(model, ctx.shape.label_feature, ctx.shape.inputs)
+    return {split: evaluate_split(ctx, eval_step, split) for split in EVAL_SPLITS}

@@ -1,0 +1,142 @@
+"""Rank 0's outputs: files in ``train.output`` (replaced whole, see :func:`hvdtrain.fs.swap_in`) and MLflow."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Optional
+
+import keras
+import numpy as np
+
+from hvdtrain import data, fs, plots, secrets, timeline as timeline_lib
+from hvdtrain.errors import DataError, StorageError
+from hvdtrain.manifest import Manifest
+from hvdtrain.training.context import TrainContext
+from hvdtrain.training.reports import CONFUSION_PNG, final_metrics, result_record
+
+log = logging.getLogger("hvdtrain.train")
+RESULT_NAME = "result.json"  # written last into train.output: marks a folder hvdtrain may replace
+
+
+
+def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> dict[str, Any]:
+    """Write report, chart, exports and result to ``train.output`` and log them to MLflow."""
+    output, tracker = ctx.cfg.train.output, ctx.tracker
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
+        _dump_json(os.path.join(local, "eval_report.json"), report)
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape))
+        _copy_tokenizer(ctx.manifest, local)
+        png = _confusion_png(report, local)
+        model.save(os.path.join(local, "model.keras"))
+        model.export(os.path.join(local, "saved_model"), verbose=False)
+        recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
+        if os.path.isfile(recorded):
+            shutil.copy(recorded, local)
+        tracker.progress = lambda what: ctx.phase(f"MLflow: {what}", ctx.cfg.fault.checkpoint_timeout)
+        model_uri = _log_run_end(ctx, model, report, local, png)
+        tracker.flush()  # ride out an outage before saying what MLflow has
+        result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
+                                  tracking_uri=secrets.redact_url(tracker.tracking_uri)), "tracking": tracker.summary()}
+        _dump_json(os.path.join(local, RESULT_NAME), result)
+        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
+    return result
+
+
+def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
+    """The test split's confusion matrix as a PNG; a charting failure only warns."""
+    test = report["evaluation"]["test"]
+    title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
+    try:
+        return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
+                                          os.path.join(folder, CONFUSION_PNG), title)
+    except Exception as exc:  # noqa: BLE001 - a chart is not worth failing a finished training for
+        log.warning("could not draw %s (%s: %s); the report has the same numbers", CONFUSION_PNG,
+                    type(exc).__name__, exc)
+        return None
+
+
+def labels_document(manifest: Manifest, shape: data.InputShape) -> dict[str, Any]:
+    """What a server needs beside the model: label names and how inputs were made."""
+    return {"labels": manifest.labels, "label_feature": shape.label_feature, "model_kind": shape.kind,
+            "max_length": shape.max_length, "inputs": list(shape.inputs),
+            "input_specs": {k: {"dtype": d, "shape": s} for k, (d, s) in shape.input_specs().items()},
+            "outputs": "logits", "preprocessing": manifest.preprocessing,
+            "vocab": manifest.vocab, "manifest_digest": manifest.digest(), "dataset": manifest.root}
+
+
+def _copy_tokenizer(manifest: Manifest, local: str) -> None:
+    """The dataset's tokenizer beside the model, so scoring needs only the model (the dataset may be rewritten)."""
+    name = manifest.vocab.get("tokenizer")
+    if name:
+        with open(os.path.join(local, "tokenizer.json"), "wb") as fh:
+            fh.write(fs.read_bytes(fs.join(manifest.root, name)))
+
+
+def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], local: str,
+                 png: Optional[str]) -> Optional[str]:
+    tracker = ctx.tracker
+    tracker.log_metrics(final_metrics(report))
+    tags: dict[str, Any] = {"ranks_agree": report["rank_digest"]["agree"]}
+    if report["early_stopping"] is not None:
+        tags.update(best_epoch=report["early_stopping"]["best_epoch"],
+                    stopped_early=report["early_stopping"]["stopped_early"])
+    tracker.set_tags(tags)
+    tracker.log_text(ctx.cfg.to_yaml(redacted=True), "config.yaml")
+    tracker.log_text(ctx.manifest.to_json(), "manifest.json")
+    tracker.log_artifact(os.path.join(local, "eval_report.json"))
+    tracker.log_artifact(os.path.join(local, "labels.json"))
+    if os.path.exists(os.path.join(local, "tokenizer.json")):
+        tracker.log_artifact(os.path.join(local, "tokenizer.json"))
+    if png is not None:
+        tracker.log_artifact(png)
+    tracker.log_artifact(os.path.join(local, "saved_model"), "serving")
+    return tracker.log_keras_model(model, ctx.shape.input_specs(), ctx.shape.num_classes,
+                                   ctx.cfg.tracking.registered_model_name)
+
+
+def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None) -> None:
+    """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
+
+    Files go to a sibling folder first (``progress`` hears each one, so a slow
+    storage restarts the stall clock per file, and the log shows where it is);
+    only when every file is there does that folder take ``output``'s place. A
+    failed upload names the file, and ``output`` is as it was.
+    """
+    files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
+                   for root, _, names in os.walk(local) for name in names)
+    parent, base = output.rstrip("/").rsplit("/", 1) if "/" in output.rstrip("/") else (".", output)
+    incoming = fs.join(parent, f".{base}.incoming-{os.getpid()}")
+    if fs.exists(incoming):
+        fs.delete(incoming)
+    for i, rel in enumerate(files, start=1):
+        what = f"uploading {rel} ({i}/{len(files)}) to {output}"
+        progress(what)
+        log.info(what)
+        try:
+            fs.copy_from_local(os.path.join(local, *rel.split("/")), fs.join(incoming, *rel.split("/")))
+        except Exception as exc:  # noqa: BLE001 - one line naming the file; the old outputs stay
+            fs.discard(incoming)
+            raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
+                               f"outputs in {output} are unchanged: fix the storage and rerun") from exc
+    progress(f"replacing {output} with the new outputs")
+    check_replaceable(output)  # again: something may have been put there while training ran
+    fs.swap_dir(incoming, output)
+
+
+def check_replaceable(output: str) -> None:
+    """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
+    (it holds ``result.json``), may be; anything else raises DataError before it is touched."""
+    names = fs.listdir(output) if fs.exists(output) else []
+    if names and RESULT_NAME not in names:
+        raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
+                        f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "
+                        "so choose a new or empty folder for train.output")
+
+
+def _dump_json(path: str, doc: Any) -> None:
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=False)
+        fh.write("\n")

@@ -1,0 +1,63 @@
+"""A rank's process set-up: logging, TensorFlow's threads and seeds, Horovod's environment, Kerberos."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import cpus, distributed, kerberos, watchdog
+from hvdtrain.config import JobConfig, TrainConfig
+
+log = logging.getLogger("hvdtrain.train")
+
+
+def set_horovod_env(cfg: JobConfig) -> None:
+    """Horovod's fault timeouts (and the timeline's switch) for ``hvd.init()``; the user's environment wins."""
+    for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
+                                            cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
+        os.environ.setdefault(name, value)
+    if cfg.train.timeline is not None:
+        for name, value in distributed.TIMELINE_ENV.items():
+            os.environ.setdefault(name, value)
+
+
+def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+    """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
+    y = cfg.yarn
+    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
+        return kerberos.Renewer(y.principal, y.keytab)
+    return contextlib.nullcontext()
+
+
+def configure_logging(rank: distributed.RankInfo) -> None:
+    """Plain lines from rank 0; other ranks report warnings and errors only."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank.rank}] %(levelname)s %(message)s",
+                            datefmt="%H:%M:%S")
+    logging.getLogger("hvdtrain").setLevel(logging.INFO if rank.is_chief else logging.WARNING)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # e.g. "Assets written to" on export
+
+
+def configure_tf(rank: distributed.RankInfo, train: TrainConfig) -> int:
+    """Size TensorFlow's thread pools from this rank's CPU budget, seed each rank differently (weights come
+    from rank 0), and turn on op determinism when asked; returns the budget (tf.data's private pool too)."""
+    found = cpus.detect()
+    threads = cpus.per_rank(found, rank.local_size)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
+    except RuntimeError:  # TensorFlow already started (run() called twice in one process)
+        pass
+    log.info("CPU budget %d for this rank (%s: %d%s); TensorFlow intra-op threads %d, inter-op %d, tf.data "
+             "private pool %d", threads, found.source, found.cpus,
+             f" shared by {rank.local_size} ranks on this host" if found.shared and rank.local_size > 1 else "",
+             tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads(), threads)
+    keras.utils.set_random_seed(train.seed + rank.rank)
+    if train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return threads

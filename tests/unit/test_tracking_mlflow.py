@@ -1,0 +1,212 @@
+"""MLflow tracking against a real ``mlflow server`` (SQLite backend, loopback port), and a tracking outage.
+
+The server runs for this module only: started on a free 127.0.0.1 port,
+awaited on ``/health``, killed (its whole process group) at the end. Training
+runs as a user starts it, ``python -m hvdtrain.train CONFIG``, single process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from hvdtrain import config
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+MLFLOW = Path(sys.executable).parent / "mlflow"
+MODEL_NAME = "hvdtrain-test-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "MLFLOW_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    return env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited with {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mlflow server did not answer {url} within {timeout}s")
+
+
+def _start_server(root: Path, port: int) -> subprocess.Popen:
+    """``mlflow server`` on 127.0.0.1:port over a SQLite store in ``root``; returns once it answers /health."""
+    if not MLFLOW.exists():
+        pytest.fail(f"mlflow is not installed next to {sys.executable}: run `make env`")
+    cmd = [str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+           "--artifacts-destination", str(root / "artifacts"), "--default-artifact-root", "mlflow-artifacts:/"]
+    env = {**_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers
+    with open(root / "server.log", "a") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=120)
+    except BaseException:
+        _stop_server(proc)
+        raise
+    return proc
+
+
+def _stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: uvicorn and its workers
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root, port = tmp_path_factory.mktemp("mlflow-server"), _free_port()
+    proc = _start_server(root, port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop_server(proc)
+
+
+def _write_job(tmp: Path, name: str, tracking: dict[str, Any], epochs: int = 2) -> Path:
+    data = tmp / "data"
+    if not (data / "manifest.json").exists():
+        make_text_dataset(str(data), TextSpec(layout=Layout(n_per_split={"train": 320, "validation": 40, "test": 40}),
+                                              num_classes=2, class_rate=0.5, seed=9))
+    cfg = config.from_dict({
+        "name": name, "workdir": str(tmp / name), "source": {"table": "demo.reviews"}, "etl": {"output": str(data)},
+        "model": {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1},
+        "train": {"epochs": epochs, "batch_size": 16, "learning_rate": 0.003, "shuffle_buffer": 64,
+                  "validate_every_epoch": True, "progress": "off"},
+        "tracking": tracking,
+    })
+    path = tmp / f"{name}.yaml"
+    path.write_text(cfg.to_yaml())
+    return path
+
+
+def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180) -> tuple[subprocess.CompletedProcess,
+                                                                                       dict[str, Any], float]:
+    path = _write_job(tmp, name, tracking)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc, json.loads(proc.stdout), seconds
+
+
+def test_run_metrics_and_registered_model_reach_a_real_server(tmp_path: Path, mlflow_server: str) -> None:
+    from mlflow import MlflowClient, artifacts
+
+    _, result, _ = _train(tmp_path, "served", {"uri": mlflow_server, "experiment": "hvdtrain-server-test",
+                                               "log_every_steps": 5, "registered_model_name": MODEL_NAME})
+    client = MlflowClient(tracking_uri=mlflow_server, registry_uri=mlflow_server)
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED" and result["tracking_uri"] == mlflow_server
+    params, tags = run.data.params, run.data.tags
+    assert params["horovod.size"] == "1" and params["horovod.hosts"] == socket.gethostname()
+    assert params["train.batch_size"] == "16" and tags["horovod_hosts"] == socket.gethostname()
+    assert run.data.metrics["test_accuracy"] == pytest.approx(result["test_accuracy"])
+
+    def history(key: str) -> list[Any]:
+        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+
+    assert [m.step for m in history("step_loss")] == [5, 10, 15, 20, 25, 30, 35, 40]  # 20 steps/epoch x 2
+    assert all(0.0 <= m.value <= 1.0 for m in history("data_wait_fraction"))
+    assert all(m.value > 0 for m in history("step_samples_per_sec") + history("step_seconds"))
+    assert [m.step for m in history("val_accuracy")] == [1, 2] and [m.step for m in history("train_loss")] == [1, 2]
+
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"eval_report.json", "labels.json", "confusion_matrix.png", "serving", "config.yaml"} <= names
+    model_id = result["mlflow_model_uri"].rsplit("/", 1)[-1]  # models:/<id>
+    logged = client.get_logged_model(model_id)
+    assert logged.source_run_id == result["run_id"]
+    assert "MLmodel" in {a.path for a in client.list_logged_model_artifacts(model_id)}
+    mlmodel = Path(artifacts.download_artifacts(artifact_uri=f"{logged.artifact_location}/MLmodel",
+                                                dst_path=str(tmp_path / "model"), tracking_uri=mlflow_server))
+    assert "keras" in mlmodel.read_text() and "input_ids" in mlmodel.read_text()
+    versions = client.search_model_versions(f"name='{MODEL_NAME}'")
+    assert [v.run_id for v in versions] == [result["run_id"]]
+
+
+def test_a_tracking_outage_warns_and_training_finishes(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    proc, result, seconds = _train(tmp_path, "outage", {"uri": closed, "log_every_steps": 1})
+    assert "tracking is off for the rest of this run, training goes on" in proc.stderr
+    assert result["run_id"] is None and result["test_accuracy"] >= 0.8
+    assert (tmp_path / "outage" / "runs" / "outage" / "model.keras").is_file()
+    # MLflow's retries are bounded (tracking.HTTP_DEFAULTS): seconds, not the minutes of its defaults.
+    assert seconds < 120, seconds
+
+
+def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> None:
+    """The real server is stopped for about 20 s after epoch 1, then restarted on the same port and store:
+    the run buffers what it could not send, flushes it when the server is back, and misses nothing."""
+    from mlflow import MlflowClient
+
+    root, port = tmp_path / "server", _free_port()
+    root.mkdir()
+    uri = f"http://127.0.0.1:{port}"
+    server = _start_server(root, port)
+    path = _write_job(tmp_path, "restart", {"uri": uri, "log_every_steps": 0, "max_outage_seconds": 300}, epochs=6)
+    job = subprocess.Popen([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        for line in job.stderr:  # rank 0's log lines
+            seen += line
+            if "epoch 1/6" in line:
+                break
+        _stop_server(server)
+        time.sleep(20)
+        server = _start_server(root, port)
+        out, err = job.communicate(timeout=600)
+        seen += err
+        assert job.returncode == 0, seen[-4000:]
+        assert "buffering metrics and retrying for up to 300s" in seen and "MLflow answers again after" in seen
+        result = json.loads(out)
+        assert result["tracking"] == {"active": True, "not_logged": []}
+        client = MlflowClient(tracking_uri=uri)  # while the restarted server still runs
+        for key in ("train_loss", "val_accuracy", "learning_rate"):
+            assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == [1, 2, 3, 4, 5, 6], key
+        run = client.get_run(result["run_id"])
+        assert run.info.status == "FINISHED" and "test_accuracy" in run.data.metrics
+    finally:
+        if job.poll() is None:
+            job.kill()
+        _stop_server(server)
+
+
+def test_which_mlflow_failures_are_worth_waiting_for() -> None:
+    from hvdtrain import tracking
+
+    assert tracking.is_transient(ConnectionRefusedError(111, "Connection refused"))
+    assert tracking.is_transient(RuntimeError("API request to endpoint /api/2.0/mlflow/runs/log-batch failed with "
+                                              "exception HTTPConnectionPool: Max retries exceeded"))
+    assert tracking.is_transient(RuntimeError("response code 503: service unavailable"))
+    assert not tracking.is_transient(RuntimeError("INVALID_PARAMETER_VALUE: Param value too long"))

@@ -1,0 +1,549 @@
+"""The YARN launcher's plan and its guards: exact spark-submit argv lists, one-line errors,
+dry runs that run nothing, the environment cache, and releasing the application on the way out.
+
+Everything here is fast: no Spark, no Horovod, no cluster. Facts about the world (the Horovod
+build, where spark-submit is, whether a keytab exists) are passed in.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hvdtrain import config, fs
+from hvdtrain.envcheck import CommandResult, HorovodBuild
+from hvdtrain.errors import ConfigError, EnvironmentProblem
+from yarn import driver, executor, packaging, submit
+from yarn.submit import DRIVER_SCRIPT, GPU_SCRIPT, Inputs, SubmitPlan
+
+SPARK_SUBMIT = "/opt/spark/bin/spark-submit"
+PYTHON = "/home/ml/hvdtrain/.venv/bin/python"
+ZIP = "/tmp/stage/hvdtrain-code.zip"
+YAML = "/tmp/stage/hvdtrain-job.yaml"
+ENV = "hdfs://nn:8020/user/ml/envs/0123abcd.tar.gz"
+CPU_BUILD = HorovodBuild(version="0.28.1", tensorflow=True, gloo=True)
+GPU_BUILD = HorovodBuild(version="0.28.1", tensorflow=True, gloo=True, nccl=True, cuda=True)
+
+
+def job(**yarn: Any) -> config.JobConfig:
+    return config.from_dict({
+        "name": "reviews", "workdir": "/home/ml/work", "source": {"table": "db.reviews"},
+        "etl": {"output": "hdfs://nn:8020/data/reviews"}, "train": {"output": "hdfs://nn:8020/runs/reviews"},
+        "tracking": {"uri": "http://mlflow:5000"}, "yarn": yarn,
+    })
+
+
+def inputs(build: HorovodBuild = CPU_BUILD, archive: str | None = ENV) -> Inputs:
+    return Inputs(SPARK_SUBMIT, PYTHON, ZIP, YAML, archive, build)
+
+
+def plan(cfg: config.JobConfig, master: str = "yarn", build: HorovodBuild = CPU_BUILD, **kw: Any) -> SubmitPlan:
+    archive = None if master.startswith("local") else ENV
+    return submit.build_plan(cfg, master, inputs(build, archive), is_file=kw.pop("is_file", lambda p: True))
+
+
+def driver_args(config_arg: str, n: int, executable: str = "./env/bin/python", timeout: int = 600) -> list[str]:
+    return [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(n), "--start-timeout", str(timeout),
+            "--executable", executable, "--result", "hdfs://nn:8020/runs/reviews/yarn_result.json"]
+
+
+def confs(*pairs: str) -> list[str]:
+    return [x for pair in pairs for x in ("--conf", pair)]
+
+
+YARN_CORE = ("spark.task.maxFailures=1", "spark.yarn.maxAppAttempts=1", "spark.dynamicAllocation.enabled=false")
+
+
+# -- exact command lines ----------------------------------------------------------------------
+
+def test_cpu_job_in_client_mode() -> None:
+    p = plan(job(num_workers=3, executor_cores=2, executor_memory="6g", driver_memory="2g"))
+    assert p.argv == [
+        SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
+        "--driver-memory", "2g", "--executor-memory", "6g", "--executor-cores", "2",
+        "--archives", f"{ENV}#env", "--py-files", ZIP, "--files", YAML,
+        *confs(*YARN_CORE, "spark.executor.instances=3", "spark.task.cpus=2",
+               "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               "spark.scheduler.maxRegisteredResourcesWaitingTime=600s",
+               "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}"),
+        *driver_args(YAML, 3),  # client mode: the driver runs here and reads the local file
+    ]
+    assert p.env == {"PYTHONUNBUFFERED": "1"} and p.deploy_mode == "client" and p.cwd == "/tmp/stage"
+
+
+def test_gpu_kerberos_queue_job_in_cluster_mode() -> None:
+    cfg = job(num_workers=4, gpus_per_worker=2, executor_cores=8, executor_memory="30g", queue="ml.gpu",
+              deploy_mode="cluster", principal="ml@EXAMPLE.COM", keytab="/home/ml/ml.keytab", start_timeout=900,
+              env={"NCCL_DEBUG": "INFO", "HOROVOD_FUSION_THRESHOLD": "0"},
+              spark_conf={"spark.executor.memoryOverhead": "4g"})
+    p = plan(cfg, build=GPU_BUILD)
+    assert p.argv == [
+        SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "hvdtrain-reviews",
+        "--queue", "ml.gpu", "--principal", "ml@EXAMPLE.COM", "--keytab", "/home/ml/ml.keytab",
+        "--driver-memory", "4g", "--executor-memory", "30g", "--executor-cores", "8",
+        "--archives", f"{ENV}#env", "--py-files", ZIP, "--files", f"{YAML},{GPU_SCRIPT}",
+        *confs(*YARN_CORE, "spark.executor.instances=4", "spark.task.cpus=8",
+               "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               "spark.scheduler.maxRegisteredResourcesWaitingTime=900s",
+               "spark.pyspark.python=./env/bin/python", "spark.pyspark.driver.python=./env/bin/python",
+               "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python",
+               "spark.executor.resource.gpu.amount=2", "spark.task.resource.gpu.amount=2",
+               "spark.executor.resource.gpu.discoveryScript=./gpu_discovery.sh",
+               "spark.executorEnv.HOROVOD_FUSION_THRESHOLD=0", "spark.executorEnv.NCCL_DEBUG=INFO",
+               "spark.executor.memoryOverhead=4g"),
+        # cluster mode: the driver runs in the application master, beside the shipped --files
+        *driver_args("hvdtrain-job.yaml", 4, timeout=900),
+    ]
+    assert os.path.basename(GPU_SCRIPT) == "gpu_discovery.sh" and os.access(GPU_SCRIPT, os.X_OK)
+
+
+def test_local_master_runs_the_same_driver_with_this_interpreter() -> None:
+    p = plan(job(num_workers=2, queue="ignored-locally", executor_cores=8, deploy_mode="cluster"), master="local[2]")
+    assert p.argv == [
+        SPARK_SUBMIT, "--master", "local[2]", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
+        "--driver-memory", "4g", "--py-files", ZIP, "--files", YAML,
+        *confs("spark.task.maxFailures=1", "spark.task.cpus=1", "spark.log.level=WARN",
+               f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}"),
+        *driver_args(YAML, 2, executable=PYTHON),
+    ]
+    assert p.env == {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ZIP}  # ranks import the shipped zip
+    assert p.is_local and any("client mode" in n for n in p.notes)
+
+
+def test_yarn_env_reaches_executors_and_rank_processes() -> None:
+    cfg = job(env={"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
+    assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])
+    assert driver.horovod_env(cfg) == {"PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}
+
+
+def test_local_outputs_and_a_local_env_cache_are_flagged_for_cluster_runs() -> None:
+    cfg = config.from_dict({"name": "demo", "workdir": "/home/ml/work", "source": {"table": "db.t"}})
+    notes = submit.build_plan(cfg, "yarn", inputs(), is_file=lambda p: True).notes
+    assert any(n.startswith("etl.output /home/ml/work/data is a local path") for n in notes)
+    assert any("yarn.env_cache=hdfs://" in n for n in notes)
+    assert any(n.startswith("tracking.uri is unset") for n in notes)
+    assert plan(job(env_cache="hdfs://nn:8020/envs")).notes == []
+
+
+def test_dry_run_output_is_the_exact_command_and_environment() -> None:
+    p = plan(job(principal="ml@EXAMPLE.COM", keytab="/home/ml/my keytab", queue="q"))
+    text = submit.format_plan(p)
+    lines = text.splitlines()
+    assert "cd /tmp/stage" in lines and "export PYTHONUNBUFFERED=1" in lines
+    command = text[text.index(SPARK_SUBMIT):].replace("\\\n", " ")
+    assert shlex.split(command) == p.argv  # copy-pasteable, quoting included
+
+
+# -- one-line errors ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg, master, build, is_file, message", [
+    (job(gpus_per_worker=1), "yarn", CPU_BUILD, None,
+     "yarn.gpus_per_worker needs Horovod built with NCCL, but this build has none"),
+    (job(gpus_per_worker=1), "local[2]", GPU_BUILD, None, "yarn.gpus_per_worker needs --master yarn"),
+    (job(principal="ml@EXAMPLE.COM", keytab="/nope/ml.keytab"), "yarn", CPU_BUILD, lambda p: False,
+     "yarn.keytab does not exist or is not a file"),
+    (job(num_workers=3), "local[2]", CPU_BUILD, None,
+     "--master runs 2 task(s) at a time, but 3 ranks must run together; use --master local[3]"),
+    (job(), "spark://host:7077", CPU_BUILD, None, "--master must be yarn (the cluster) or local[N]"),
+    (job(), "local[two]", CPU_BUILD, None, "--master must be yarn, local, local[N] or local[*]"),
+    (job(spark_conf={"spark.dynamicAllocation.enabled": "true"}), "yarn", CPU_BUILD, None,
+     "yarn.spark_conf.spark.dynamicAllocation.enabled is set by the launcher"),
+    (job(spark_conf={"spark.executor.instances": "9"}), "yarn", CPU_BUILD, None, "use --num-workers"),
+])
+def test_invalid_submissions_fail_with_one_clear_line(cfg, master, build, is_file, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        submit.build_plan(cfg, master, inputs(build), is_file=is_file or (lambda p: True))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("build, message", [
+    (HorovodBuild(error="ModuleNotFoundError: No module named 'horovod'"), "Horovod does not import"),
+    (HorovodBuild(version="0.28.1", error="ImportError: libtensorflow_framework.so.2"), "built without TensorFlow"),
+    (HorovodBuild(version="0.28.1", tensorflow=True), "built without Gloo"),
+])
+def test_a_horovod_build_that_cannot_run_the_job_is_refused(build, message) -> None:
+    with pytest.raises(EnvironmentProblem, match=message):
+        submit.build_plan(job(), "yarn", inputs(build))
+
+
+def test_principal_without_keytab_and_bad_worker_counts(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(job().to_yaml())
+    with pytest.raises(ConfigError, match=r"^yarn.principal and yarn.keytab must be set together"):
+        config.load(path, ["yarn.principal=ml@EXAMPLE.COM"])
+    with pytest.raises(ConfigError, match="pass --principal user@REALM --keytab"):  # the config names the flags
+        job(principal="ml@EXAMPLE.COM")
+    with pytest.raises(ConfigError, match=r"^--num-workers must be >= 1 \(got 0\)$"):
+        submit.check_flags(submit.parse_args([str(path), "--num-workers", "0"]))
+    with pytest.raises(ConfigError, match=r"^yarn.num_workers must be >= 1 \(pass --num-workers N\) \(got 0\)$"):
+        job(num_workers=0)
+
+
+def test_spark_submit_not_found_names_where_it_looked() -> None:
+    from hvdtrain import envcheck
+
+    with pytest.raises(EnvironmentProblem, match=r"spark-submit not found \(looked in /opt/spark/bin/spark-submit"):
+        envcheck.find_spark_submit({"SPARK_HOME": "/opt/spark"}, lambda name: None, PYTHON, lambda p: False)
+    found = envcheck.find_spark_submit({"SPARK_HOME": "/opt/spark"}, lambda name: None, PYTHON,
+                                       lambda p: p == "/opt/spark/bin/spark-submit")
+    assert found == "/opt/spark/bin/spark-submit"
+
+
+# -- main(): flags, dry run, failures -----------------------------------------------------------
+
+class Refuse:
+    """A collaborator that must not be called."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{self.what} was called")
+
+
+def deps(out: io.StringIO, **kw: Any) -> submit.Collaborators:
+    base = dict(probe_build=lambda: CPU_BUILD, find_spark_submit=lambda: SPARK_SUBMIT,
+                identity=lambda build: ["pkg==1"], ensure_archive=Refuse("packing"),
+                submission=Refuse("spark-submit"), env={"HADOOP_CONF_DIR": "/etc/hadoop/conf"}, out=out)
+    base.update(kw)
+    return submit.Collaborators(**base)
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(job(env_cache=str(tmp_path / "envs")).to_yaml())
+    return path
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(job_file: Path, tmp_path: Path) -> None:
+    (tmp_path / "me.keytab").write_text("x")
+    out = io.StringIO()
+    code = submit.main([str(job_file), "train.epochs=1", "--num-workers", "5", "--queue", "prod",
+                        "--principal", "ml@EXAMPLE.COM", "--keytab", str(tmp_path / "me.keytab"), "--dry-run"],
+                       deps(out))
+    assert code == 0
+    text = out.getvalue()
+    digest = packaging.env_hash(["pkg==1"])
+    for expected in ("--queue prod", "--principal ml@EXAMPLE.COM", f"--keytab {tmp_path / 'me.keytab'}",
+                     "--conf spark.executor.instances=5", "--num-proc 5",
+                     "--archives " + shlex.quote(f"{tmp_path / 'envs' / digest}.tar.gz#env")):
+        assert expected in text, expected
+    assert not (tmp_path / "envs").exists()  # nothing packed, nothing uploaded
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "hvdtrain-submit-reviews"))  # nothing staged
+
+
+def test_flags_override_the_config(job_file: Path) -> None:
+    args = submit.parse_args([str(job_file), "a.b=1", "--num-workers", "6", "--gpus-per-worker", "1",
+                              "--queue", "root.ml", "--principal", "svc/host@R", "--keytab", "k.keytab"])
+    assert args.overrides == ["a.b=1"]  # overrides may follow flags
+    assert submit.flag_overrides(args, "/work") == [
+        "yarn.num_workers=6", "yarn.gpus_per_worker=1", 'yarn.queue="root.ml"', 'yarn.principal="svc/host@R"',
+        'yarn.keytab="/work/k.keytab"']
+    cfg = config.load(job_file, submit.flag_overrides(args, "/work"))
+    assert (cfg.yarn.num_workers, cfg.yarn.queue, cfg.yarn.keytab) == (6, "root.ml", "/work/k.keytab")
+
+
+def test_errors_are_one_line_and_exit_by_kind(job_file: Path, capsys) -> None:
+    code = submit.main([str(job_file), "--gpus-per-worker", "1", "--dry-run"], deps(io.StringIO()))
+    assert code == 2  # a config error
+    err = capsys.readouterr().err
+    assert err.startswith("hvdtrain: error: yarn.gpus_per_worker needs Horovod built with NCCL")
+    assert err.count("\n") == 1
+
+    def missing() -> str:
+        raise EnvironmentProblem("spark-submit not found (looked in /x)")
+
+    assert submit.main([str(job_file)], deps(io.StringIO(), find_spark_submit=missing)) == 4  # environment
+    assert "spark-submit not found" in capsys.readouterr().err
+    out = io.StringIO()  # a dry run still shows the command, with a bare spark-submit
+    assert submit.main([str(job_file), "--dry-run"], deps(out, find_spark_submit=missing)) == 0
+    assert "\nspark-submit \\\n  --master yarn" in out.getvalue()
+    assert submit.main([str(job_file)], deps(io.StringIO(), env={})) == 4
+    assert "export HADOOP_CONF_DIR=/etc/hadoop/conf" in capsys.readouterr().err
+
+
+class FakeSubmission:
+    """Records the plan; exits with a given code."""
+
+    def __init__(self, code: int, app_id: str | None = None):
+        self.code, self.app_id, self.plans = code, app_id, []
+
+    def __call__(self, plan: SubmitPlan) -> "FakeSubmission":
+        self.plans.append(plan)
+        return self
+
+    def __enter__(self) -> "FakeSubmission":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def wait(self) -> int:
+        return self.code
+
+
+def test_a_real_submission_ships_code_and_config_and_cleans_up(job_file: Path, tmp_path: Path, capsys) -> None:
+    seen: dict[str, Any] = {}
+
+    class Inspect(FakeSubmission):
+        def wait(self) -> int:
+            p = self.plans[-1]
+            seen["zip"] = zipfile.ZipFile(p.argv[p.argv.index("--py-files") + 1]).namelist()
+            seen["yaml"] = config.load(p.argv[p.argv.index("--files") + 1])
+            seen["cwd"] = p.cwd
+            return 1
+
+    archives = []
+    fake = Inspect(1, "application_1_7")
+    code = submit.main([str(job_file), "--num-workers", "2"], deps(
+        io.StringIO(), submission=fake, ensure_archive=lambda y, ident: archives.append(ident) or
+        packaging.EnvArchive(ENV, "0123abcd", False)))
+    assert code == 5 and archives == [["pkg==1"]]  # a step (spark-submit) failed
+    assert "spark-submit failed (exit code 1); see the messages above; logs: yarn logs -applicationId " \
+           "application_1_7" in capsys.readouterr().err
+    assert {"hvdtrain/train.py", "etl/job.py", "yarn/driver.py", "yarn/executor.py",
+            "yarn/gpu_discovery.sh"} <= set(seen["zip"])
+    assert not any("__pycache__" in name for name in seen["zip"])
+    assert seen["yaml"].yarn.num_workers == 2 and seen["yaml"].etl.output == "hdfs://nn:8020/data/reviews"
+    assert not os.path.exists(seen["cwd"])  # the staging folder is gone
+
+
+# -- releasing the application -----------------------------------------------------------------
+
+def test_release_decisions() -> None:
+    cluster = plan(job(deploy_mode="cluster"))
+    client = plan(job())
+    local = plan(job(), master="local[2]")
+    assert submit.release_actions(cluster, "application_17_3", running=True) == ["kill-app", "terminate"]
+    assert submit.release_actions(cluster, "application_17_3", running=False) == ["kill-app"]
+    assert submit.release_actions(cluster, None, running=True) == ["terminate"]  # not submitted yet
+    assert submit.release_actions(client, "application_17_3", running=True) == ["terminate"]
+    assert submit.release_actions(local, None, running=False) == []
+    assert submit.parse_app_id("INFO Client: Submitted application application_1700000000000_0042\n") == \
+        "application_1700000000000_0042"
+    assert submit.kill_command("application_1_2") == ["yarn", "application", "-kill", "application_1_2"]
+
+
+FAKE_SPARK_SUBMIT = """
+import sys, time
+print("INFO Client: Submitted application application_1700000000000_0042", file=sys.stderr, flush=True)
+print("driver output", flush=True)
+time.sleep(float(sys.argv[1]))
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def fake_plan(deploy_mode: str, sleep: float, code: int, tmp_path: Path) -> SubmitPlan:
+    return SubmitPlan([sys.executable, "-c", FAKE_SPARK_SUBMIT, str(sleep), str(code)], {}, "yarn", deploy_mode,
+                      "unused", str(tmp_path))
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_ctrl_c_in_cluster_mode_kills_the_yarn_application(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+    out, err = io.StringIO(), io.StringIO()
+    sub = submit.Submission(fake_plan("cluster", 60, 0, tmp_path),
+                            run=lambda cmd: calls.append(list(cmd)) or CommandResult(0, ""), out=out, err=err)
+    with pytest.raises(KeyboardInterrupt):
+        with sub:
+            wait_for(lambda: sub.app_id is not None)
+            raise KeyboardInterrupt
+    assert calls == [["yarn", "application", "-kill", "application_1700000000000_0042"]]
+    assert sub.proc.poll() is not None  # spark-submit is gone too
+    assert "application_1700000000000_0042 killed" in err.getvalue()
+    assert "driver output" in out.getvalue()
+
+
+def test_client_mode_terminates_spark_submit_and_a_finished_failure_needs_nothing(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+    sub = submit.Submission(fake_plan("client", 60, 0, tmp_path), run=lambda cmd: calls.append(cmd),
+                            out=io.StringIO(), err=io.StringIO())
+    with pytest.raises(RuntimeError):
+        with sub:
+            wait_for(lambda: sub.app_id is not None)
+            raise RuntimeError("boom")
+    assert calls == [] and sub.proc.returncode is not None
+    sub = submit.Submission(fake_plan("client", 0, 3, tmp_path), run=Refuse("yarn kill"),
+                            out=io.StringIO(), err=io.StringIO())
+    with sub:
+        assert sub.wait() == 3
+
+
+def test_cluster_mode_failure_still_kills_the_application(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+    sub = submit.Submission(fake_plan("cluster", 0, 1, tmp_path),
+                            run=lambda cmd: calls.append(list(cmd)) or CommandResult(1, "already finished"),
+                            out=io.StringIO(), err=io.StringIO())
+    with sub:
+        assert sub.wait() == 1
+    assert calls == [["yarn", "application", "-kill", "application_1700000000000_0042"]]
+
+
+# -- the packed environment ----------------------------------------------------------------------
+
+def test_env_hash_covers_versions_python_and_horovod_build_but_not_this_project() -> None:
+    dists = [packaging.Distribution("tensorflow-cpu", "2.21.0"), packaging.Distribution("horovod", "0.28.1"),
+             packaging.Distribution("hvdtrain", "0.1.0", editable=True)]
+    base = packaging.env_identity(dists, "3.11.7", "linux-x86_64", CPU_BUILD)
+    assert base == ["horovod-build==tensorflow:1,gloo:1,nccl:0,mpi:0,cuda:0", "horovod==0.28.1",
+                    "platform==linux-x86_64", "python==3.11.7", "tensorflow-cpu==2.21.0"]
+    same = packaging.env_identity(list(reversed(dists)) + [packaging.Distribution("hvdtrain", "0.2.0", True)],
+                                  "3.11.7", "linux-x86_64", CPU_BUILD)
+    assert packaging.env_hash(same) == packaging.env_hash(base)
+    changed = [packaging.env_identity(dists[:1] + [packaging.Distribution("horovod", "0.28.2")], "3.11.7",
+                                      "linux-x86_64", CPU_BUILD),
+               packaging.env_identity(dists, "3.11.8", "linux-x86_64", CPU_BUILD),
+               packaging.env_identity(dists, "3.11.7", "linux-x86_64", GPU_BUILD)]
+    assert len({packaging.env_hash(i) for i in changed} | {packaging.env_hash(base)}) == 4
+
+
+def test_this_environment_identity_is_real_and_excludes_the_editable_project() -> None:
+    identity = packaging.current_identity(CPU_BUILD)
+    assert any(line.startswith("pyspark==") for line in identity)
+    assert not any(line.startswith("hvdtrain==") for line in identity)
+    assert packaging.env_hash(identity) == packaging.env_hash(packaging.current_identity(CPU_BUILD))
+
+
+def fake_pack(calls: list[str]):
+    def pack(prefix: str, output: str) -> None:
+        calls.append(prefix)
+        with tarfile.open(output, "w:gz") as tar:
+            data = b"#!/bin/sh\n"
+            info = tarfile.TarInfo("bin/python")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return pack
+
+
+def test_env_archive_is_uploaded_once_per_hash(tmp_path: Path) -> None:
+    cache = tmp_path / "envs"
+    yarn_cfg = job(env_cache=str(cache)).yarn
+    calls: list[str] = []
+    logs: list[str] = []
+    first = packaging.ensure_env_archive(yarn_cfg, ["a==1", "python==3.11.7"], prefix="/venv",
+                                         pack=fake_pack(calls), log=logs.append)
+    digest = packaging.env_hash(["a==1", "python==3.11.7"])
+    assert first == packaging.EnvArchive(str(cache / f"{digest}.tar.gz"), digest, True) and calls == ["/venv"]
+    assert (cache / f"{digest}.tar.gz.txt").read_text() == "a==1\npython==3.11.7\n"
+    assert tarfile.open(first.uri).getnames() == ["bin/python"]
+    again = packaging.ensure_env_archive(yarn_cfg, ["a==1", "python==3.11.7"], prefix="/venv",
+                                         pack=fake_pack(calls), log=logs.append)
+    assert again.uri == first.uri and not again.uploaded and calls == ["/venv"]  # reused, not re-packed
+    assert any("reusing" in line for line in logs)
+    other = packaging.ensure_env_archive(yarn_cfg, ["a==2", "python==3.11.7"], prefix="/venv",
+                                         pack=fake_pack(calls), log=logs.append)
+    assert other.uploaded and other.uri != first.uri and len(calls) == 2
+    assert sorted(os.listdir(cache)) == sorted([f"{first.digest}.tar.gz", f"{first.digest}.tar.gz.txt",
+                                                f"{other.digest}.tar.gz", f"{other.digest}.tar.gz.txt"])
+
+
+def test_a_failed_pack_leaves_nothing_in_the_cache(tmp_path: Path) -> None:
+    def broken(prefix: str, output: str) -> None:
+        raise EnvironmentProblem("venv-pack could not pack /venv: disk full")
+
+    with pytest.raises(EnvironmentProblem, match="disk full"):
+        packaging.ensure_env_archive(job(env_cache=str(tmp_path / "envs")).yarn, ["a==1"], prefix="/venv",
+                                     pack=broken, log=lambda s: None)
+    assert not (tmp_path / "envs").exists()  # the pack failed before anything was created
+
+
+def test_a_given_env_archive_is_used_as_is(tmp_path: Path) -> None:
+    archive = tmp_path / "team-env.tar.gz"
+    archive.write_bytes(b"x")
+    got = packaging.ensure_env_archive(job(env_archive=str(archive)).yarn, ["a==1"], pack=Refuse("packing"))
+    assert got == packaging.EnvArchive(str(archive), None, False)
+    with pytest.raises(ConfigError, match=r"^yarn.env_archive does not exist"):
+        packaging.ensure_env_archive(job(env_archive=str(tmp_path / "missing.tar.gz")).yarn, ["a==1"])
+
+
+def test_real_venv_pack_of_a_tiny_venv_leaves_out_the_editable_install(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "__editable__.hvdtrain-0.1.0.pth").write_text("import __editable___hvdtrain_0_1_0_finder\n")
+    (site / "__editable___hvdtrain_0_1_0_finder.py").write_text("MAPPING = {'hvdtrain': '/home/me/src'}\n")
+    (site / "dep.py").write_text("VALUE = 1\n")
+    got = packaging.ensure_env_archive(job(env_cache=str(tmp_path / "envs")).yarn, ["dep==1"], prefix=str(venv),
+                                       log=lambda s: None)
+    names = tarfile.open(got.uri).getnames()
+    assert "bin/python" in names and any(n.endswith("site-packages/dep.py") for n in names)
+    assert not any("__editable__" in n for n in names)
+
+
+# -- the executor and driver's pure parts -----------------------------------------------------------
+
+def test_rank_sees_only_its_assigned_gpus() -> None:
+    assert executor.gpu_env(["2", "3"]) == {"CUDA_VISIBLE_DEVICES": "2,3", "HVDTRAIN_ASSIGNED_GPUS": "2,3"}
+    assert executor.gpu_env([]) == {}
+    assert executor.assigned_gpus() == []  # outside a Spark task and without forwarded resources
+
+
+def test_rank_gets_a_libhdfs_classpath_when_the_container_lacks_one() -> None:
+    env = {"HADOOP_HOME": "/opt/hadoop", "CLASSPATH": "/c/__spark_libs__/*"}
+    files = {"/opt/hadoop/bin/hadoop", "/opt/hadoop/lib/native/libhdfs.so"}
+    asked: list[str] = []
+    got = fs.hdfs_client_env(env, lambda hadoop: asked.append(hadoop) or "/opt/h/hadoop-common-3.3.6.jar",
+                             files.__contains__)
+    assert got == {"CLASSPATH": "/opt/h/hadoop-common-3.3.6.jar:/c/__spark_libs__/*",
+                   "ARROW_LIBHDFS_DIR": "/opt/hadoop/lib/native"} and asked == ["/opt/hadoop/bin/hadoop"]
+    ready = {"CLASSPATH": "/opt/h/hadoop-common-3.3.6.jar", "ARROW_LIBHDFS_DIR": "/x"}
+    assert fs.hdfs_client_env(ready, Refuse("hadoop classpath"), files.__contains__) == {}
+    assert executor.uses_hdfs(job().to_dict()) == ["hdfs://nn:8020/data/reviews", "hdfs://nn:8020/runs/reviews"]
+    assert not executor.uses_hdfs(config.from_dict({"source": {"table": "a.b"}, "workdir": "/w"}).to_dict())
+    assert fs.prepare_hdfs_client("/local/out", "webhdfs://nn:9870/x", None) == {}  # nothing to set up
+
+
+def test_driver_summary_takes_rank_0s_result_and_collects_errors() -> None:
+    ok = [{"rank": 0, "result": {"test_accuracy": 0.9}, "error": None, "host": "a"},
+          {"rank": 1, "result": {"test_accuracy": 0.9}, "error": None, "host": "b"}]
+    doc = driver.summarize(ok)
+    assert doc["ok"] and doc["world_size"] == 2 and doc["result"] == {"test_accuracy": 0.9}
+    assert doc["ranks"] == [{"rank": 0, "error": None, "host": "a"}, {"rank": 1, "error": None, "host": "b"}]
+    bad = driver.summarize([{"rank": 0, "result": None, "error": "no manifest at hdfs://x"}, ok[1]])
+    assert not bad["ok"] and bad["errors"] == ["rank 0: no manifest at hdfs://x"]
+    assert json.loads(json.dumps(bad)) == bad
+
+
+def test_max_restarts_is_a_fault_override_and_a_ranks_error_code_decides_the_restart(job_file: Path) -> None:
+    args = submit.parse_args([str(job_file), "--max-restarts", "3"])
+    assert submit.flag_overrides(args, "/work") == ["fault.max_restarts=3"]
+    assert config.load(job_file, submit.flag_overrides(args, "/work")).fault.max_restarts == 3
+    with pytest.raises(ConfigError, match=r"^--max-restarts must be >= 0"):
+        submit.check_flags(submit.parse_args([str(job_file), "--max-restarts", "-1"]))
+    ok = [{"rank": 0, "error": None}, {"rank": 1, "error": None}]
+    assert driver.records_exit_code(ok) == 0 and driver.records_exit_code([]) == 1
+    storage = [{"rank": 0, "error": "read hdfs://x failed after 5 attempts", "exit_code": 74}, ok[1]]
+    assert driver.records_exit_code(storage) == 74  # restartable; a data error (3) would not be
+
+
+def test_launcher_imports_stay_light() -> None:
+    code = ("import sys, yarn.submit, yarn.executor, yarn.packaging; "
+            "print(sorted(m for m in ('tensorflow', 'pyspark', 'horovod', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip() == "[]"
+
+
+def test_gpu_index_uses_spark_assignment_when_present():
+    from hvdtrain import distributed
+
+    assert distributed.gpu_index(1, {}) == 1
+    assert distributed.gpu_index(1, {distributed.ASSIGNED_GPUS_ENV: "3"}) == 0
