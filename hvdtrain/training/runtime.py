@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import cpus, distributed, kerberos, watchdog
+from hvdtrain.errors import EnvironmentProblem
 from hvdtrain.config import JobConfig, TrainConfig
 
 log = logging.getLogger("hvdtrain.train")
@@ -28,9 +29,12 @@ def set_horovod_env(cfg: JobConfig) -> None:
 def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
     """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
     y = cfg.yarn
-    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
-        return kerberos.Renewer(y.principal, y.keytab)
-    return contextlib.nullcontext()
+    if not (y.principal and y.keytab and rank.local_rank == 0) or os.environ.get("CONTAINER_ID"):
+        return contextlib.nullcontext()  # in a YARN container Spark renews the job's tokens from --keytab
+    problem = kerberos.renewal_problem(y.keytab, rank.hostname)
+    if problem:
+        raise EnvironmentProblem(problem)
+    return kerberos.Renewer(y.principal, y.keytab)
 
 
 def configure_logging(rank: distributed.RankInfo) -> None:
