@@ -234,6 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         return console.report_error(exc, "hvdtrain")
+    except runtime.CORRUPT_DATA as exc:  # a shard's bytes changed after the ETL: exit 3, never restarted
+        return console.report_error(runtime.corrupt_data_error(exc), "hvdtrain")
     if distributed.info().is_chief:
         if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
             console.emit("result", result=result)

@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import cpus, distributed, kerberos, watchdog
-from hvdtrain.errors import EnvironmentProblem
+from hvdtrain.errors import DataError, EnvironmentProblem
 from hvdtrain.config import JobConfig, TrainConfig
 
 log = logging.getLogger("hvdtrain.train")
@@ -24,6 +24,16 @@ def set_horovod_env(cfg: JobConfig) -> None:
     if cfg.train.timeline is not None:
         for name, value in distributed.TIMELINE_ENV.items():
             os.environ.setdefault(name, value)
+
+
+CORRUPT_DATA = tf.errors.DataLossError  # TensorFlow's word for a record whose bytes fail their checksum
+
+
+def corrupt_data_error(exc: BaseException) -> DataError:
+    """A corrupt shard as a DataError (exit 3) naming TensorFlow's first line and the fix."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DataError(f"a dataset shard is corrupt ({first}): its bytes changed after the ETL wrote them; "
+                     "manifest.json records each shard's sha256 to find which; rerun the ETL to rewrite the dataset")
 
 
 def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
