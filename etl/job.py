@@ -34,7 +34,7 @@ from etl import faults, labels as label_mod, publish, session, sources, split as
 from etl import writer
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, manifest, wordpiece
+from hvdtrain import console, fs, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 
@@ -57,18 +57,27 @@ class StageTimer:
 
 
 def check_output(cfg: JobConfig) -> bool:
-    """Refuse to clobber a published dataset unless asked; True when one is there to be replaced."""
+    """Refuse to clobber a published dataset unless asked, and anything else always; True when one is replaced.
+
+    ``etl.overwrite`` replaces only what hvdtrain wrote: a folder holding any other name is refused.
+    """
     out = cfg.etl.output
     if not fs.exists(out):
         return False
     names = [n for n in fs.listdir(out) if n != "_staging"]
     published = manifest.MANIFEST_NAME in names or manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX in names
+    foreign = publish.foreign_names(names)
+    if foreign:
+        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({', '.join(foreign[:5])}"
+                        f"{', ...' if len(foreign) > 5 else ''}); hvdtrain never deletes them, even with "
+                        "--overwrite: choose a new or empty folder for etl.output (e.g. a subfolder)")
     if published and not cfg.etl.overwrite:
         raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
                         "(or etl.overwrite=true) to replace it, or choose another etl.output")
     if names and not published and not cfg.etl.overwrite:
-        raise DataError(f"etl.output {out} is not empty and holds no manifest ({', '.join(names[:5])}); "
-                        "pass --overwrite to replace it, or choose an empty folder")
+        raise DataError(f"etl.output {out} holds the remains of an unfinished hvdtrain ETL "
+                        f"({', '.join(names[:5])}) and no manifest; pass --overwrite to replace them, or choose "
+                        "an empty folder")
     return published
 
 
@@ -129,13 +138,24 @@ def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureS
                           tokenizer_json=tok.to_str(), tabular_stats=stats)
 
 
+def read_vocab(uri: str) -> list[str]:
+    """A vocab.txt's lines; a file that is not UTF-8 is a DataError naming the byte."""
+    raw = fs.read_bytes(uri)
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"etl.vocab_file {uri} is not UTF-8 (byte {raw[exc.start:exc.start + 1]!r} at offset "
+                        f"{exc.start}, line {line}): convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
 def _tokenizer(rows: Any, cfg: JobConfig):
     opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:
         if not fs.exists(cfg.etl.vocab_file):
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file} does not exist; give a vocab.txt path "
                             "or remove the key to learn the vocabulary from the training split")
-        lines = fs.read_bytes(cfg.etl.vocab_file).decode("utf-8").splitlines()
+        lines = read_vocab(cfg.etl.vocab_file)
         try:
             return text.from_vocab(lines, opts)
         except ValueError as exc:
@@ -254,8 +274,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # "Closing down clientserver connection" at exit
     args = parse_args(argv)
     spark_log = None
+    secrets.private_files()
     try:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
+        secrets.protect_logging(*secrets.secret_values(cfg.flat()))
 
         spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
         spark = session.get_session(cfg, args.master, args.verbose, "etl")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,21 @@ from hvdtrain.config import SPLITS, JobConfig
 from etl import sample, sources, tabular, text
 
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
+
+# The names hvdtrain writes right under ``etl.output``; nothing else there is ever deleted.
+WRITTEN_NAMES = frozenset({*SPLITS, "vocab.txt", "tokenizer.json", "rejects", "etl_report.json", "_staging",
+                           manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX})
+_GENERATION = re.compile(r"v-[0-9a-zA-Z_-]+")
+
+
+def written_by_hvdtrain(name: str) -> bool:
+    """Whether a name right under ``etl.output`` is one hvdtrain writes (a dataset's file or a version folder)."""
+    return name in WRITTEN_NAMES or bool(_GENERATION.fullmatch(name))
+
+
+def foreign_names(names: list[str]) -> list[str]:
+    """The names hvdtrain did not write (pure): a folder holding any is never overwritten."""
+    return sorted(n for n in names if not written_by_hvdtrain(n))
 
 
 @dataclass(frozen=True)
@@ -153,7 +169,7 @@ def act(plan: PublishPlan) -> dict[str, Any]:
     out = plan.output
     if plan.clear_existing and fs.exists(out):  # no manifest there: nothing a reader could be using
         for name in fs.listdir(out):
-            if name != "_staging":
+            if name != "_staging" and written_by_hvdtrain(name):  # check_output refused foreign names
                 fs.delete(fs.join(out, name))
     try:
         for folder in plan.dirs:
@@ -171,7 +187,7 @@ def act(plan: PublishPlan) -> dict[str, Any]:
     uri = _swap(plan)  # readers switch to the new dataset here
     if plan.generation:
         for name in fs.listdir(out):
-            if name not in plan.keep:  # the replaced dataset, and any dead run's version folder
+            if name not in plan.keep and written_by_hvdtrain(name):  # the replaced dataset, dead version folders
                 fs.discard(fs.join(out, name), LEFTOVER)
         _place_side_outputs(plan)
     return {**plan.report, "manifest": uri}

@@ -35,9 +35,9 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hvdtrain import config as config_mod
-from hvdtrain import fs, score as score_lib
+from hvdtrain import console, fs, score as score_lib, secrets
 from hvdtrain.config import JobConfig, parse_partition
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import DataError, HvdtrainError, StorageError
 from etl import drift as drift_mod, session, sources, split as split_mod
 
 log = logging.getLogger("hvdtrain.score")
@@ -184,37 +184,108 @@ def fs_uri(location: str) -> str:
     return urllib.parse.urlparse(location).path if location.startswith("file:") else location
 
 
-def publish_partition(spark: Any, table: str, target: Target, folder: str) -> Optional[str]:
-    """Point the partition at ``folder`` (one metastore call); returns the replaced location."""
-    fs.makedirs(fs_uri(folder))  # an empty outcome (no rejects) is an empty partition
+def partition_location(spark: Any, table: str, target: Target) -> Optional[str]:
+    """Where the target partition of ``table`` points now (None: no such partition)."""
     exists = spark.sql(f"SHOW PARTITIONS {table} PARTITION ({target.spec()})").count() > 0
-    old = table_location(spark, table, target.spec()) if exists else None
-    if exists:
+    return table_location(spark, table, target.spec()) if exists else None
+
+
+def point_partition(spark: Any, table: str, target: Target, folder: Optional[str], exists: bool) -> None:
+    """Point the partition at ``folder`` (one metastore call); ``folder=None`` drops it."""
+    if folder is None:
+        spark.sql(f"ALTER TABLE {table} DROP IF EXISTS PARTITION ({target.spec()})")
+    elif exists:
         spark.sql(f"ALTER TABLE {table} PARTITION ({target.spec()}) SET LOCATION '{folder}'")
     else:
         spark.sql(f"ALTER TABLE {table} ADD PARTITION ({target.spec()}) LOCATION '{folder}'")
     spark.sql(f"REFRESH TABLE {table}")
-    return old
 
 
-def drop_replaced(old: Optional[str], new_run: str) -> None:
-    """Delete a replaced partition folder (its whole earlier run folder), never the folder holding the new run."""
-    if not old:
-        return
-    old_uri, new_uri = fs_uri(old).rstrip("/"), fs_uri(new_run).rstrip("/")
-    parent = old_uri.rsplit("/", 1)[0]
-    if old_uri.rsplit("/", 1)[-1].startswith("outcome=") and parent.rsplit("/", 1)[-1].startswith("run-"):
-        old_uri = parent  # both tables' partitions pointed into this earlier run
+class PublishRolledBackFailed(StorageError):
+    """Publishing failed and a partition could not be put back: the new run folder is kept (readers may use it)."""
+
+
+def publish_partitions(spark: Any, target: Target, run_dir: str) -> list[Optional[str]]:
+    """Point both tables' partitions at the new run; returns the replaced locations.
+
+    When a later step fails, the partitions already switched are pointed back
+    at their old folders first, so the old rows stay readable until the new ones
+    are complete in both tables.
+    """
+    switched: list[tuple[str, Optional[str]]] = []
     try:
-        if new_uri.startswith(old_uri + "/"):
-            keep = new_uri[len(old_uri) + 1:].split("/")[0]
-            for name in fs.listdir(old_uri):
-                if name != keep:
-                    fs.delete(fs.join(old_uri, name))
-        elif fs.exists(old_uri):
-            fs.delete(old_uri)
+        for table, outcome in ((target.table, "scored"), (target.rejects_table, "rejected")):
+            folder = f"{run_dir}/outcome={outcome}"
+            fs.makedirs(fs_uri(folder))  # an empty outcome (no rejects) is an empty partition
+            old = partition_location(spark, table, target)
+            switched.append((table, old))
+            point_partition(spark, table, target, folder, old is not None)
+    except BaseException as exc:
+        _restore(spark, target, switched, run_dir, exc)
+        raise
+    return [old for _, old in switched]
+
+
+def _restore(spark: Any, target: Target, switched: list[tuple[str, Optional[str]]], run_dir: str,
+             cause: BaseException) -> None:
+    for table, old in reversed(switched):
+        try:
+            point_partition(spark, table, target, old, exists=True)
+        except Exception as exc:  # noqa: BLE001 - reported below with the run folder kept
+            raise PublishRolledBackFailed(
+                f"publishing partition ({target.spec()}) failed ({type(cause).__name__}: {cause}) and putting "
+                f"{table} back at {old} failed too ({type(exc).__name__}: {exc}); {run_dir} is kept: point the "
+                "partition at it or at the old folder by hand") from cause
+
+
+def replaced_run_folder(old: Optional[str], table_root: str, part_folder: str) -> Optional[str]:
+    """The earlier run folder hvdtrain wrote that ``old`` lies in, or None when hvdtrain did not create it (pure).
+
+    Only ``<table_root>/<part_folder>/run-<id>[/outcome=<o>]`` qualifies: a partition pointed elsewhere
+    (by hand, or by another tool) is never deleted.
+    """
+    if not old:
+        return None
+    base = f"{fs_uri(table_root).rstrip('/')}/{part_folder}/"
+    uri = fs_uri(old).rstrip("/")
+    if not uri.startswith(base):
+        return None
+    parts = uri[len(base):].split("/")
+    if not (parts[0].startswith("run-") and ".." not in parts and (len(parts) == 1 or
+            (len(parts) == 2 and parts[1].startswith("outcome=")))):
+        return None
+    return base + parts[0]
+
+
+def drop_replaced(old: Optional[str], new_run: str, table_root: str, part_folder: str) -> None:
+    """Delete a replaced partition's earlier run folder, only when hvdtrain created it under the table."""
+    folder = replaced_run_folder(old, table_root, part_folder)
+    if folder is None:
+        if old:
+            log.warning("the replaced partition folder %s was not created by hvdtrain under the table; it is kept",
+                        old)
+        return
+    if folder == fs_uri(new_run).rstrip("/"):
+        return
+    try:
+        if fs.exists(folder):
+            fs.delete(folder)
     except Exception as exc:  # noqa: BLE001 - the new rows are published; a leftover folder only wastes space
         log.warning("could not delete the replaced partition folder %s: %s", old, exc)
+
+
+def check_volume(counts: dict[str, Any], min_rows: int, max_reject_fraction: float, target: Target) -> None:
+    """Refuse to publish an empty or mostly rejected outcome over a partition (pure)."""
+    rows_in, scored, rejected = counts["rows_in"], counts["scored"], counts["rejected"]
+    if scored < min_rows:
+        raise DataError(f"only {scored} rows scored (rows_in {rows_in}, rejected {rejected}), fewer than "
+                        f"score.min_rows={min_rows}: nothing was published to partition ({target.spec()}); check "
+                        "the input (source, source.filter, score.filter) or lower score.min_rows")
+    if rows_in and rejected / rows_in > max_reject_fraction:
+        raise DataError(f"{rejected} of {rows_in} rows rejected ({rejected / rows_in:.1%}), more than "
+                        f"score.max_reject_fraction={max_reject_fraction}: nothing was published to partition "
+                        f"({target.spec()}); see the reasons {counts.get('rejects_by_reason')} or raise "
+                        "score.max_reject_fraction")
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -250,7 +321,8 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
     for table, cols, found in ((target.table, pred_cols, exists[0]), (target.rejects_table, rej_cols, exists[1])):
         if not found:
             create_table(spark, table, cols, target)
-    run_dir = f"{table_location(spark, target.table).rstrip('/')}/{target.folder()}/run-{_run_id()}"
+    table_root = table_location(spark, target.table)
+    run_dir = f"{table_root.rstrip('/')}/{target.folder()}/run-{_run_id()}"
     counters = score_lib.Counters(spark)
     if cfg.score.partitions:
         rows = rows.repartition(cfg.score.partitions)  # scoring costs far more per row than reading
@@ -261,13 +333,15 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
     try:
         scored.select("*", outcome).write.partitionBy("outcome").mode("errorifexists").parquet(run_dir)
         counts = verify_counts(spark, run_dir, counters.values())
-        olds = [publish_partition(spark, target.table, target, f"{run_dir}/outcome=scored"),
-                publish_partition(spark, target.rejects_table, target, f"{run_dir}/outcome=rejected")]
+        check_volume(counts, cfg.score.min_rows, cfg.score.max_reject_fraction, target)
+        olds = publish_partitions(spark, target, run_dir)
+    except PublishRolledBackFailed:
+        raise  # a partition may point into run_dir: keep it
     except BaseException:
         _delete_quietly(run_dir)
         raise
     for old in olds:
-        drop_replaced(old, run_dir)
+        drop_replaced(old, run_dir, table_root, target.folder())
     report = {**counts, "model": {"uri": bundle.uri, "version": bundle.version, "digest": bundle.digest,
                                   "manifest_digest": bundle.manifest_digest},
               "source": cfg.source.table or cfg.source.path, "split": split, "output_table": target.table,
@@ -282,9 +356,14 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
 
 def verify_counts(spark: Any, run_dir: str, counted: dict[str, int]) -> dict[str, Any]:
     """rows_in = scored + rejected as counted in the tasks, and each term equal to the rows written."""
-    written = {r["outcome"]: r["count"] for r in spark.read.parquet(run_dir).groupBy("outcome").count().collect()}
-    reasons = {r["reject_reason"]: r["count"] for r in spark.read.parquet(run_dir).where("outcome = 'rejected'")
-               .groupBy("reject_reason").count().collect()}
+    from pyspark.sql.utils import AnalysisException
+
+    try:
+        written = {r["outcome"]: r["count"] for r in spark.read.parquet(run_dir).groupBy("outcome").count().collect()}
+        reasons = {r["reject_reason"]: r["count"] for r in spark.read.parquet(run_dir)
+                   .where("outcome = 'rejected'").groupBy("reject_reason").count().collect()}
+    except AnalysisException:  # an empty input writes no file to infer a schema from
+        written, reasons = {}, {}
     out = {"rows_in": counted["rows_in"], "scored": counted["scored"], "rejected": counted["rejected"],
            "rejects_by_reason": dict(sorted(reasons.items())), "model_loads": counted["model_loads"],
            "tasks": counted["tasks"], "arrow_batches": counted["batches"]}
@@ -363,8 +442,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse_args(argv)
+    secrets.private_files()
     try:
         cfg = config_mod.load(args.config, args.overrides)
+        secrets.protect_logging(*secrets.secret_values(cfg.flat()))
         model = args.model or cfg.score.model
         if not model:
             raise DataError("no model: pass --model (a training output folder, runs:/..., models:/...) or set "
@@ -374,8 +455,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         spark = session.get_session(cfg, args.master)
         report = run(spark, cfg, model, target, args.split, args.evaluate)
     except HvdtrainError as exc:
-        print(f"score: error: {exc}", file=sys.stderr)
-        return 2
+        return console.report_error(exc, "score")
     print(summary_table(report))
     return 0
 

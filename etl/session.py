@@ -91,6 +91,7 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
         conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
     conf.update(config_mod.event_log_conf(cfg.spark))
     conf.update(cfg.spark.conf)
+    conf.update(FIXED_CONF)
     return conf
 
 
@@ -99,6 +100,10 @@ def log_file(cfg: JobConfig, master: str | None, verbose: bool, job: str) -> Opt
     if verbose or master is None:  # under spark-submit the driver JVM is already running
         return None
     return console.spark_log_file(cfg.workdir, job)
+
+
+# Settings no config may change: ``${var}`` in a filter or a partition value is never expanded by Spark.
+FIXED_CONF = {"spark.sql.variable.substitute": "false"}
 
 
 def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False, job: str = "etl") -> Any:
@@ -132,6 +137,8 @@ def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False
         builder = builder.config(key, value)
     with _output_to(path):
         spark = builder.enableHiveSupport().getOrCreate()
+    for key, value in FIXED_CONF.items():  # a joined session (spark-submit) keeps its own settings otherwise
+        spark.conf.set(key, value)
     if path is None:
         spark.sparkContext.setLogLevel("WARN")
     return spark

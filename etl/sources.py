@@ -55,7 +55,8 @@ def read(spark: Any, cfg: JobConfig) -> Any:
 def _read_files(spark: Any, cfg: JobConfig) -> Any:
     src = cfg.source
     if not fs.exists(src.path):
-        raise DataError(f"source.path {src.path} does not exist")
+        raise DataError(f"source.path {src.path} does not exist: fix source.path (a file or folder of "
+                        f"{src.format} files) or point source.table at a Hive table")
     reader = spark.read.format(src.format)
     if src.format in ("csv", "json"):
         # Malformed lines are kept in _corrupt_record and quarantined, not dropped or fatal.

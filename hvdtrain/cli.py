@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
 from hvdtrain import config as config_mod
-from hvdtrain import console, elastic_plan, fs, keras3_check, manifest, tasks, tensorboard, tune
+from hvdtrain import console, elastic_plan, fs, keras3_check, manifest, secrets, tasks, tensorboard, tune
 from hvdtrain.launch import (child_env, etl_command, horovod_command, horovodrun, score_command, score_flags,
                              train_command)
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
@@ -345,7 +345,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    print(config_mod.load(args.config, args.overrides).to_yaml(), end="")
+    print(config_mod.load(args.config, args.overrides).to_yaml(redacted=True), end="")
     return 0
 
 
@@ -476,6 +476,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    secrets.private_files()  # inherited by every step: checkpoints, logs, stores are the user's only
+    secrets.protect_logging()
     try:
         return args.fn(args)
     except HvdtrainError as exc:

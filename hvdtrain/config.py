@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import ipaddress
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from hvdtrain import tasks
+from hvdtrain import secrets, tasks
 from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
@@ -101,6 +103,8 @@ class SourceConfig:
         if self.path is not None:
             _require(self.format is not None, "format", self.format,
                      "must be set when source.path is: one of parquet, orc, csv, json")
+        if self.filter is not None:
+            check_predicate("filter", self.filter)
         _require(self.text_column is not None or bool(self.numeric_columns or self.categorical_columns),
                  "text_column", self.text_column, "may be null only when numeric_columns or categorical_columns "
                  "name the features")
@@ -133,7 +137,7 @@ class ValidationConfig:
     ranges: dict[str, RangeRule] = field(default_factory=dict)
     regex: dict[str, str] = field(default_factory=dict)
     text_min_chars: int = 1
-    text_max_chars: Optional[int] = None
+    text_max_chars: Optional[int] = 100_000  # longer texts are rejected (text_too_long); null: no limit
     unique_key: bool = True
     min_rows: int = 1
     fail_if_reject_fraction_over: Optional[float] = None
@@ -541,6 +545,7 @@ class MonitoringConfig:
     interval_seconds: float = 15.0
     textfile_dir: str = path_field("{workdir}/metrics")
     port: Optional[int] = None  # rank 0 serves /metrics here; it must be free
+    addr: str = "127.0.0.1"  # the interface /metrics binds to ("0.0.0.0": every interface, for a remote scraper)
     job: str = "{name}"  # the `job` label on every metric
     step_breakdown: bool = False
 
@@ -551,6 +556,8 @@ class MonitoringConfig:
         _require(self.port is None or 1 <= self.port <= 65535, "port", self.port,
                  "must be a TCP port in 1-65535, or null for no /metrics endpoint")
         _require(bool(self.job.strip()), "job", self.job, "must be a non-empty label value")
+        _require(_is_ip(self.addr), "addr", self.addr, "must be an IP address of this host's interface "
+                 "(127.0.0.1 by default; 0.0.0.0 for every interface)")
 
 
 @dataclass
@@ -620,8 +627,15 @@ class ScoreConfig:
     psi_threshold: float = 0.2  # population stability index above this is drift (0.1-0.25 is "moderate")
     unknown_token_threshold: float = 0.05  # unknown-token rate above training's by more than this is drift
     fail_on_drift: bool = False  # stop before scoring instead of warning
+    min_rows: int = 1  # fewer scored rows than this publishes nothing (an empty input never replaces a partition)
+    max_reject_fraction: float = 0.5  # more rejected rows than this fraction of the input publishes nothing
 
     def __post_init__(self) -> None:
+        _require(self.min_rows >= 0, "min_rows", self.min_rows, "must be >= 0 (0: an empty partition may publish)")
+        _require(0 <= self.max_reject_fraction <= 1, "max_reject_fraction", self.max_reject_fraction,
+                 "must be in [0, 1] (1: any share of rejects publishes)")
+        if self.filter is not None:
+            check_predicate("filter", self.filter)
         for name in ("output_table", "rejects_table"):
             value = getattr(self, name)
             if value is not None:
@@ -642,6 +656,26 @@ class ScoreConfig:
         _require(len(set(self.columns)) == len(self.columns), "columns", self.columns, "must not repeat a column")
 
 
+_PARTITION_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}")
+_PREDICATE_FORBIDDEN = (";", "${", "--", "/*")  # a second statement, variable substitution, comments
+
+
+def check_predicate(name: str, predicate: str) -> None:
+    """A Spark SQL filter from a config: one expression, no statement separator, substitution or comment."""
+    bad = [t for t in _PREDICATE_FORBIDDEN if t in predicate]
+    if bad:
+        raise ConfigError(name, predicate, f"must be one Spark SQL predicate without {' or '.join(bad)} "
+                          "(e.g. \"lang = 'en' AND ds >= '2026-11-01'\")")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_partition(spec: str) -> dict[str, str]:
     """``ds=2026-11-23,region=eu`` -> {"ds": "2026-11-23", "region": "eu"} (pure; ValueError says what is wrong)."""
     out: dict[str, str] = {}
@@ -650,8 +684,9 @@ def parse_partition(spec: str) -> dict[str, str]:
         key, value = key.strip(), value.strip()
         if not sep or not key.isidentifier() or not value:
             raise ValueError(f"must be column=value pairs separated by commas, e.g. ds=2026-11-23 (bad part {part!r})")
-        if "'" in value or "\\" in value:
-            raise ValueError(f"partition value {value!r} must not contain quotes or backslashes")
+        if not _PARTITION_VALUE.fullmatch(value):
+            raise ValueError(f"partition value {value!r} may hold only letters, digits and . _ : + - "
+                             "(e.g. ds=2026-11-23)")
         if key in out:
             raise ValueError(f"names column {key!r} twice")
         out[key.lower()] = value
@@ -747,12 +782,15 @@ class JobConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+    def to_yaml(self, redacted: bool = False) -> str:
+        """The config as YAML; ``redacted`` masks secrets (:func:`hvdtrain.secrets.redact`) for logs and artifacts."""
+        data = self.to_dict()
+        return yaml.safe_dump(secrets.redact(data) if redacted else data, sort_keys=False)
 
-    def flat(self) -> dict[str, Any]:
-        """Dotted keys to leaf values (MLflow params)."""
-        return _flatten(self.to_dict())
+    def flat(self, redacted: bool = False) -> dict[str, Any]:
+        """Dotted keys to leaf values (MLflow params); ``redacted`` masks secrets."""
+        flat = _flatten(self.to_dict())
+        return {k: secrets.redact(v, k) for k, v in flat.items()} if redacted else flat
 
     def section_hash(self, *sections: str) -> str:
         """A stable hash of some config sections (e.g. the ETL's inputs)."""

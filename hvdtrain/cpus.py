@@ -8,7 +8,8 @@ CPU throttling. The budget is the smallest of what applies:
 * ``spark.task.cpus`` when Spark launched the rank (``HVDTRAIN_TASK_CPUS``,
   set by the YARN executor);
 * the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
-  ``cpu.cfs_period_us``), rounded up;
+  ``cpu.cfs_period_us``) of this process's own cgroup (``/proc/self/cgroup``)
+  and each of its parents, the tightest one, rounded up;
 * the CPU affinity mask (``taskset``, ``numactl``, a cpuset).
 
 A quota or a task's CPUs belong to this process alone; affinity and the host
@@ -74,12 +75,42 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def _quota(read: Callable[[str], Optional[str]]) -> Optional[float]:
-    v2 = read("/sys/fs/cgroup/cpu.max")
-    if v2 is not None:
-        return cgroup_v2_quota(v2)
-    q, p = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-    return cgroup_v1_quota(q, p) if q is not None and p is not None else None
+def cgroup_paths(proc_cgroup: str) -> tuple[Optional[str], Optional[str]]:
+    """(v2 path, v1 ``cpu`` controller path) of this process from ``/proc/self/cgroup`` (pure)."""
+    v2 = v1 = None
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        elif "cpu" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def ancestors(path: str) -> list[str]:
+    """``/a/b`` -> ``["/a/b", "/a", ""]``: a cgroup and every parent up to the mount root (pure)."""
+    parts = [p for p in path.split("/") if p]
+    return ["/" + "/".join(parts[:i]) if i else "" for i in range(len(parts), -1, -1)]
+
+
+def _quota(read: Callable[[str], Optional[str]], proc_cgroup: Optional[str] = None) -> Optional[float]:
+    """The tightest CPU quota on this process's own cgroup and its ancestors (nested limits all apply)."""
+    v2, v1 = cgroup_paths(proc_cgroup if proc_cgroup is not None else read("/proc/self/cgroup") or "")
+    limits: list[float] = []
+    unified = any(read(f"/sys/fs/cgroup/{name}") is not None for name in ("cgroup.controllers", "cpu.max"))
+    if unified:  # cgroup v2 mounted at /sys/fs/cgroup
+        for folder in ancestors(v2 or ""):
+            text = read(f"/sys/fs/cgroup{folder}/cpu.max")
+            limit = cgroup_v2_quota(text) if text is not None else None
+            limits += [limit] if limit else []
+    else:
+        for folder in ancestors(v1 or ""):
+            q, p = (read(f"/sys/fs/cgroup/cpu{folder}/cpu.cfs_quota_us"),
+                    read(f"/sys/fs/cgroup/cpu{folder}/cpu.cfs_period_us"))
+            limit = cgroup_v1_quota(q, p) if q is not None and p is not None else None
+            limits += [limit] if limit else []
+    return min(limits) if limits else None
 
 
 def detect(env: Mapping[str, str] = os.environ, read: Callable[[str], Optional[str]] = _read) -> CpuBudget:

@@ -108,8 +108,9 @@ def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
 
 
 @functools.lru_cache(maxsize=16)
-def _webhdfs(netloc: str, user: Optional[str]) -> pafs.FileSystem:
-    return pafs.PyFileSystem(WebHdfsHandler(f"http://{netloc}", user=user))
+def _webhdfs(netloc: str, user: Optional[str], tls: bool = False) -> pafs.FileSystem:
+    """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``)."""
+    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user))
 
 
 # Extra schemes: name -> factory(netloc) returning a pyarrow FileSystem (tests use it to inject faults).
@@ -136,17 +137,23 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     user = parsed.username or os.environ.get("HADOOP_USER_NAME")
     if parsed.scheme == "hdfs":
         return _hadoop(parsed.hostname or "", parsed.port or 0, user), parsed.path
-    if parsed.scheme == "webhdfs":
-        netloc = f"{parsed.hostname}:{parsed.port or 9870}"
-        return _webhdfs(netloc, user), parsed.path
-    raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs:// or webhdfs://")
+    if parsed.scheme in ("webhdfs", "swebhdfs"):
+        tls = parsed.scheme == "swebhdfs"
+        netloc = f"{parsed.hostname}:{parsed.port or (9871 if tls else 9870)}"
+        return _webhdfs(netloc, user, tls), parsed.path
+    raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs://, webhdfs:// or "
+                    "swebhdfs:// (WebHDFS over TLS)")
 
 
 def join(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or URI."""
+    """Join path parts onto a local path or URI.
+
+    Onto a URI, a part with a leading ``/`` stays under ``base`` (``posixpath.join`` would drop the
+    scheme and authority: ``hdfs://nn/ds`` + ``/x`` must never become the local ``/x``).
+    """
     if is_local(base) and not base.startswith("file://"):
         return os.path.join(base, *parts)
-    return posixpath.join(base, *parts)
+    return posixpath.join(base, *(p.lstrip("/") for p in parts))
 
 
 # -- the Hadoop client that libhdfs loads ------------------------------------------

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import re
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -95,6 +97,19 @@ def current(run: Run = _run) -> Optional[Ticket]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_klist(out.stdout) if out.returncode == 0 else None
+
+
+def renewal_problem(keytab: str, host: str, which: Callable[[str], Optional[str]] = shutil.which,
+                    is_file: Callable[[str], bool] = os.path.isfile) -> Optional[str]:
+    """None when this host can renew the ticket from ``keytab``, else one line saying why not (pure given probes):
+    a job that cannot renew would lose its ticket silently days later."""
+    if not is_file(keytab):
+        return (f"yarn.keytab {keytab} is not a file on {host}: the ticket could not be renewed here and would "
+                "expire mid-run; ship the keytab to every host (spark-submit --keytab does on YARN) or fix the path")
+    if which("kinit") is None:
+        return (f"kinit is not on PATH on {host}: the Kerberos ticket from yarn.keytab could not be renewed; "
+                "install the Kerberos client (krb5-user) or drop yarn.principal/yarn.keytab")
+    return None
 
 
 class Renewer:

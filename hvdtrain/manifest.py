@@ -133,6 +133,12 @@ class Manifest:
                 name: Split([Shard(**{k: v for k, v in s.items()}) for s in body["shards"]])
                 for name, body in data["splits"].items()
             }
+            for name, split in splits.items():
+                for i, shard in enumerate(split.shards):
+                    check_relative(shard.path, f"{where}: splits.{name}.shards[{i}].path")
+            for key in ("path", "tokenizer"):
+                if data.get("vocab", {}).get(key) is not None:
+                    check_relative(data["vocab"][key], f"{where}: vocab.{key}")
             return cls(
                 features={k: _feature(k, v, where) for k, v in data["features"].items()},
                 label_feature=data["label_feature"],
@@ -175,6 +181,15 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+
+def check_relative(path: Any, entry: str) -> None:
+    """A path a manifest names must stay inside the dataset folder: relative, no scheme, no ``..``."""
+    parts = path.replace("\\", "/").split("/") if isinstance(path, str) else []
+    if not parts or path.startswith(("/", "~")) or ":" in path or any(p in ("", ".", "..") for p in parts):
+        raise DataError(f"{entry} is {path!r}: a manifest names files only inside its dataset folder (a relative "
+                        "path without .., a scheme or a leading /); this manifest was not written by hvdtrain's "
+                        "ETL or was edited: rerun the ETL")
 
 
 def text_features(max_length: int, vocab_size: int, packed: bool = True) -> dict[str, FeatureSpec]:

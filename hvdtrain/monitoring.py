@@ -101,13 +101,13 @@ def available() -> Optional[str]:
     return None
 
 
-def check_port_free(port: int, host: str = "") -> Optional[str]:
+def check_port_free(port: int, host: str = "127.0.0.1") -> Optional[str]:
     """None when ``port`` can be bound, else a one-line explanation with the fix."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            return (f"monitoring.port={port} is not free on {socket.gethostname()} ({exc.strerror}): rank 0 "
+            return (f"monitoring.port={port} is not free on {host} of {socket.gethostname()} ({exc.strerror}): rank 0 "
                     "serves /metrics there; choose a free port, or set monitoring.port=null and use the "
                     "textfile files")
     return None
@@ -155,8 +155,8 @@ class Exporter:
     serves it on ``port`` (rank 0). A write failure is a warning: monitoring never stops training."""
 
     def __init__(self, metrics: Metrics, path: str, interval: float, port: Optional[int] = None,
-                 before_write: Callable[[], None] = lambda: None):
-        self.metrics, self.path, self.interval, self.port = metrics, path, interval, port
+                 before_write: Callable[[], None] = lambda: None, addr: str = "127.0.0.1"):
+        self.metrics, self.path, self.interval, self.port, self.addr = metrics, path, interval, port, addr
         self._before_write = before_write
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -170,9 +170,10 @@ class Exporter:
             from prometheus_client import start_http_server
 
             try:
-                self._server, _ = start_http_server(self.port, registry=self.metrics.registry)
+                self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.metrics.registry)
             except OSError as exc:
-                raise EnvironmentProblem(check_port_free(self.port) or f"monitoring.port={self.port}: {exc}") from exc
+                raise EnvironmentProblem(check_port_free(self.port, self.addr)
+                                         or f"monitoring.port={self.port}: {exc}") from exc
         self.metrics["hvdtrain_training_active"].set(1)
         self.write()
         self._thread = threading.Thread(target=self._loop, name="hvdtrain-metrics", daemon=True)

@@ -342,9 +342,9 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     found: Optional[Resumed] = None
     error: Optional[str] = None
     kind = "data"
-    if rank.is_chief and cfg.enabled and cfg.resume != "never":
+    if rank.is_chief and cfg.enabled:
         try:
-            found = _load(cfg, now)
+            found = _load(cfg, now) if cfg.resume != "never" else refuse_used_dir(cfg)
         except DataError as exc:
             error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
@@ -361,6 +361,17 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     if not rank.is_chief:
         found = Resumed(small["uri"], small["meta"], small["rng"], small["plan"])
     return found
+
+
+def refuse_used_dir(cfg: CheckpointConfig) -> None:
+    """``resume: never`` starts a fresh run: over committed checkpoints it would overwrite same-step ones and
+    mix two runs under retention, so it needs an empty (or new) ``checkpoint.dir``."""
+    committed = [i.name for i in checkpoint.scan(cfg.dir, verify=False) if i.status != "uncommitted"]
+    if committed:
+        raise DataError(f"checkpoint.resume=never, but checkpoint.dir {cfg.dir} holds committed checkpoints "
+                        f"({', '.join(committed[-3:])}{', ...' if len(committed) > 3 else ''}): a fresh run would "
+                        "overwrite and mix them; point checkpoint.dir at a new folder for a fresh run, move them "
+                        "out, or set checkpoint.resume=auto to continue from the newest")
 
 
 def _load(cfg: CheckpointConfig, now: dict[str, Any]) -> Optional[Resumed]:

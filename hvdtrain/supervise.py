@@ -33,6 +33,12 @@ NO_RESTART = {2: "a config error", 3: "a data error", 4: "an environment problem
 # horovodrun names the first process that failed; every failed one gets a line of its own.
 FIRST_FAILED = re.compile(r"Process name: (\S+)\s+Exit code: (-?\d+)")
 FAILED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+# Failures that an exit 1 hides but a relaunch cannot fix: the same code meets the same input again.
+DETERMINISTIC = ((re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError|AttributeError)\b"),
+                  "an import or code error"),
+                 (re.compile(r"\bDataLossError\b"), "corrupt data (DataLossError)"),
+                 (re.compile(r"\b(hvdtrain\.errors\.)?(ConfigError|DataError|UsageError)\b"), "a config or data error"))
+ERROR_LINE = re.compile(r"^\S*(Error|Exception)\b.*$|error: .*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Failure:
     rank: Optional[int]  # the rank that failed first, when the launcher says
     cause: str
     restartable: bool
+    error: str = ""  # the output's last error line: the same one twice at the same step is deterministic
 
 
 def describe_code(code: int) -> str:
@@ -73,10 +80,23 @@ def classify(code: int, output: str = "") -> Failure:
     if first:
         name, decisive = first.group(1), int(first.group(2))
         rank = int(name) if name.isdigit() else None
+    errors = [m.group(0).strip() for m in ERROR_LINE.finditer(output)]
+    error = errors[-1][:300] if errors else ""
     for r, c in codes:
         if c in NO_RESTART and c != 130:
-            return Failure(c, r, describe_code(c), False)
-    return Failure(decisive, rank, describe_code(decisive), decisive not in NO_RESTART)
+            return Failure(c, r, describe_code(c), False, error)
+    if decisive not in NO_RESTART and decisive not in (EXIT_STALLED, EXIT_STORAGE) and 0 < decisive < 128:
+        for pattern, what in DETERMINISTIC:
+            if pattern.search(output):
+                return Failure(decisive, rank, f"{what} (exit {decisive})", False, error)
+    return Failure(decisive, rank, describe_code(decisive), decisive not in NO_RESTART, error)
+
+
+def repeated(failure: Failure, step: Optional[int], before: list["Restart"]) -> bool:
+    """Whether this failure is the previous try's again: same error line, resumed from the same step (pure)."""
+    plain = 0 < failure.code < 128 and failure.code not in (EXIT_STALLED, EXIT_STORAGE)  # not a lost rank
+    return plain and bool(before) and bool(failure.error) and before[-1].error == failure.error and \
+        before[-1].resume_step == step
 
 
 def rank_codes(output: str) -> list[int]:
@@ -106,6 +126,7 @@ class Restart:
     cause: str
     resume_step: Optional[int]  # the newest valid checkpoint's step when relaunching (None: from the start)
     waited_seconds: float
+    error: str = ""
 
 
 @dataclass
@@ -135,18 +156,22 @@ def run_with_restarts(run_once: Callable[[Mapping[str, str]], tuple[int, str]], 
             return outcome
         failure = outcome.failure = classify(code, output)
         attempt = len(outcome.restarts) + 1
+        step = resume_step()
+        if failure.restartable and repeated(failure, step, outcome.restarts):
+            failure = outcome.failure = Failure(failure.code, failure.rank, f"{failure.cause}, the same error twice "
+                                                f"from the same step ({failure.error})", False, failure.error)
         if not failure.restartable or attempt > max_restarts:
             why = "never restarted" if not failure.restartable else f"fault.max_restarts={max_restarts} used up"
             log.error("the job failed: %s%s; %s", failure.cause,
                       f" on rank {failure.rank}" if failure.rank is not None else "", why)
             return outcome
         delay = wait(attempt)
-        step = resume_step()
         log.warning("restart %d/%d in %.0fs after %s%s: resuming from %s", attempt, max_restarts, delay,
                     failure.cause, f" on rank {failure.rank}" if failure.rank is not None else "",
                     f"step {step} (the newest valid checkpoint)" if step is not None else "the start (no checkpoint)")
         sleep(delay)
-        outcome.restarts.append(Restart(attempt, failure.code, failure.rank, failure.cause, step, delay))
+        outcome.restarts.append(Restart(attempt, failure.code, failure.rank, failure.cause, step, delay,
+                                        failure.error))
 
 
 def restarts_from_env(env: Mapping[str, str] = os.environ) -> list[dict]:

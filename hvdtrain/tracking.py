@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
+from hvdtrain import secrets
 from hvdtrain.config import JobConfig, has_scheme
 from hvdtrain.errors import DataError
 
@@ -91,7 +93,7 @@ def _local_store(folder: str) -> Store:
 def flat_params(cfg: JobConfig) -> dict[str, str]:
     """Config as MLflow params: dotted keys, values as strings cut to MLflow's length limit."""
     out = {}
-    for key, value in cfg.flat().items():
+    for key, value in cfg.flat(redacted=True).items():
         text = "" if value is None else str(value)
         out[key] = text if len(text) <= MAX_PARAM_LENGTH else text[:MAX_PARAM_LENGTH - 3] + "..."
     return out
@@ -148,6 +150,9 @@ class Tracker:
         self._down_since: Optional[float] = None  # an outage in progress
         self._next_try = 0.0
         self.not_logged: list[str] = []  # what an outage or an error kept out of MLflow (the run's summary)
+        # Hears each MLflow call before it starts (and each retry): the trainer points it at the stall
+        # watchdog while it uploads, so a slow artifact store is progress, not a stall.
+        self.progress: Callable[[str], None] = lambda what: None
 
     @property
     def active(self) -> bool:
@@ -156,6 +161,7 @@ class Tracker:
     def _guard(self, what: str, fn: Callable[[], T]) -> Optional[T]:
         """Run an MLflow call; through an outage, wait for the server (up to the outage budget) and retry."""
         while self._active:
+            self.progress(what)
             try:
                 result = fn()
             except Exception as exc:  # noqa: BLE001 - tracking must never stop training
@@ -238,7 +244,7 @@ class Tracker:
             run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
         self._mlflow, self.run_id, self.tracking_uri = mlflow, run.info.run_id, store.tracking_uri
         log.info("MLflow run %s in experiment %r at %s", self.run_id, self.cfg.tracking.experiment,
-                 store.tracking_uri)
+                 secrets.redact_url(store.tracking_uri))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = list(params.items())
@@ -285,9 +291,15 @@ class Tracker:
         self._guard("set_tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        """A file, or a folder's contents (under ``artifact_path``)."""
+        """A file, or a folder's contents (under ``artifact_path``), one file per call (each one is progress)."""
         if os.path.isdir(local_path):
-            self._guard("log_artifacts", lambda: self._mlflow.log_artifacts(local_path, artifact_path))
+            for root, _, names in sorted(os.walk(local_path)):
+                rel = os.path.relpath(root, local_path).replace(os.sep, "/")
+                where = "/".join(p for p in (artifact_path, "" if rel == "." else rel) if p) or None
+                for name in sorted(names):
+                    path = os.path.join(root, name)
+                    self._guard(f"log_artifact {where or ''}/{name}".replace(" /", " "),
+                                lambda path=path, where=where: self._mlflow.log_artifact(path, where))
         else:
             self._guard("log_artifact", lambda: self._mlflow.log_artifact(local_path, artifact_path))
 
@@ -392,6 +404,22 @@ def start(cfg: JobConfig, is_chief: bool, tags: Mapping[str, str], resume_run_id
 
 # -- reading models back (batch scoring) -------------------------------------------------------
 
+_FILTER_VALUE = re.compile(r"[A-Za-z0-9_.:@ -]{1,256}")
+
+
+def search_filter(**equals: str) -> str:
+    """An MLflow search filter of ``field = 'value'`` terms; a value outside a safe character set is refused.
+
+    MLflow filters have no bound parameters, so a value is checked, never spliced in as given (a quote in a
+    model name would otherwise change the query).
+    """
+    for value in equals.values():
+        if not _FILTER_VALUE.fullmatch(value):
+            raise DataError(f"{value!r} cannot be searched for in MLflow: use letters, digits and _ . : @ - or "
+                            "space only")
+    return " and ".join(f"{key} = '{value}'" for key, value in equals.items())
+
+
 def parse_model_ref(ref: str) -> tuple[str, str, str]:
     """MODEL -> (kind, name or run id, version/alias/artifact path) (pure).
 
@@ -459,7 +487,7 @@ def _locate(client: Any, kind: str, name: str, detail: str) -> tuple[str, str, s
     elif kind == "version":
         mv = client.get_model_version(name, detail)
     else:
-        versions = client.search_model_versions(f"name='{name}'")
+        versions = client.search_model_versions(search_filter(name=name))
         if not versions:
             raise ValueError(f"no registered model named {name!r}")
         mv = max(versions, key=lambda v: int(v.version))
@@ -553,11 +581,10 @@ class StudyRun:
         """A trial whose driver died left its run RUNNING (or KILLED): mark it FAILED."""
         def fail() -> None:
             run = self._client.get_run(self.run_id)
-            found = self._client.search_runs([run.info.experiment_id],
-                                             f"tags.`mlflow.parentRunId` = '{self.run_id}' and tags.tune_trial = "
-                                             f"'{trial}' and attributes.status != 'FINISHED'")
+            found = self._client.search_runs([run.info.experiment_id], search_filter(
+                **{"tags.`mlflow.parentRunId`": self.run_id, "tags.tune_trial": str(trial)}))
             for child in found:
-                if child.info.status != "FAILED":
+                if child.info.status not in ("FAILED", "FINISHED"):
                     self._client.set_terminated(child.info.run_id, status="FAILED")
 
         self._call("set_terminated", fail)

@@ -58,7 +58,7 @@ import keras
 
 from hvdtrain import config as config_lib
 from hvdtrain import tasks as tasks_lib
-from hvdtrain import console, data, distributed, fs, resume, supervise, tracking, watchdog
+from hvdtrain import console, data, distributed, fs, resume, secrets, supervise, tracking, watchdog
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
@@ -71,7 +71,7 @@ from hvdtrain.training.evaluate import evaluate_splits, task_head
 from hvdtrain.training.events import EpochStats, LoopPlan
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
-from hvdtrain.training.publish import publish
+from hvdtrain.training.publish import check_replaceable, publish
 from hvdtrain.training.reports import build_report, global_batch_size, rank_digests, result_record
 from hvdtrain.training.state import build_state
 
@@ -85,6 +85,8 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     runtime.set_horovod_env(cfg)
     rank = distributed.init()
     runtime.configure_logging(rank)
+    secrets.protect_logging(*secrets.secret_values(cfg.flat()))
+    secrets.private_files()  # checkpoints, the MLflow store, outputs: the user's only
     threads = runtime.configure_tf(rank, cfg.train)
     with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, runtime.kerberos_renewer(cfg, rank):
         dog.phase("reading the manifest and agreeing on the plan")
@@ -128,6 +130,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
+    check_replaceable(cfg.train.output)  # before any training: a refused output would waste it all
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
@@ -247,6 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         return console.report_error(exc, "hvdtrain")
+    except runtime.CORRUPT_DATA as exc:  # a shard's bytes changed after the ETL: exit 3, never restarted
+        return console.report_error(runtime.corrupt_data_error(exc), "hvdtrain")
     if distributed.info().is_chief:
         if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
             console.emit("result", result=result)

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from hvdtrain import config as config_lib
-from hvdtrain import fs, launch, tasks
+from hvdtrain import fs, launch, secrets, tasks
 from hvdtrain.errors import ConfigError, HvdtrainError
 from hvdtrain import plots, tracking
 
@@ -52,6 +52,7 @@ log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
 METRICS = tasks.validation_metrics("multiclass")  # the default task's; each task has its own (hvdtrain.tasks)
 FREE_SECTIONS = ("model.params.",)  # free-form keys the user's builder reads: any name may be searched
+STORAGE_ENV = "HVDTRAIN_TUNE_STORAGE"  # the study's storage URL, handed to each trial (it may hold a password)
 LAUNCHERS = ("local", "horovodrun", "yarn")
 # Keys each trial gets from the tune driver: a space may not set them.
 RESERVED = ("name", "workdir", "train.epochs", "train.output", "checkpoint.dir", "train.validate_every_epoch",
@@ -238,11 +239,18 @@ def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str,
     out += [override("train.output", fs.join(folder, "model")),
             override("checkpoint.dir", fs.join(folder, "checkpoints")),
             "train.validate_every_epoch=true", "tracking.registered_model_name=null",
-            override("tune.storage", storage), override("tune.study", cfg.tune.study), f"tune.trial={number}",
+            # a storage password reaches the trial by environment (trial_env), never on its command line
+            *([] if secrets.has_secret(storage) else [override("tune.storage", storage)]),
+            override("tune.study", cfg.tune.study), f"tune.trial={number}",
             override("tune.metric", cfg.tune.metric)]
     if parent_run_id:
         out.append(override("tune.parent_run_id", parent_run_id))
     return out
+
+
+def trial_env(env: Mapping[str, str], storage: str) -> dict[str, str]:
+    """A trial's environment (pure): the study's storage URL rides here, not on the command line."""
+    return {**env, STORAGE_ENV: storage}
 
 
 def trial_command(opts: TuneOptions, overrides: Sequence[str], start_timeout: int) -> list[str]:
@@ -316,7 +324,8 @@ class TrialReporter:
         self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
         try:
             optuna = _quiet_optuna()
-            storage = optuna.storages.RDBStorage(tune_cfg.storage, engine_kwargs=engine_kwargs(tune_cfg.storage))
+            url = os.environ.get(STORAGE_ENV) or tune_cfg.storage
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
             study_id = storage.get_study_id_from_name(tune_cfg.study)
             attrs = storage.get_study_user_attrs(study_id)
             study = optuna.load_study(study_name=tune_cfg.study, storage=storage,
@@ -326,7 +335,8 @@ class TrialReporter:
             self.last_epoch = int(attrs.get("epochs", 0))
         except Exception as exc:  # noqa: BLE001 - the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
-                        tune_cfg.trial, tune_cfg.study, tune_cfg.storage, type(exc).__name__, exc)
+                        tune_cfg.trial, tune_cfg.study, secrets.redact_url(tune_cfg.storage),
+                        type(exc).__name__, secrets.redact_text(str(exc)))
 
     def report(self, epoch: int, value: float) -> bool:
         """Record ``value`` at ``epoch``; True to stop (pruned, or the study has given this trial up)."""
@@ -435,7 +445,7 @@ class Driver:
         trial.set_user_attr("output", fs.join(trial_folder(self.cfg, trial.number), "model"))
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
-        code, error = run_process(cmd, log_path, _child_env())
+        code, error = run_process(cmd, log_path, trial_env(_child_env(), self.storage))
         frozen = self.study._storage.get_trial(trial._trial_id)
         self._tag_child(trial, frozen, code)
         if code != 0:
@@ -523,7 +533,8 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     study = open_study(cfg, opts, params)
     parent = tracking.StudyRun(cfg)
     parent.open(study.user_attrs.get("mlflow_parent_run_id"), f"tune-{cfg.tune.study}",
-                {"hvdtrain.tune.study": cfg.tune.study, "hvdtrain.tune.storage": storage_url(cfg)})
+                {"hvdtrain.tune.study": cfg.tune.study,
+                 "hvdtrain.tune.storage": secrets.redact_url(storage_url(cfg))})
     if parent.run_id:
         study.set_user_attr("mlflow_parent_run_id", parent.run_id)
     _requeue_stale(study)
@@ -601,7 +612,8 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
     plot = _plot(cfg, records, opts.metric)
     if plot:
         parent.log_artifact(plot)
-    summary: dict[str, Any] = {"study": cfg.tune.study, "storage": storage_url(cfg), "parent_run_id": parent.run_id,
+    summary: dict[str, Any] = {"study": cfg.tune.study, "storage": secrets.redact_url(storage_url(cfg)),
+                               "parent_run_id": parent.run_id,
                                "trials": records, "best": best, "plot": plot, "registered": None}
     if best is None:
         print("tune: no trial completed yet", flush=True)

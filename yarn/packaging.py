@@ -195,17 +195,49 @@ def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Option
                               "this environment into yarn.env_cache")
         return planned
     if fs.exists(planned.uri):
-        log(f"env archive: reusing {planned.uri} (hash {planned.digest})")
-        return planned
+        problem = cached_archive_problem(planned.uri)
+        if problem is None:
+            log(f"env archive: reusing {planned.uri} (hash {planned.digest}, content verified)")
+            return planned
+        log(f"env archive: not reusing {planned.uri}: {problem}; packing it again")
+        fs.delete(planned.uri)
     prefix = prefix or venv_prefix()
     log(f"env archive: packing {prefix} (hash {planned.digest}; once per environment change) ...")
     with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
         local = os.path.join(tmp, f"{planned.digest}.tar.gz")
         pack(prefix, local)
         log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {planned.uri}")
+        content = file_sha256(local)
         upload_once(local, planned.uri)
     fs.write_bytes_atomic(planned.uri + ".txt", ("\n".join(identity) + "\n").encode())
+    fs.write_bytes_atomic(planned.uri + SHA_SUFFIX, (content + "\n").encode())
     return EnvArchive(planned.uri, planned.digest, True)
+
+
+SHA_SUFFIX = ".sha256"  # beside a cached archive: the SHA-256 of its bytes, checked before every reuse
+
+
+def file_sha256(local: str, chunk: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(local, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
+    """None when the cached archive's bytes match its recorded SHA-256, else what is wrong (its name is
+    only the environment's hash: a truncated, replaced or tampered file must not be shipped)."""
+    if not fs.exists(uri + SHA_SUFFIX):
+        return f"no {SHA_SUFFIX} beside it to verify its content"
+    expected = fs.read_bytes(uri + SHA_SUFFIX).decode().strip()
+    digest = hashlib.sha256()
+    with fs.open_input(uri) as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        return f"its content hash {digest.hexdigest()[:16]} is not the recorded {expected[:16]}"
+    return None
 
 
 def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> None:

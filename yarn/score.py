@@ -53,14 +53,16 @@ def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_arg
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
             "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg, master, inputs),
             "--py-files", inputs.code_zip, "--files", inputs.job_yaml]
-    for key, value in score_conf(cfg, local, deploy_mode, inputs):
-        argv += ["--conf", f"{key}={value}"]
+    properties = os.path.join(os.path.dirname(inputs.code_zip), submit.SECRET_PROPERTIES)
+    conf_argv, secret = submit.conf_args(score_conf(cfg, local, deploy_mode, inputs), properties)
+    argv += conf_argv
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [SCORE_SCRIPT, "--config", config_arg, *job_args]
     notes = [] if local else _notes(cfg, job_args, deploy_mode)
     env = {"PYTHONUNBUFFERED": "1", **({"PYTHONPATH": inputs.code_zip} if local else {})}
     report = fs.join(cfg.score.report_dir, "score_report.json")
-    return submit.SubmitPlan(argv, env, master, deploy_mode, report, os.path.dirname(inputs.code_zip), notes)
+    return submit.SubmitPlan(argv, env, master, deploy_mode, report, os.path.dirname(inputs.code_zip), notes,
+                             secret, properties if secret else None)
 
 
 def _notes(cfg: JobConfig, job_args: Sequence[str], deploy_mode: str) -> list[str]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs
+from hvdtrain import console, envcheck, fs, secrets
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
@@ -62,6 +62,7 @@ ENV_ALIAS = "env"  # --archives <uri>#env: unpacked as ./env in every container
 SHIPPED_PYTHON = f"./{ENV_ALIAS}/bin/python"
 CODE_ZIP = "hvdtrain-code.zip"
 JOB_YAML = "hvdtrain-job.yaml"
+SECRET_PROPERTIES = "hvdtrain-secret.properties"  # 0600, beside the code zip in the staging folder
 RESULT_NAME = "yarn_result.json"
 APP_ID = re.compile(r"application_\d+_\d+")
 # spark://host:port, or a comma-separated list of masters (standalone high availability)
@@ -125,6 +126,9 @@ class SubmitPlan:
     result_uri: str
     cwd: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    # Secret settings (a token in yarn.env...): written to a 0600 --properties-file at submit time, never argv
+    secret_conf: dict[str, str] = field(default_factory=dict, repr=False)
+    properties_file: Optional[str] = None
 
     @property
     def is_local(self) -> bool:
@@ -245,6 +249,27 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
     return conf
 
 
+def conf_args(conf: Sequence[tuple[str, str]], properties_file: str) -> tuple[list[str], dict[str, str]]:
+    """(argv, secret settings) for ``conf`` (pure): plain settings as ``--conf K=V``; secret ones (a secret
+    key or a URL password, :mod:`hvdtrain.secrets`) go to ``properties_file``, named on argv instead."""
+    plain, secret = secrets.split_secret_items(dict(conf))
+    argv = [arg for key, value in plain.items() for arg in ("--conf", f"{key}={value}")]
+    if secret:  # Spark 4 reads spark-defaults.conf beside a --properties-file only when asked to
+        argv += ["--properties-file", properties_file, "--load-spark-defaults"]
+    return argv, secret
+
+
+def write_properties(plan: SubmitPlan) -> None:
+    """The plan's secret settings, in a file only this user can read (before spark-submit starts)."""
+    if plan.secret_conf and plan.properties_file:
+        text = "".join(f"{k}={_escape_property(v)}\n" for k, v in plan.secret_conf.items())
+        secrets.write_private(plan.properties_file, text.encode("utf-8"))
+
+
+def _escape_property(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
                is_file: Callable[[str], bool] = os.path.isfile, script: Optional[ScriptJob] = None) -> SubmitPlan:
     """The spark-submit command and environment for a job (pure, given ``is_file`` for the keytab): hvdtrain's
@@ -262,8 +287,9 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
              + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []))
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
-    for key, value in spark_conf(cfg, master, deploy_mode, inputs):
-        argv += ["--conf", f"{key}={value}"]
+    properties = os.path.join(os.path.dirname(inputs.code_zip), SECRET_PROPERTIES)
+    conf_argv, secret = conf_args(spark_conf(cfg, master, deploy_mode, inputs), properties)
+    argv += conf_argv
     result_uri = fs.join(script.output if script else cfg.train.output, RESULT_NAME)
     # In cluster mode the driver runs in the application master's container, beside the --files.
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
@@ -280,7 +306,8 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
         env["PYTHONPATH"] = inputs.code_zip
     else:
         notes += _cluster_notes(cfg, script)
-    return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes)
+    return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes,
+                      secret, properties if secret else None)
 
 
 def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
@@ -356,6 +383,9 @@ def check_flags(args: argparse.Namespace) -> None:
 def format_plan(plan: SubmitPlan) -> str:
     """The command and environment, copy-pasteable (``--dry-run``)."""
     lines = [f"# {note}" for note in plan.notes]
+    if plan.secret_conf:
+        lines.append(f"# {', '.join(sorted(plan.secret_conf))}: secret, written to a 0600 --properties-file at "
+                     "submit time (never on the command line)")
     if plan.cwd:
         lines.append(f"cd {shlex.quote(plan.cwd)}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.env.items()]
@@ -569,6 +599,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
         fh.write(cfg.to_yaml())
     fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
     packaging.build_code_zip(inputs.code_zip, user_code=cfg.model.code)
+    write_properties(plan)
     for note in plan.notes:
         print(f"hvdtrain: note: {note}", file=sys.stderr)
     print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)

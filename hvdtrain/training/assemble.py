@@ -156,7 +156,8 @@ def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[A
     if config_lib.has_scheme(mon.textfile_dir):
         raise ConfigError("monitoring.textfile_dir", mon.textfile_dir, "must be a local folder (node_exporter's "
                           "textfile collector reads local files); set it, since workdir is remote")
-    port_problem = monitoring.check_port_free(mon.port) if rank.is_chief and mon.port is not None else None
+    port_problem = (monitoring.check_port_free(mon.port, mon.addr) if rank.is_chief and mon.port is not None
+                    else None)
     shared = distributed.broadcast_object(
         {"run_id": ctx.run_id or f"untracked-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}",
          "error": port_problem}, name="hvdtrain.monitoring")
@@ -176,5 +177,5 @@ def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[A
                                   lambda: int(optimizer.iterations.numpy()))
     exporter = monitoring.Exporter(metrics, monitoring.textfile_path(mon.textfile_dir, mon.job, rank.rank),
                                    mon.interval_seconds, port=mon.port if rank.is_chief else None,
-                                   before_write=hook.refresh)
+                                   before_write=hook.refresh, addr=mon.addr)
     return exporter, hook

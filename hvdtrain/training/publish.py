@@ -11,14 +11,15 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, plots, tensorboard, timeline as timeline_lib
+from hvdtrain import data, fs, plots, secrets, tensorboard, timeline as timeline_lib
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import StorageError
+from hvdtrain.errors import DataError, StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.reports import CONFUSION_PNG, final_metrics, result_record
 
 log = logging.getLogger("hvdtrain.train")
+RESULT_NAME = "result.json"  # written last into train.output: marks a folder hvdtrain may replace
 
 
 
@@ -36,11 +37,12 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         if os.path.isfile(recorded):
             shutil.copy(recorded, local)
         tensorboard.copy_events(os.path.join(ctx.stage_dir, tensorboard.FOLDER), local)
+        tracker.progress = lambda what: ctx.phase(f"MLflow: {what}", ctx.cfg.fault.checkpoint_timeout)
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
-                                  tracking_uri=tracker.tracking_uri), "tracking": tracker.summary()}
-        _dump_json(os.path.join(local, "result.json"), result)
+                                  tracking_uri=secrets.redact_url(tracker.tracking_uri)), "tracking": tracker.summary()}
+        _dump_json(os.path.join(local, RESULT_NAME), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
 
@@ -89,7 +91,7 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
         tags.update(best_epoch=report["early_stopping"]["best_epoch"],
                     stopped_early=report["early_stopping"]["stopped_early"])
     tracker.set_tags(tags)
-    tracker.log_text(ctx.cfg.to_yaml(), "config.yaml")
+    tracker.log_text(ctx.cfg.to_yaml(redacted=True), "config.yaml")
     tracker.log_text(ctx.manifest.to_json(), "manifest.json")
     tracker.log_artifact(os.path.join(local, "eval_report.json"))
     tracker.log_artifact(os.path.join(local, "labels.json"))
@@ -127,7 +129,18 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
             raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
                                f"outputs in {output} are unchanged: fix the storage and rerun") from exc
     progress(f"replacing {output} with the new outputs")
+    check_replaceable(output)  # again: something may have been put there while training ran
     fs.swap_dir(incoming, output)
+
+
+def check_replaceable(output: str) -> None:
+    """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
+    (it holds ``result.json``), may be; anything else raises DataError before it is touched."""
+    names = fs.listdir(output) if fs.exists(output) else []
+    if names and RESULT_NAME not in names:
+        raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
+                        f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "
+                        "so choose a new or empty folder for train.output")
 
 
 def _dump_json(path: str, doc: Any) -> None:

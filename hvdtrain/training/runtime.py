@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import cpus, distributed, kerberos, watchdog
+from hvdtrain.errors import DataError, EnvironmentProblem
 from hvdtrain.config import JobConfig, TrainConfig
 
 log = logging.getLogger("hvdtrain.train")
@@ -25,12 +26,25 @@ def set_horovod_env(cfg: JobConfig) -> None:
             os.environ.setdefault(name, value)
 
 
+CORRUPT_DATA = tf.errors.DataLossError  # TensorFlow's word for a record whose bytes fail their checksum
+
+
+def corrupt_data_error(exc: BaseException) -> DataError:
+    """A corrupt shard as a DataError (exit 3) naming TensorFlow's first line and the fix."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DataError(f"a dataset shard is corrupt ({first}): its bytes changed after the ETL wrote them; "
+                     "manifest.json records each shard's sha256 to find which; rerun the ETL to rewrite the dataset")
+
+
 def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
     """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
     y = cfg.yarn
-    if y.principal and y.keytab and rank.local_rank == 0 and os.path.isfile(y.keytab):
-        return kerberos.Renewer(y.principal, y.keytab)
-    return contextlib.nullcontext()
+    if not (y.principal and y.keytab and rank.local_rank == 0) or os.environ.get("CONTAINER_ID"):
+        return contextlib.nullcontext()  # in a YARN container Spark renews the job's tokens from --keytab
+    problem = kerberos.renewal_problem(y.keytab, rank.hostname)
+    if problem:
+        raise EnvironmentProblem(problem)
+    return kerberos.Renewer(y.principal, y.keytab)
 
 
 def configure_logging(rank: distributed.RankInfo) -> None:

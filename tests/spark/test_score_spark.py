@@ -234,3 +234,49 @@ def test_shifted_text_is_flagged_and_fail_on_drift_stops_before_scoring(world) -
     assert not spark.catalog.tableExists("scoretest.shifted_preds")
     drift = json.loads((world.base / "drift" / "drift_report.json").read_text())
     assert drift["drifted"] and drift["text"]["rows"] == 200
+
+
+def test_a_failed_rejects_publish_puts_the_predictions_partition_back(world, monkeypatch) -> None:
+    """#28 item 2: the live partition never points at a folder the clean-up deletes."""
+    from etl import score_job
+
+    cfg, spark = world.score_cfg, world.spark
+    target = score_job.plan_target(cfg, "scoretest.preds", PARTITION, True, dt.date.today())
+    before = score_job.table_location(spark, "scoretest.preds", target.spec())
+    real, old_run = score_job.point_partition, before.rstrip("/").rsplit("/", 1)[0]
+
+    def rejects_fail(spark_, table, target_, folder, exists):  # the switch to the new run fails, the way back works
+        if table == target.rejects_table and folder and old_run not in folder:
+            raise RuntimeError("metastore unavailable (injected)")
+        return real(spark_, table, target_, folder, exists)
+
+    monkeypatch.setattr(score_job, "point_partition", rejects_fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        score_job.run(spark, cfg, world.model, target)
+    monkeypatch.undo()
+    assert score_job.table_location(spark, "scoretest.preds", target.spec()) == before
+    assert fs.exists(score_job.fs_uri(before))
+    assert len(_table(world)) == 1200 and len(_table(world, "scoretest.preds_rejects")) == 3
+    runs = fs.listdir(score_job.fs_uri(before).rsplit("/", 2)[0])
+    assert runs == [score_job.fs_uri(before).rstrip("/").rsplit("/", 2)[1]]  # the failed run's folder is gone
+
+
+def test_empty_or_mostly_rejected_input_never_replaces_a_partition(world) -> None:
+    """#28 items 3 and 12: score.min_rows and score.max_reject_fraction refuse to publish, naming the numbers."""
+    from etl import score_job
+
+    spark = world.spark
+    rows = [(f"r{i}", " " if i % 4 else "a fine text", "x") for i in range(40)]  # 30 of 40 blank
+    spark.createDataFrame(rows, "id string, text string, label string").write.mode("overwrite") \
+        .saveAsTable("scoretest.mostly_bad")
+    spark.sql("CREATE TABLE IF NOT EXISTS scoretest.empty_input (id string, text string, label string) USING parquet")
+    before = score_job.table_location(spark, "scoretest.preds", f"ds='{PARTITION.split('=')[1]}'")
+    cases = [("scoretest.empty_input", r"only 0 rows scored \(rows_in 0, rejected 0\), fewer than score.min_rows=1"),
+             ("scoretest.mostly_bad", r"30 of 40 rows rejected \(75.0%\), more than score.max_reject_fraction=0.5")]
+    for table, message in cases:
+        cfg = _cfg(world, source={"table": table}, score={"columns": ["label"]})
+        with pytest.raises(DataError, match=message):
+            score_job.run(spark, cfg, world.model, score_job.plan_target(cfg, "scoretest.preds", PARTITION, True,
+                                                                         dt.date.today()))
+    assert score_job.table_location(spark, "scoretest.preds", f"ds='{PARTITION.split('=')[1]}'") == before
+    assert len(_table(world)) == 1200

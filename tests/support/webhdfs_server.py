@@ -18,17 +18,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
 
 PREFIX = "/webhdfs/v1"
 DATANODE = "/datanode"
 
 
 class WebHdfsServer:
-    def __init__(self, root: str):
+    def __init__(self, root: str, tls: Optional[tuple[str, str]] = None):
+        """``tls``: (certificate, key) PEM files: serve HTTPS, as ``swebhdfs://`` expects."""
         self.root = root
+        self.scheme = "https" if tls else "http"
         self.requests: list[tuple[str, str, str]] = []  # (method, op, path)
         self._failures = 0
         self.denied: list[str] = []  # path prefixes answered with AccessControlException (see deny())
@@ -40,6 +44,10 @@ class WebHdfsServer:
             owner = server
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -47,7 +55,7 @@ class WebHdfsServer:
         return f"127.0.0.1:{self._httpd.server_address[1]}"
 
     def uri(self, path: str) -> str:
-        return f"webhdfs://{self.netloc}/{path.lstrip('/')}"
+        return f"{'swebhdfs' if self.scheme == 'https' else 'webhdfs'}://{self.netloc}/{path.lstrip('/')}"
 
     def fail_next(self, n: int) -> None:
         with self._lock:
@@ -147,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "modificationTime": int(os.path.getmtime(local) * 1000), "accessTime": 0}
 
     def _redirect(self) -> None:
-        location = f"http://{self.owner.netloc}{DATANODE}{self.path}"
+        location = f"{self.owner.scheme}://{self.owner.netloc}{DATANODE}{self.path}"
         self._send(307, headers={"Location": location})
 
     # -- verbs ---------------------------------------------------------------

@@ -25,6 +25,7 @@ def _previous(tmp: Path) -> Path:
     out = tmp / "out"
     (out / "saved_model").mkdir(parents=True)
     (out / "model.keras").write_bytes(b"old model")
+    (out / "result.json").write_text("{}")  # a previous hvdtrain output: it may be replaced
     (out / "saved_model" / "stale.pb").write_bytes(b"old")
     return out
 

@@ -1,0 +1,85 @@
+"""Training never overwrites what it did not write (#28 item 4) and its uploads keep the stall clock moving (item 5)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvdtrain import checkpoint, config, distributed, resume
+from hvdtrain.errors import DataError
+
+
+def _cfg(tmp_path, **ckpt) -> config.JobConfig:
+    return config.from_dict({"name": "s", "workdir": str(tmp_path), "source": {"table": "demo.t"},
+                             "checkpoint": ckpt}, base_dir=str(tmp_path))
+
+
+def test_resume_never_over_committed_checkpoints_is_refused_and_they_stay(tmp_path):
+    cfg = _cfg(tmp_path, resume="never")
+    writer = checkpoint.CheckpointWriter(cfg.checkpoint.dir, 3, 0, None, "max")
+    writer.save(10, {"model/0000/w": np.ones(3, np.float32)}, {"step": 10})
+    writer.wait()
+    rank = distributed.init(use_horovod=False)
+    with pytest.raises(DataError, match=r"checkpoint.resume=never, but checkpoint.dir .* holds committed "
+                                        r"checkpoints \(ckpt-0*10\).*new folder"):
+        resume.find(cfg.checkpoint, rank, {})
+    assert [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [10]
+    fresh = _cfg(tmp_path / "other", resume="never")
+    assert resume.find(fresh.checkpoint, rank, {}) is None  # a new folder starts fresh
+
+
+def test_train_output_replaces_only_an_empty_folder_or_a_previous_hvdtrain_output(tmp_path):
+    from hvdtrain.training import publish as train
+
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "result.json").write_text("{}")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"train.output .*home holds files that are not a previous hvdtrain "
+                                        r"output \(notes.txt; no result.json\)"):
+        train.upload_dir(str(local), str(home))
+    assert (home / "notes.txt").read_text() == "mine"
+    train.upload_dir(str(local), str(tmp_path / "new"))
+    train.upload_dir(str(local), str(tmp_path / "new"))  # a previous output is replaced
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["result.json"]
+
+
+def test_every_mlflow_upload_is_progress_the_stall_watchdog_sees(tmp_path):
+    """A slow artifact store: each file and each call restarts the stall clock (the trainer's phase)."""
+    from hvdtrain import tracking, watchdog
+
+    now = [0.0]
+    dog = watchdog.Watchdog(timeout=5.0, rank=0, clock=lambda: now[0])
+    cfg = config.from_dict({"name": "s", "workdir": str(tmp_path), "source": {"table": "demo.t"},
+                            "tracking": {"uri": str(tmp_path / "mlflow")}}, base_dir=str(tmp_path))
+    tracker = tracking.Tracker(cfg)
+    tracker.start({})
+    folder = tmp_path / "saved_model"
+    (folder / "variables").mkdir(parents=True)
+    for name in ("saved_model.pb", "variables/v.index", "variables/v.data"):
+        (folder / name).write_bytes(b"x")
+    heard = []
+
+    def phase(what):
+        heard.append(what)
+        dog.phase(what)
+
+    mlflow = tracker._mlflow
+    real = mlflow.log_artifact
+
+    def slow_store(path, where=None):  # 4 s per file: 12 s in all, against a 5 s stall timeout
+        now[0] += 4.0
+        assert dog.check() is None, dog.check()
+        return real(path, where)
+
+    tracker._mlflow = type("M", (), {"log_artifact": staticmethod(slow_store)})()
+    tracker.progress = phase
+    try:
+        tracker.log_artifact(str(folder), "serving")
+    finally:
+        tracker._mlflow, tracker.progress = mlflow, lambda what: None
+        tracker.end()
+    assert heard == ["log_artifact serving/saved_model.pb", "log_artifact serving/variables/v.data",
+                     "log_artifact serving/variables/v.index"]
+    assert tracker.not_logged == []
