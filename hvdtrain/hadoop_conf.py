@@ -1,4 +1,5 @@
-"""Reading a Hadoop client configuration (``HADOOP_CONF_DIR``): which WebHDFS address serves an ``hdfs://`` URI.
+"""Reading a Hadoop client configuration (``HADOOP_CONF_DIR``): which WebHDFS address serves an ``hdfs://`` URI,
+where the ResourceManager listens.
 
 Python reaches HDFS through WebHDFS (the ``hdfs`` package) unless this host has
 libhdfs (pyarrow's ``hdfs://``; it ships only in Hadoop's binary release, in no
@@ -13,7 +14,7 @@ import os
 import xml.etree.ElementTree as ElementTree
 from typing import Mapping, Optional
 
-SITE_FILES = ("core-site.xml", "hdfs-site.xml")
+SITE_FILES = ("core-site.xml", "hdfs-site.xml", "yarn-site.xml")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 DEFAULT_RPC_PORT = 8020
 
@@ -70,3 +71,13 @@ def webhdfs_netloc(netloc: str, props: Mapping[str, str]) -> Optional[str]:
     if namenodes:
         return props.get(f"dfs.namenode.http-address.{netloc}.{namenodes.split(',')[0].strip()}")
     return None
+
+
+def resourcemanager_address(props: Mapping[str, str]) -> Optional[str]:
+    """``host:port`` clients submit to (pure); None for an HA pair (its client fails over) or no yarn-site."""
+    if props.get("yarn.resourcemanager.ha.enabled", "false").lower() == "true":
+        return None
+    address = props.get("yarn.resourcemanager.address")
+    if address is None and "yarn.resourcemanager.hostname" in props:
+        address = f"{props['yarn.resourcemanager.hostname']}:8032"
+    return address

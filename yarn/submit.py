@@ -35,6 +35,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs
+from hvdtrain import console, envcheck, fs, hadoop_conf
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
@@ -58,6 +59,7 @@ CODE_ZIP = "hvdtrain-code.zip"
 JOB_YAML = "hvdtrain-job.yaml"
 RESULT_NAME = "yarn_result.json"
 APP_ID = re.compile(r"application_\d+_\d+")
+RM_CONNECT_TIMEOUT = 10.0  # seconds to reach the ResourceManager before submitting
 
 # Spark settings the launcher owns, and the config field or flag that controls each.
 OWNED_CONF = {
@@ -445,9 +447,17 @@ def prepare(args: argparse.Namespace, deps: Collaborators) -> tuple[JobConfig, H
     """Config with the flags applied, and the Horovod facts, validated."""
     check_flags(args)
     cfg = config_mod.load(args.config, list(args.overrides) + flag_overrides(args, os.getcwd()))
-    build = deps.probe_build()
+    build = probe_build(args, deps)
     validate(cfg, args.master, build)
     return cfg, build
+
+
+def probe_build(args: argparse.Namespace, deps: Collaborators) -> HorovodBuild:
+    """Horovod's build facts (importing TensorFlow takes a while), after checking that a YARN submission's
+    ResourceManager answers, so that an unreachable one fails in seconds."""
+    if not is_local_master(args.master) and not args.dry_run:
+        check_resourcemanager(deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR"))
+    return deps.probe_build()
 
 
 @contextlib.contextmanager
@@ -462,9 +472,6 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
         if not args.dry_run:
             raise
         spark_submit = "spark-submit"
-    if not local and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
-        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
-                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
     staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-{kind}-{cfg.name}") if args.dry_run
                else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
@@ -480,6 +487,25 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_resourcemanager(conf_dir: Optional[str],
+                          connect: Callable[..., Any] = socket.create_connection) -> None:
+    """Fail in seconds, naming the address, when the ResourceManager does not answer (spark-submit's Hadoop
+    client would retry for 15 minutes: yarn.resourcemanager.connect.max-wait.ms)."""
+    if not conf_dir:
+        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
+                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
+    address = hadoop_conf.resourcemanager_address(hadoop_conf.load(conf_dir))
+    if address is None:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        connect((host, int(port)), timeout=RM_CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot reach the ResourceManager at {address} (yarn.resourcemanager.address in "
+                                 f"{conf_dir}/yarn-site.xml): {exc.strerror or exc}; check the cluster is up "
+                                 "(`hvdtrain cluster status` for the local one) and HADOOP_CONF_DIR") from None
 
 
 def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Namespace, deps: Collaborators,

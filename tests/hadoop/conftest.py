@@ -1,0 +1,41 @@
+"""The ``hadoop`` tier's cluster: one real one-machine Hadoop per test session, always stopped at the end.
+
+``hvdtrain cluster`` (hvdtrain/minicluster) starts Apache Hadoop's MiniDFSCluster and MiniYARNCluster in one
+JVM (Maven fetches the jars on first use). While the session runs, this process has HADOOP_CONF_DIR set to the
+cluster's configs and its ``bin/`` (Hadoop's own ``yarn`` and ``hdfs`` CLIs) on PATH, as a user would after
+``hvdtrain cluster up``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from hvdtrain.minicluster import cluster
+
+
+@pytest.fixture(scope="session")
+def hadoop_cluster() -> Iterator[dict]:
+    home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
+    spec = cluster.ClusterSpec(home=home, start_timeout=600)
+    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME")}
+    try:
+        details = cluster.up(spec)
+        os.environ.update(HADOOP_CONF_DIR=spec.conf_dir, PATH=f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
+                          HVDTRAIN_CLUSTER_HOME=home)
+        yield details
+    finally:
+        cluster.down(spec, quiet=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def hdfs_root(hadoop_cluster: dict) -> str:
+    """A folder on the cluster's HDFS for this session's data."""
+    return f"{hadoop_cluster['fs_default']}/user/hvdtrain-test"

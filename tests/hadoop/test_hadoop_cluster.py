@@ -1,0 +1,224 @@
+"""On a real Hadoop: the one-machine cluster of ``hvdtrain cluster`` (Apache Hadoop's minicluster, one JVM).
+
+tests/hadoop/conftest.py starts it once per session and always stops it. What runs here meets a real NameNode,
+DataNode, ResourceManager and two NodeManagers: WebHDFS renames, safe mode, the ResourceManager's own refusals,
+and (below) the YARN jobs: ``hvdtrain yarn etl`` and ``hvdtrain yarn submit`` with ``--master yarn``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+from hvdtrain import checkpoint, config, fs, manifest
+from tests.test_yarn_local import (REPO, assert_trained, read_records, run_submit, submit_command, submit_env,
+                                   write_job)
+
+pytestmark = pytest.mark.hadoop
+
+SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
+          "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
+PYSPARK_JARS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(np.__file__))), "pyspark", "jars")
+
+
+def hadoop_cli(*argv: str, timeout: float = 120) -> str:
+    """Hadoop's own ``yarn`` / ``hdfs`` CLI from the cluster's bin/ (on PATH while the session runs)."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{argv}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def yarn_block(hdfs_root: str, **extra: Any) -> dict[str, Any]:
+    """Containers that fit the cluster; the env cache on HDFS; Spark's jars from this host (``local:``: the
+    one-machine cluster has them at the same path, as a cluster with Spark installed on its nodes does)."""
+    return {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g", "start_timeout": 600,
+            "env_cache": f"{hdfs_root}/envs",
+            "spark_conf": {"spark.yarn.jars": f"local:{PYSPARK_JARS}/*", "spark.yarn.am.memory": "512m"}, **extra}
+
+
+# -- the cluster itself ---------------------------------------------------------------------------
+
+def test_cluster_is_up_on_loopback_with_two_nodemanagers(hadoop_cluster: dict) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cli = [sys.executable, "-m", "hvdtrain.cli", "cluster"]
+    status = json.loads(subprocess.run([*cli, "status", "--json"], capture_output=True, text=True, env=env,
+                                       check=True).stdout)
+    for key in ("hadoop_conf_dir", "resourcemanager_web", "namenode_web", "hadoop_version", "pid"):
+        assert status[key], key
+    assert status["hadoop_version"] == "3.4.1" and status["pid"] == hadoop_cluster["pid"]
+    again = subprocess.run([*cli, "up"], capture_output=True, text=True, env=env)  # up twice is harmless
+    assert again.returncode == 0 and f"already running (pid {status['pid']})" in again.stdout
+    nodes = hadoop_cli("yarn", "node", "-list")
+    assert "Total Nodes:2" in nodes and nodes.count("RUNNING") == 2
+    listening = [c.laddr for c in psutil.Process(status["pid"]).net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 10 and {a.ip.replace("::ffff:", "") for a in listening} == {"127.0.0.1"}
+
+
+def test_hdfs_paths_reach_the_namenode_from_python(hadoop_cluster: dict, hdfs_root: str) -> None:
+    """hdfs:// (mapped to the NameNode's WebHDFS through HADOOP_CONF_DIR) and webhdfs:// reach the same files."""
+    base = f"{hdfs_root}/fs"
+    fs.write_bytes_atomic(f"{base}/a.json", b"one")
+    fs.write_bytes_atomic(f"{base}/a.json", b"two")  # rename over: the NameNode's rename2 with OVERWRITE
+    web = hadoop_cluster["namenode_web"].replace("http://", "webhdfs://")
+    assert fs.read_bytes(f"{web}/user/hvdtrain-test/fs/a.json") == b"two"
+    fs.move(f"{base}/a.json", f"{base}/b.json")
+    assert fs.listdir(base) == ["b.json"]
+    assert "b.json" in hadoop_cli("hdfs", "dfs", "-ls", base)  # Hadoop's own client sees what Python wrote
+    with pytest.raises(FileNotFoundError):
+        fs.read_bytes(f"{base}/missing")
+    fs.delete(base)
+    assert not fs.exists(base)
+
+
+def test_safe_mode_during_a_checkpoint_write_is_waited_out(hadoop_cluster: dict, hdfs_root: str,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    root = f"{hdfs_root}/safemode-ckpt"
+    writer = checkpoint.CheckpointWriter(root, background=False)
+    arrays = {"w": np.arange(1000, dtype=np.float32)}
+    errors: list[BaseException] = []
+    hadoop_cli("hdfs", "dfsadmin", "-safemode", "enter")
+    try:
+        with caplog.at_level(logging.WARNING, logger="hvdtrain.fs"):
+            thread = threading.Thread(target=lambda: _record(errors, writer.save, 7, arrays, {"epoch": 1}))
+            thread.start()
+            deadline = time.monotonic() + 120
+            while "safe mode" not in caplog.text and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert "the NameNode is in safe mode; waiting" in caplog.text, "the write did not meet safe mode"
+    finally:
+        hadoop_cli("hdfs", "dfsadmin", "-safemode", "leave")
+    thread.join(timeout=300)
+    assert not thread.is_alive() and errors == []
+    restored = checkpoint.restore_latest(root)
+    assert restored is not None and restored[0].step == 7
+    np.testing.assert_array_equal(restored[1]["w"], arrays["w"])
+
+
+def _record(errors: list[BaseException], fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+
+
+# -- submissions refused in seconds ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_archive(hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A stand-in env archive for submissions the cluster must refuse before any container runs."""
+    folder = tmp_path_factory.mktemp("tiny-env")
+    (folder / "bin").mkdir()
+    path = folder / "env.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(folder / "bin", arcname="bin")
+    uri = f"{hdfs_root}/envs/tiny.tar.gz"
+    fs.copy_from_local(str(path), uri)
+    return uri
+
+
+def test_unreachable_resourcemanager_fails_fast_naming_it(hadoop_cluster: dict, tmp_path: Path,
+                                                          tiny_archive: str) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(hadoop_cluster["hadoop_conf_dir"], conf)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    site = conf / "yarn-site.xml"
+    site.write_text(re.sub(r"(<name>yarn\.resourcemanager\.address</name><value>)[^<]*", rf"\g<1>127.0.0.1:{dead}",
+                           site.read_text()))
+    job = write_job(tmp_path, "norm", "hdfs:///none", str(tmp_path / "out"),
+                    yarn={"env_archive": tiny_archive, "start_timeout": 60})
+    start = time.monotonic()
+    proc = subprocess.run(submit_command(job, "--num-workers", "2"), cwd=REPO, capture_output=True, text=True,
+                          env=submit_env(HADOOP_CONF_DIR=str(conf)), timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert f"cannot reach the ResourceManager at 127.0.0.1:{dead}" in proc.stderr.strip().splitlines()[-1]
+    assert elapsed < 30, f"took {elapsed:.0f}s"
+
+
+def test_oversized_memory_request_fails_within_a_minute_with_the_reason(hadoop_cluster: dict, hdfs_root: str,
+                                                                       tmp_path: Path, tiny_archive: str) -> None:
+    job = write_job(tmp_path, "huge", "hdfs:///none", f"{hdfs_root}/huge",
+                    yarn=yarn_block(hdfs_root, env_archive=tiny_archive, executor_memory="16g"))
+    start = time.monotonic()
+    proc = subprocess.run(submit_command(job, "--num-workers", "2"), cwd=REPO, capture_output=True, text=True,
+                          env=submit_env(), timeout=180)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "is above the max threshold (4096 MB) of this cluster" in proc.stderr, proc.stderr[-3000:]
+    assert "spark-submit failed" in proc.stderr.strip().splitlines()[-1]
+    assert elapsed < 60, f"took {elapsed:.0f}s"
+
+
+# -- YARN jobs end to end ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hdfs_dataset(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``hvdtrain yarn etl --master yarn``: a Hive table whose warehouse is on HDFS, TFRecords published to
+    hdfs:// (the publish rename done by the NameNode). Packs and uploads the env archive (first YARN job)."""
+    folder = tmp_path_factory.mktemp("hadoop-etl")
+    data = f"{hdfs_root}/data"
+    cfg = config.from_dict({
+        "name": "clusteretl", "workdir": str(folder),
+        "source": {"table": "hvdtrain_test.reviews", "sample": SAMPLE},
+        "hive": {"embedded": True, "metastore_dir": str(folder / "metastore"),
+                 "warehouse_dir": f"{hdfs_root}/warehouse"},
+        "etl": {"output": data, "max_length": 32, "vocab_size": 600, "min_shards_per_split": 2, "min_shard_mb": 0},
+        "yarn": yarn_block(hdfs_root),
+    }, base_dir=str(folder))
+    path = folder / "etl.yaml"
+    path.write_text(cfg.to_yaml())
+    cmd = [sys.executable, "-m", "hvdtrain.cli", "yarn", "etl", str(path), "--master", "yarn",
+           "--create-sample-table", "--overwrite", "--num-executors", "2"]
+    proc = run_submit(cmd, timeout=1500)
+    print(proc.stdout[-1500:])
+    yield data
+
+
+@pytest.mark.timeout(1800)
+def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str) -> None:
+    m = manifest.read(hdfs_dataset)
+    assert sum(m.split(s).records for s in m.splits) == SAMPLE["rows"]
+    assert all(len(m.split(s).shards) >= 2 for s in m.splits)
+    assert fs.exists(m.shard_uri(m.split("train").shards[0]))
+    assert fs.listdir(f"{hdfs_root}/envs") and any(n.endswith(".tar.gz") for n in fs.listdir(f"{hdfs_root}/envs"))
+
+
+@pytest.mark.timeout(1800)
+def test_yarn_submit_trains_on_two_nodemanagers_and_reuses_the_archive(hdfs_dataset: str, hdfs_root: str,
+                                                                       tmp_path: Path) -> None:
+    output = f"{hdfs_root}/train"
+    mlflow_db = tmp_path / "mlflow.db"
+    job = write_job(tmp_path, "clustertrain", hdfs_dataset, output, epochs=2, tracking=True,
+                    yarn={**yarn_block(hdfs_root), "env": {"MLFLOW_TRACKING_URI": f"sqlite:///{mlflow_db}"}})
+    job.write_text(job.read_text() + f"checkpoint:\n  dir: {output}/checkpoints\n")  # checkpoints on HDFS too
+    proc = run_submit(submit_command(job, "--num-workers", "2"), timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert "env archive: reusing" in out and "env archive: uploading" not in out  # packed by the ETL already
+    app = re.search(r"application_\d+_\d+", out)
+    assert app, out[-3000:]
+    assert f"result: {output}/yarn_result.json" in proc.stdout
+    doc = read_records(f"{output}/yarn_result.json")
+    assert_trained(doc, world_size=2, min_accuracy=0.5)
+    assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
+    assert all(r["container"].startswith("container_") for r in doc["ranks"])
+    assert checkpoint.latest_valid(f"{output}/checkpoints") is not None
+    assert fs.exists(f"{output}/model.keras")
+    status = hadoop_cli("yarn", "application", "-status", app.group(0))
+    assert re.search(r"Final-State\s*:\s*SUCCEEDED", status), status
