@@ -79,6 +79,11 @@ class Ports:
     resourcemanager_web: int = 0
 
 
+# Hadoop's usual ports (`hvdtrain cluster up --standard-ports`), for URLs a newcomer recognizes.
+STANDARD_PORTS = Ports(namenode=8020, namenode_http=9870, resourcemanager=8032, scheduler=8030,
+                       resource_tracker=8031, rm_admin=8033, resourcemanager_web=8088)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """What ``up`` starts; the defaults fit a 2-core host where an application master and two executors
