@@ -8,6 +8,7 @@ cluster's configs and its ``bin/`` (Hadoop's own ``yarn`` and ``hdfs`` CLIs) on 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Iterator
 
@@ -28,6 +29,7 @@ def hadoop_cluster() -> Iterator[dict]:
         yield details
     finally:
         cluster.down(spec, quiet=True)
+        shutil.rmtree(home, ignore_errors=True)  # the cluster's HDFS blocks and container folders
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
