@@ -15,17 +15,20 @@ from typing import Iterator
 import pytest
 
 from hvdtrain.minicluster import cluster
+from yarn.packaging import PACK_CACHE_ENV
 
 
 @pytest.fixture(scope="session")
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
     spec = cluster.ClusterSpec(home=home, start_timeout=600)
-    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME")}
+    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME", PACK_CACHE_ENV)}
     try:
         details = cluster.up(spec)
         os.environ.update(HADOOP_CONF_DIR=spec.conf_dir, PATH=f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
                           HVDTRAIN_CLUSTER_HOME=home)
+        # Pack the venv once per environment, not once per session (each session's HDFS starts empty).
+        os.environ.setdefault(PACK_CACHE_ENV, os.path.join(cluster.cache_root(), "env-archives"))
         yield details
     finally:
         cluster.down(spec, quiet=True)
