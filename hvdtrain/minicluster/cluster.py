@@ -336,13 +336,15 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
     java, javac, mvn = require_tools()
     version, classpath = prepare(mvn, javac)
     ports = choose_ports(spec.ports)
-    shutil.rmtree(os.path.join(spec.home, "data"), ignore_errors=True)
+    for folder in ("data", "target"):  # the last run's HDFS and NodeManager folders
+        shutil.rmtree(os.path.join(spec.home, folder), ignore_errors=True)
     os.makedirs(spec.home, exist_ok=True)
     _write_wrappers(spec, java, classpath)
     cmd = java_command(java, classpath, spec, ports)
     start = time.monotonic()
     with open(spec.log_file, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        # cwd: MiniYARNCluster keeps the NodeManagers' folders under ./target/test/data
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=spec.home,
                                 env={**os.environ, "HADOOP_CONF_DIR": spec.conf_dir}, start_new_session=True)
     with open(spec.pid_file, "w") as fh:
         fh.write(str(proc.pid))
