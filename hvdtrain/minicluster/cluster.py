@@ -428,7 +428,7 @@ def describe(details: dict) -> str:
         f"  NodeManagers   {details['nodemanagers']}",
         f"  log            {details['log']}",
         "use it from this shell:",
-        f"  export HADOOP_CONF_DIR={details['hadoop_conf_dir']} PATH={details['bin']}:$PATH",
+        f"  export HADOOP_CONF_DIR={details['hadoop_conf_dir']} PATH={details['bin']}:$PATH SPARK_LOCAL_IP=127.0.0.1",
     ])
 
 

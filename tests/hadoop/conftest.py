@@ -22,11 +22,13 @@ from yarn.packaging import PACK_CACHE_ENV
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
     spec = cluster.ClusterSpec(home=home, start_timeout=600)
-    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME", PACK_CACHE_ENV)}
+    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME", "SPARK_LOCAL_IP",
+                                       PACK_CACHE_ENV)}
     try:
         details = cluster.up(spec)
+        # SPARK_LOCAL_IP: the drivers spark-submit starts here bind to loopback, as the cluster does.
         os.environ.update(HADOOP_CONF_DIR=spec.conf_dir, PATH=f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
-                          HVDTRAIN_CLUSTER_HOME=home)
+                          HVDTRAIN_CLUSTER_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
         # Pack the venv once per environment, not once per session (each session's HDFS starts empty).
         os.environ.setdefault(PACK_CACHE_ENV, os.path.join(cluster.cache_root(), "env-archives"))
         yield details

@@ -47,8 +47,9 @@ def yarn_block(hdfs_root: str, **extra: Any) -> dict[str, Any]:
     """Containers that fit the cluster; the env cache on HDFS; Spark's jars from this host (``local:``: the
     one-machine cluster has them at the same path, as a cluster with Spark installed on its nodes does)."""
     return {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g", "start_timeout": 600,
-            "env_cache": f"{hdfs_root}/envs",
-            "spark_conf": {"spark.yarn.jars": f"local:{PYSPARK_JARS}/*", "spark.yarn.am.memory": "512m"}, **extra}
+            "env_cache": f"{hdfs_root}/envs", "env": {"SPARK_LOCAL_IP": "127.0.0.1"},  # executors on loopback
+            "spark_conf": {"spark.yarn.jars": f"local:{PYSPARK_JARS}/*", "spark.yarn.am.memory": "512m",
+                           "spark.yarn.appMasterEnv.SPARK_LOCAL_IP": "127.0.0.1"}, **extra}
 
 
 # -- the cluster itself ---------------------------------------------------------------------------
@@ -223,7 +224,8 @@ def trained(hdfs_dataset: str, hdfs_root: str, tmp_path_factory: pytest.TempPath
     folder = tmp_path_factory.mktemp("hadoop-train")
     output = f"{hdfs_root}/train"
     job = write_job(folder, "clustertrain", hdfs_dataset, output, epochs=2, tracking=True,
-                    yarn={**yarn_block(hdfs_root), "env": {"MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}})
+                    yarn=yarn_block(hdfs_root, env={"SPARK_LOCAL_IP": "127.0.0.1",
+                                                    "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
     job.write_text(job.read_text() + f"checkpoint:\n  dir: {output}/checkpoints\n")  # checkpoints on HDFS too
     proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "submit", str(job), "--num-workers", "2"],
                       timeout=1500)
