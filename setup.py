@@ -19,7 +19,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["hvdtrain", "hvdtrain.*", "etl", "etl.*", "yarn", "yarn.*"]),
-    package_data={"yarn": ["*.sh"]},
+    # hvdtrain cluster: the minicluster launcher (compiled at first use) and the pom Maven fetches its jars with
+    package_data={"yarn": ["*.sh"], "hvdtrain.minicluster": ["*.java", "pom.xml"]},
     install_requires=[
         tensorflow,
         "keras>=3.10,<4",

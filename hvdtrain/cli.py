@@ -1,4 +1,4 @@
-"""``hvdtrain`` command line: demo, etl, train, run, check-script, tune, yarn, checkpoints, env, config.
+"""``hvdtrain`` command line: demo, etl, train, run, check-script, tune, yarn, cluster, checkpoints, env, config.
 
 The ETL runs in its own process (``python -m etl.job``, the same entry point
 spark-submit runs), and local training under ``horovodrun``; this module only
@@ -25,6 +25,7 @@ from hvdtrain.launch import (child_env, etl_command, horovod_command, horovodrun
                              train_command)
 from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
                              StepFailed, UsageError)
+from hvdtrain.minicluster import cluster as minicluster
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
@@ -304,6 +305,13 @@ def cmd_yarn(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """``hvdtrain cluster up|status|down``: the one-machine Hadoop (hvdtrain/minicluster)."""
+    spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
+                                   ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())
+    return minicluster.main(args.action, spec, args.json)
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """``hvdtrain tune``: successive halving over training runs (hvdtrain/tune.py owns Optuna)."""
     cfg = config_mod.load(args.config, args.overrides)
@@ -399,6 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
     yarn = _command(sub, "yarn", cmd_yarn, "train on a YARN cluster: hvdtrain yarn submit CONFIG --num-workers N ...",
                     config=False, add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
+    cl = _command(sub, "cluster", cmd_cluster, "a one-machine Hadoop (HDFS + YARN, Apache Hadoop's minicluster) for "
+                  "tests and trying --master yarn: hvdtrain cluster up|status|down", config=False)
+    cl.add_argument("action", choices=["up", "status", "down"])
+    cl.add_argument("--home", help="the cluster's folder (default $HVDTRAIN_CLUSTER_HOME or ~/.hvdtrain/cluster)")
+    cl.add_argument("--json", action="store_true", help="print the cluster's details as JSON")
+    cl.add_argument("--timeout", type=float, default=300.0, help="seconds `up` waits for the cluster (default 300)")
+    cl.add_argument("--standard-ports", action="store_true", help="Hadoop's usual ports (NameNode 8020 and 9870, "
+                    "ResourceManager 8032 and 8088, ...) instead of free ones")
     ckpt = _command(sub, "checkpoints", cmd_checkpoints, "list or verify checkpoints in a folder (local or hdfs://)",
                     config=False)
     ckpt.add_argument("action", choices=["list", "verify"], help="verify also checks every checksum")

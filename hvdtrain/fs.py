@@ -1,14 +1,19 @@
 """One filesystem layer for local paths, ``file://``, ``hdfs://`` and ``webhdfs://``.
 
 Everything goes through ``pyarrow.fs``: local paths use ``LocalFileSystem``,
-``hdfs://`` uses ``HadoopFileSystem`` over libhdfs (needs ``HADOOP_HOME`` and
-``CLASSPATH``, see ``hvdtrain env check``), and ``webhdfs://`` wraps the
-``hdfs`` package's WebHDFS client in a ``PyFileSystem`` handler. Callers see
-one API, so the local path tests exercise the same code the cluster runs.
+``webhdfs://`` wraps the ``hdfs`` package's WebHDFS client in a
+``PyFileSystem`` handler, and ``hdfs://`` uses ``HadoopFileSystem`` over
+libhdfs where this host has libhdfs (``ARROW_LIBHDFS_DIR`` or
+``HADOOP_HOME/lib/native``; see ``hvdtrain env check``), else WebHDFS at the
+NameNode HTTP address ``HADOOP_CONF_DIR`` names for it (libhdfs ships only in
+Hadoop's binary release; :mod:`hvdtrain.hadoop_conf`). So one ``hdfs://`` path
+in a config works from Spark and from Python alike. Callers see one API, so
+the local path tests exercise the same code the cluster runs.
 
 Transient errors (connection resets, timeouts) are retried with exponential
-backoff and jitter; anything else (missing file, permission) fails at once
-with the path in the message.
+backoff and jitter; a NameNode in safe mode is waited out (up to
+``RetryPolicy.safe_mode_wait``); anything else (missing file, permission)
+fails at once with the path in the message.
 
 This module owns pyarrow's Hadoop filesystem and the ``hdfs`` package.
 """
@@ -30,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from hvdtrain import hadoop_conf
 from hvdtrain.errors import DataError, EnvironmentProblem, StorageError
 from hvdtrain.webhdfs import WebHdfsHandler
 
@@ -44,6 +50,8 @@ class RetryPolicy:
     attempts: int = 5
     base_delay: float = 0.2
     max_delay: float = 10.0
+    safe_mode_wait: float = 600.0  # seconds to wait for a NameNode to leave safe mode (an admin's maintenance)
+    safe_mode_poll: float = 2.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Full-jitter exponential backoff for the given 1-based attempt."""
@@ -68,13 +76,30 @@ def is_transient(exc: BaseException) -> bool:
                                    "temporarily", "broken pipe", "retry", "unavailable", "too many open"))
 
 
+def in_safe_mode(exc: BaseException) -> bool:
+    """The NameNode refused a change because it is in safe mode (it will accept it once it leaves)."""
+    return getattr(exc, "exception", None) == "SafeModeException" or "SafeModeException" in str(exc)
+
+
 def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPolicy(),
-                 sleep: Callable[[float], None] = time.sleep, rng: Optional[random.Random] = None) -> T:
+                 sleep: Callable[[float], None] = time.sleep, rng: Optional[random.Random] = None,
+                 clock: Callable[[], float] = time.monotonic) -> T:
     rng = rng or random.Random()
-    for attempt in range(1, policy.attempts + 1):
+    safe_mode_until = None
+    attempt = 1
+    while True:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
+            if in_safe_mode(exc):
+                safe_mode_until = safe_mode_until or clock() + policy.safe_mode_wait
+                if clock() < safe_mode_until:
+                    log.warning("%s: the NameNode is in safe mode; waiting (up to %.0fs in all)", what,
+                                policy.safe_mode_wait)
+                    sleep(policy.safe_mode_poll)
+                    continue
+                raise StorageError(f"{what}: the NameNode stayed in safe mode for {policy.safe_mode_wait:.0f}s; "
+                                   "ask its admin (hdfs dfsadmin -safemode get), then rerun") from exc
             if not is_transient(exc) or attempt == policy.attempts:
                 if is_transient(exc):
                     raise StorageError(f"{what}: failed after {attempt} attempts; last error: {exc}") from exc
@@ -83,7 +108,7 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
             log.warning("%s: transient error (%s), retry %d/%d in %.1fs", what, exc, attempt,
                         policy.attempts - 1, delay)
             sleep(delay)
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 # -- resolving URIs ---------------------------------------------------------
@@ -113,6 +138,31 @@ def _webhdfs(netloc: str, user: Optional[str], tls: bool = False) -> pafs.FileSy
     return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user))
 
 
+def libhdfs_dir(env: Mapping[str, str], is_file: Callable[[str], bool] = os.path.isfile) -> Optional[str]:
+    """The folder of this host's libhdfs.so (pure, given ``is_file``), or None: then ``hdfs://`` goes over WebHDFS."""
+    home = env.get("HADOOP_HOME") or env.get("HADOOP_COMMON_HOME")
+    for folder in (env.get("ARROW_LIBHDFS_DIR"), home and os.path.join(home, "lib", "native")):
+        if folder and is_file(os.path.join(folder, "libhdfs.so")):
+            return folder
+    return None
+
+
+def _netloc(parsed: urllib.parse.ParseResult) -> str:
+    """host[:port] of a URI without its user."""
+    return f"{parsed.hostname}:{parsed.port}" if parsed.port else (parsed.hostname or "")
+
+
+@functools.lru_cache(maxsize=16)
+def _hadoop_props(conf_dir: Optional[str]) -> dict[str, str]:
+    return hadoop_conf.load(conf_dir)
+
+
+def _namenode_web(netloc: str) -> Optional[str]:
+    """The WebHDFS host:port $HADOOP_CONF_DIR names for the NameNode ``netloc`` (None: not configured)."""
+    conf_dir = os.environ.get("HADOOP_CONF_DIR")
+    return hadoop_conf.webhdfs_netloc(netloc, _hadoop_props(conf_dir)) if conf_dir else None
+
+
 # Extra schemes: name -> factory(netloc) returning a pyarrow FileSystem (tests use it to inject faults).
 _SCHEMES: dict[str, Callable[[str], pafs.FileSystem]] = {}
 
@@ -136,6 +186,9 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     parsed = urllib.parse.urlparse(uri)
     user = parsed.username or os.environ.get("HADOOP_USER_NAME")
     if parsed.scheme == "hdfs":
+        web = None if libhdfs_dir(os.environ) else _namenode_web(_netloc(parsed))
+        if web:
+            return _webhdfs(web, user), parsed.path
         return _hadoop(parsed.hostname or "", parsed.port or 0, user), parsed.path
     if parsed.scheme in ("webhdfs", "swebhdfs"):
         tls = parsed.scheme == "swebhdfs"

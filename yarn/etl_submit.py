@@ -144,7 +144,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
     cfg = config_mod.load(args.config, list(args.overrides) + flag_overrides(args, os.getcwd()))
     # The same identity, hence the same cached env archive, as training's submissions.
-    build = deps.probe_build() if not submit.is_local_master(args.master) else HorovodBuild()
+    build = submit.probe_build(args, deps) if not submit.is_local_master(args.master) else HorovodBuild()
     with submit.staged_inputs(cfg, args, deps, build, "etl") as inputs:
         plan = build_etl_plan(cfg, args.master, inputs, job_args(args), args.num_executors)
         if submit.launch(cfg, plan, inputs, args, deps, job=" of the ETL"):

@@ -79,7 +79,10 @@ def rank_record(rank: int, gpus: Sequence[str], result: Optional[dict[str, Any]]
     """What a rank returns to the driver (pure)."""
     return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "gpus": list(gpus),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "tensorflow_preloaded": tf_preloaded,
-            "code_from": code_from, "result": result, "error": error}
+            "code_from": code_from, "result": result, "error": error,
+            # set by a NodeManager for its containers: which node and container ran the rank (None off YARN)
+            "container": os.environ.get("CONTAINER_ID"),
+            "nodemanager": f"{os.environ['NM_HOST']}:{os.environ['NM_PORT']}" if "NM_PORT" in os.environ else None}
 
 
 def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:

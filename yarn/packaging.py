@@ -43,6 +43,7 @@ CODE_SUFFIXES = (".py", ".sh")
 EDITABLE_FILES = "lib/python*/site-packages/__editable__*"
 
 PackFn = Callable[[str, str], None]  # (venv prefix, output .tar.gz path)
+PACK_CACHE_ENV = "HVDTRAIN_PACK_CACHE"  # a local folder keeping packed archives by hash (opt-in)
 
 
 def project_root() -> str:
@@ -201,11 +202,8 @@ def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Option
             return planned
         log(f"env archive: not reusing {planned.uri}: {problem}; packing it again")
         fs.delete(planned.uri)
-    prefix = prefix or venv_prefix()
-    log(f"env archive: packing {prefix} (hash {planned.digest}; once per environment change) ...")
     with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
-        local = os.path.join(tmp, f"{planned.digest}.tar.gz")
-        pack(prefix, local)
+        local = _packed(planned.digest, prefix, pack, log, tmp)
         log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {planned.uri}")
         content = file_sha256(local)
         upload_once(local, planned.uri)
@@ -238,6 +236,26 @@ def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
     if digest.hexdigest() != expected:
         return f"its content hash {digest.hexdigest()[:16]} is not the recorded {expected[:16]}"
     return None
+
+
+def _packed(digest: str, prefix: Optional[str], pack: PackFn, log: Callable[[str], None], tmp: str) -> str:
+    """The packed archive's local path: from $HVDTRAIN_PACK_CACHE when set and it holds this hash (packing a
+    large venv takes minutes; a fresh cluster, e.g. the test tier's minicluster, still needs the upload), else
+    packed now (and kept there for next time)."""
+    cache = os.environ.get(PACK_CACHE_ENV)
+    cached = os.path.join(cache, f"{digest}.tar.gz") if cache else None
+    if cached and os.path.exists(cached):
+        log(f"env archive: packed earlier, {cached}")
+        return cached
+    prefix = prefix or venv_prefix()
+    log(f"env archive: packing {prefix} (hash {digest}; once per environment change) ...")
+    local = os.path.join(tmp, f"{digest}.tar.gz")
+    pack(prefix, local)
+    if cached:
+        os.makedirs(cache, exist_ok=True)
+        shutil.copyfile(local, f"{cached}.part")
+        os.replace(f"{cached}.part", cached)
+    return local
 
 
 def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> None:

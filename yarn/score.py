@@ -107,7 +107,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
     cfg = config_mod.load(args.config, list(args.overrides) + submit.flag_overrides(_as_submit(args), os.getcwd()))
     # The same identity, hence the same cached env archive, as training's submissions.
-    build = deps.probe_build() if not submit.is_local_master(args.master) else envcheck.HorovodBuild()
+    build = submit.probe_build(args, deps) if not submit.is_local_master(args.master) else envcheck.HorovodBuild()
     with submit.staged_inputs(cfg, args, deps, build, "score") as inputs:
         plan = build_score_plan(cfg, args.master, inputs, job_args(args))
         submit.launch(cfg, plan, inputs, args, deps, job=" of the scoring job")

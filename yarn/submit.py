@@ -41,6 +41,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs, secrets
+from hvdtrain import console, envcheck, fs, hadoop_conf, secrets
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
@@ -69,6 +70,7 @@ APP_ID = re.compile(r"application_\d+_\d+")
 STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")
 MASTER_HELP = "yarn (default), spark://HOST:PORT for a Spark standalone cluster, or local[N] for a local rehearsal"
 MASTERS = "yarn (the cluster), spark://HOST:PORT (a Spark standalone cluster) or local[N] (a local rehearsal)"
+RM_CONNECT_TIMEOUT = 10.0  # seconds to reach the ResourceManager before submitting
 
 # Spark settings the launcher owns, and the config field or flag that controls each.
 OWNED_CONF = {
@@ -548,9 +550,17 @@ def prepare(args: argparse.Namespace, deps: Collaborators,
     check_flags(args)
     overrides = list(getattr(args, "overrides", [])) + flag_overrides(args, os.getcwd())
     cfg = load(overrides) if load else config_mod.load(args.config, overrides)
-    build = deps.probe_build()
+    build = probe_build(args, deps)
     validate(cfg, args.master, build)
     return cfg, build
+
+
+def probe_build(args: argparse.Namespace, deps: Collaborators) -> HorovodBuild:
+    """Horovod's build facts (importing TensorFlow takes a while), after checking that a YARN submission's
+    ResourceManager answers, so that an unreachable one fails in seconds."""
+    if args.master == "yarn" and not args.dry_run:
+        check_resourcemanager(deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR"))
+    return deps.probe_build()
 
 
 @contextlib.contextmanager
@@ -583,6 +593,25 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_resourcemanager(conf_dir: Optional[str],
+                          connect: Callable[..., Any] = socket.create_connection) -> None:
+    """Fail in seconds, naming the address, when the ResourceManager does not answer (spark-submit's Hadoop
+    client would retry for 15 minutes: yarn.resourcemanager.connect.max-wait.ms)."""
+    if not conf_dir:
+        raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
+                                 "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
+    address = hadoop_conf.resourcemanager_address(hadoop_conf.load(conf_dir))
+    if address is None:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        connect((host, int(port)), timeout=RM_CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot reach the ResourceManager at {address} (yarn.resourcemanager.address in "
+                                 f"{conf_dir}/yarn-site.xml): {exc.strerror or exc}; check the cluster is up "
+                                 "(`hvdtrain cluster status` for the local one) and HADOOP_CONF_DIR") from None
 
 
 def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Namespace, deps: Collaborators,

@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrain import config, features, manifest
 from hvdtrain.data import contract
-from tests.test_tfrecord import read_with_tfrecord_package
+from tests.unit.test_tfrecord import read_with_tfrecord_package
 
 pytestmark = pytest.mark.spark
 

@@ -1,0 +1,83 @@
+"""Reading a Hadoop client configuration (``HADOOP_CONF_DIR``): which WebHDFS address serves an ``hdfs://`` URI,
+where the ResourceManager listens.
+
+Python reaches HDFS through WebHDFS (the ``hdfs`` package) unless this host has
+libhdfs (pyarrow's ``hdfs://``; it ships only in Hadoop's binary release, in no
+package registry). So that one ``hdfs://namenode:8020/path`` works from Spark
+(the JVM's own client) and from Python alike, :func:`webhdfs_netloc` maps the
+NameNode's RPC address to its HTTP address as ``hdfs-site.xml`` declares them.
+Pure functions over the parsed properties, plus :func:`load` to read the files.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ElementTree
+from typing import Mapping, Optional
+
+SITE_FILES = ("core-site.xml", "hdfs-site.xml", "yarn-site.xml")
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+DEFAULT_RPC_PORT = 8020
+
+
+def parse_site(text: str) -> dict[str, str]:
+    """name -> value of a Hadoop ``*-site.xml`` (pure)."""
+    out = {}
+    for prop in ElementTree.fromstring(text).iter("property"):
+        name, value = prop.findtext("name"), prop.findtext("value")
+        if name and value is not None:
+            out[name.strip()] = value.strip()
+    return out
+
+
+def load(conf_dir: Optional[str] = None) -> dict[str, str]:
+    """The properties of ``core-site.xml`` and ``hdfs-site.xml`` in ``conf_dir`` (default $HADOOP_CONF_DIR);
+    empty when there is none."""
+    conf_dir = conf_dir or os.environ.get("HADOOP_CONF_DIR")
+    props: dict[str, str] = {}
+    for name in SITE_FILES if conf_dir else ():
+        path = os.path.join(conf_dir, name)
+        if os.path.isfile(path):
+            with open(path) as fh:
+                props.update(parse_site(fh.read()))
+    return props
+
+
+def _same_host(a: str, b: str) -> bool:
+    return a.lower() == b.lower() or (a.lower() in LOOPBACK_NAMES and b.lower() in LOOPBACK_NAMES)
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else (address, DEFAULT_RPC_PORT)
+
+
+def webhdfs_netloc(netloc: str, props: Mapping[str, str]) -> Optional[str]:
+    """``host:port`` of the NameNode HTTP server (WebHDFS) for the NameNode ``netloc`` of an ``hdfs://`` URI
+    (pure). An empty netloc means ``fs.defaultFS``; a nameservice id (HA) maps to its first NameNode.
+    None when the configuration does not name that NameNode."""
+    if not netloc:
+        default = props.get("fs.defaultFS", "")
+        if not default.startswith("hdfs://"):
+            return None
+        netloc = default[len("hdfs://"):].split("/", 1)[0]
+    host, port = _split(netloc)
+    for key, value in props.items():
+        if not key.startswith("dfs.namenode.rpc-address"):
+            continue
+        rpc_host, rpc_port = _split(value)
+        if _same_host(rpc_host, host) and rpc_port == port:
+            return props.get(key.replace("rpc-address", "http-address", 1))
+    namenodes = props.get(f"dfs.ha.namenodes.{netloc}")
+    if namenodes:
+        return props.get(f"dfs.namenode.http-address.{netloc}.{namenodes.split(',')[0].strip()}")
+    return None
+
+
+def resourcemanager_address(props: Mapping[str, str]) -> Optional[str]:
+    """``host:port`` clients submit to (pure); None for an HA pair (its client fails over) or no yarn-site."""
+    if props.get("yarn.resourcemanager.ha.enabled", "false").lower() == "true":
+        return None
+    address = props.get("yarn.resourcemanager.address")
+    if address is None and "yarn.resourcemanager.hostname" in props:
+        address = f"{props['yarn.resourcemanager.hostname']}:8032"
+    return address

@@ -1,0 +1,114 @@
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.OutputStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.StandardCopyOption;
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+import java.util.Map;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.util.VersionInfo;
+import org.apache.hadoop.yarn.conf.YarnConfiguration;
+import org.apache.hadoop.yarn.server.MiniYARNCluster;
+import org.apache.hadoop.yarn.server.resourcemanager.ResourceManager;
+import org.apache.hadoop.yarn.webapp.WebApp;
+
+/**
+ * hvdtrain's one-JVM Hadoop (started by hvdtrain/minicluster/cluster.py, which plans every setting):
+ * MiniDFSCluster (one NameNode with WebHDFS, one DataNode) and MiniYARNCluster (one ResourceManager,
+ * N NodeManagers). MiniHadoopClusterManager (Hadoop's CLI MiniCluster) always adds MapReduce and a
+ * JobHistoryServer and cannot bind its NodeManagers to loopback, hence this launcher.
+ *
+ * args: BASE_DIR CONF_DIR READY_FILE NN_PORT NN_HTTP_PORT NODE_MANAGERS [key=value ...]
+ * Writes CONF_DIR/{core,hdfs,yarn}-site.xml, then READY_FILE (JSON) once the NodeManagers are registered
+ * and the NameNode is out of safe mode; runs until SIGTERM, whose shutdown hook stops YARN and HDFS.
+ */
+public final class HvdtrainMiniCluster {
+  public static void main(String[] args) {
+    try {
+      run(args);
+    } catch (Throwable e) {
+      e.printStackTrace();
+      System.err.println("hvdtrain-minicluster: failed: " + e);
+      System.exit(1);  // the shutdown hook stops what did start
+    }
+  }
+
+  private static void run(String[] args) throws Exception {
+    File base = new File(args[0]);
+    File confDir = new File(args[1]);
+    File ready = new File(args[2]);
+    Configuration conf = new YarnConfiguration();
+    for (int i = 6; i < args.length; i++) {
+      String[] kv = args[i].split("=", 2);
+      conf.set(kv[0], kv[1]);
+    }
+    MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
+        .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
+        .format(true).build();
+    MiniYARNCluster yarn = new MiniYARNCluster("hvdtrain", Integer.parseInt(args[5]), 1, 1);
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      yarn.stop();
+      dfs.shutdown();
+    }));
+    dfs.waitActive();
+    conf.set("fs.defaultFS", dfs.getURI().toString());
+    yarn.init(conf);
+    yarn.start();
+    if (!yarn.waitForNodeManagersToConnect(300000)) {
+      throw new IllegalStateException("the NodeManagers did not register with the ResourceManager in 300 s");
+    }
+    restartResourceManagerWebApp(yarn.getResourceManager());
+    while (dfs.getNameNode().isInSafeMode()) {
+      Thread.sleep(200);
+    }
+    Configuration all = yarn.getConfig();
+    confDir.mkdirs();
+    writeSite(all, new File(confDir, "core-site.xml"), "fs.", "hadoop.");
+    writeSite(all, new File(confDir, "hdfs-site.xml"), "dfs.");
+    writeSite(all, new File(confDir, "yarn-site.xml"), "yarn.");
+    String json = "{\"pid\": " + ProcessHandle.current().pid()
+        + ", \"hadoop_version\": \"" + VersionInfo.getVersion() + "\""
+        + ", \"fs_default\": \"" + dfs.getURI() + "\""
+        + ", \"namenode_web\": \"http://" + all.get("dfs.namenode.http-address") + "\""
+        + ", \"resourcemanager\": \"" + all.get("yarn.resourcemanager.address") + "\""
+        + ", \"resourcemanager_web\": \"http://" + all.get("yarn.resourcemanager.webapp.address") + "\""
+        + ", \"nodemanagers\": " + args[5] + "}\n";
+    File tmp = new File(ready.getPath() + ".tmp");
+    Files.write(tmp.toPath(), json.getBytes(StandardCharsets.UTF_8));
+    Files.move(tmp.toPath(), ready.toPath(), StandardCopyOption.ATOMIC_MOVE);
+    Thread.currentThread().join();
+  }
+
+  /**
+   * Guice's servlet pipeline is JVM-wide: the last web app started (a NodeManager's) answers on every port, so
+   * the ResourceManager's UI and REST API return 404. Restarting the ResourceManager's web app after the
+   * NodeManagers makes it the last one (the NodeManagers' own UIs are the ones left broken).
+   */
+  private static void restartResourceManagerWebApp(ResourceManager rm) throws Exception {
+    Field field = ResourceManager.class.getDeclaredField("webApp");
+    field.setAccessible(true);
+    ((WebApp) field.get(rm)).stop();
+    Method start = ResourceManager.class.getDeclaredMethod("startWepApp");
+    start.setAccessible(true);
+    start.invoke(rm);
+  }
+
+  /** The settings whose names start with one of the prefixes, as a Hadoop *-site.xml. */
+  private static void writeSite(Configuration all, File file, String... prefixes) throws Exception {
+    Configuration site = new Configuration(false);
+    for (Map.Entry<String, String> entry : all) {
+      for (String prefix : prefixes) {
+        if (entry.getKey().startsWith(prefix)) {
+          site.set(entry.getKey(), all.get(entry.getKey()));
+        }
+      }
+    }
+    try (OutputStream out = new FileOutputStream(file)) {
+      site.writeXml(out);
+    }
+  }
+}

@@ -1,0 +1,117 @@
+"""The one-machine Hadoop's plan (hvdtrain/minicluster) and the hdfs:// -> WebHDFS mapping (pure parts)."""
+from __future__ import annotations
+
+import socket
+
+import pyarrow.fs as pafs
+import pytest
+
+from hvdtrain import fs, hadoop_conf
+from hvdtrain.errors import EnvironmentProblem, StorageError
+from hvdtrain.minicluster import cluster
+
+HDFS_SITE = """<?xml version="1.0"?><configuration>
+<property><name>dfs.namenode.rpc-address</name><value>localhost:41000</value></property>
+<property><name>dfs.namenode.http-address</name><value>localhost:41001</value></property>
+<property><name>dfs.ha.namenodes.prod</name><value>nn1,nn2</value></property>
+<property><name>dfs.namenode.rpc-address.prod.nn1</name><value>nn1.example:8020</value></property>
+<property><name>dfs.namenode.http-address.prod.nn1</name><value>nn1.example:9870</value></property>
+</configuration>"""
+CORE_SITE = """<configuration><property><name>fs.defaultFS</name><value>hdfs://localhost:41000</value></property>
+</configuration>"""
+
+
+def test_hadoop_version_follows_pysparks_client_jar():
+    assert cluster.hadoop_version_of(["spark-core_2.13-4.0.1.jar", "hadoop-client-api-3.4.1.jar",
+                                      "hadoop-client-runtime-3.4.1.jar"]) == "3.4.1"
+    assert cluster.hadoop_version_of(["parquet-hadoop-1.15.2.jar"]) is None
+    assert cluster.pyspark_hadoop_version() == "3.4.1"  # the installed pyspark 4.0.x
+
+
+def test_every_address_is_loopback_and_the_nodemanagers_fit_an_am_and_two_executors(tmp_path):
+    spec = cluster.ClusterSpec(home=str(tmp_path))
+    ports = cluster.Ports(1, 2, 3, 4, 5, 6, 7)
+    settings = cluster.hadoop_settings(spec, ports)
+    addresses = {k: v for k, v in settings.items() if k.endswith("address")}
+    assert len(addresses) == 8 and all(v.startswith("127.0.0.1:") for v in addresses.values())
+    assert settings["yarn.resourcemanager.address"] == "127.0.0.1:3"
+    assert settings["yarn.resourcemanager.webapp.address"] == "127.0.0.1:7"
+    assert int(settings["yarn.nodemanager.resource.memory-mb"]) * spec.nodemanagers >= 3 * 2048
+    cmd = cluster.java_command("java", "CP", spec, ports)
+    assert cmd[:6] == ["java", "-Xmx1536m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", "CP"]
+    assert cmd[6:12] == ["HvdtrainMiniCluster", str(tmp_path / "data"), spec.conf_dir, spec.ready_file, "1", "2"]
+    assert cmd[12] == "2" and "yarn.resourcemanager.hostname=127.0.0.1" in cmd
+    assert spec.heap_mb <= 3072
+
+
+def test_wrapper_maps_subcommands_to_hadoops_cli_classes():
+    script = cluster.wrapper_script("/usr/bin/java", "C:L/*", "/c", cluster.YARN_CLIS, "yarn")
+    assert "application) cls=org.apache.hadoop.yarn.client.cli.ApplicationCLI; ;;" in script  # keeps "application"
+    assert "node) cls=org.apache.hadoop.yarn.client.cli.NodeCLI; shift; ;;" in script
+    assert script.endswith('exec "/usr/bin/java" -Xmx256m -cp "/c:C:L/*" "$cls" "$@"\n')
+
+
+def test_missing_tools_and_taken_ports_are_one_line():
+    with pytest.raises(EnvironmentProblem, match=r"needs javac, mvn on PATH"):
+        cluster.require_tools(lambda tool: "/usr/bin/java" if tool == "java" else None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        with pytest.raises(EnvironmentProblem, match=f"port 127.0.0.1:{taken} \\(the namenode http\\) is taken"):
+            cluster.choose_ports(cluster.Ports(namenode_http=taken))
+    chosen = cluster.choose_ports(cluster.Ports(namenode=0))
+    assert len(set(vars(chosen).values())) == 7 and 0 not in vars(chosen).values()
+
+
+def test_maven_error_quotes_mavens_own_lines():
+    out = ("[INFO] Scanning\n[ERROR] Failed to execute goal ... Could not resolve dependencies: "
+           "Could not transfer artifact x:y:1 from central: status code: 403\n[ERROR] \n[ERROR] -> [Help 1]\n")
+    assert cluster.maven_error(out).startswith("[ERROR] Failed to execute goal ... Could not resolve")
+
+
+def test_hdfs_uri_maps_to_the_namenodes_webhdfs_address():
+    props = {**hadoop_conf.parse_site(HDFS_SITE), **hadoop_conf.parse_site(CORE_SITE)}
+    assert hadoop_conf.webhdfs_netloc("localhost:41000", props) == "localhost:41001"
+    assert hadoop_conf.webhdfs_netloc("127.0.0.1:41000", props) == "localhost:41001"  # loopback names agree
+    assert hadoop_conf.webhdfs_netloc("", props) == "localhost:41001"  # hdfs:///path: fs.defaultFS
+    assert hadoop_conf.webhdfs_netloc("prod", props) == "nn1.example:9870"  # an HA nameservice
+    assert hadoop_conf.webhdfs_netloc("nn1.example:8020", props) == "nn1.example:9870"
+    assert hadoop_conf.webhdfs_netloc("other:8020", props) is None
+
+
+def test_resolve_sends_hdfs_to_webhdfs_without_libhdfs(tmp_path, monkeypatch):
+    (tmp_path / "hdfs-site.xml").write_text(HDFS_SITE)
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    for name in ("ARROW_LIBHDFS_DIR", "HADOOP_HOME", "HADOOP_COMMON_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    filesystem, path = fs.resolve("hdfs://localhost:41000/data/x")
+    assert isinstance(filesystem, pafs.PyFileSystem) and path == "/data/x"
+    assert filesystem.handler.url == "http://localhost:41001"
+    assert fs.libhdfs_dir({"ARROW_LIBHDFS_DIR": "/opt/h"}, lambda p: p == "/opt/h/libhdfs.so") == "/opt/h"
+    assert fs.libhdfs_dir({"HADOOP_HOME": "/opt/hadoop"}, lambda p: False) is None
+
+
+class SafeMode(Exception):
+    exception = "SafeModeException"
+
+
+def test_safe_mode_is_waited_out_then_named():
+    now, calls, sleeps = [0.0], [], []
+
+    def fn():
+        calls.append(1)
+        if len(calls) < 4:
+            raise SafeMode("Cannot create file. Name node is in safe mode.")
+        return "ok"
+
+    def sleep(s):
+        sleeps.append(s)
+        now[0] += s
+
+    policy = fs.RetryPolicy(safe_mode_wait=30.0, safe_mode_poll=2.0)
+    assert fs.with_retries(fn, "write x", policy, sleep=sleep, clock=lambda: now[0]) == "ok"
+    assert sleeps == [2.0, 2.0, 2.0]  # no attempt used up: safe mode is not a failure
+    with pytest.raises(StorageError, match="write x: the NameNode stayed in safe mode for 30s"):
+        fs.with_retries(lambda: (_ for _ in ()).throw(SafeMode("safe mode")), "write x", policy, sleep=sleep,
+                        clock=lambda: now[0])
