@@ -29,12 +29,13 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
-from etl import faults, publish, session, sources, split as split_mod, tabular, text, validate, writer
+from etl import faults, publish, session, sources, tabular, text, validate, writer
+from etl import split as split_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -214,7 +215,7 @@ def _versions() -> dict[str, str]:
 def _clean(uri: str) -> None:
     try:
         fs.delete(uri)
-    except Exception as exc:  # noqa: BLE001 - clean-up must not hide the real error
+    except ANY_ERROR as exc:  # clean-up must not hide the real error
         log.warning("could not remove %s: %s", uri, exc)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from etl import drift
 from hvdtrain.config import JobConfig
 from hvdtrain.features import cardinalities, feature_specs, fill_values, transform  # noqa: F401
-from etl import drift
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:

@@ -15,12 +15,10 @@ import subprocess
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
+from hvdtrain import checkpoint, console, envcheck, fs, manifest, supervise, timeline, tune
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, tune
+from hvdtrain.errors import EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed, UsageError
 from hvdtrain.launch import child_env, etl_command, score_command, score_flags, train_command
-from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, HvdtrainError, StepFailed,
-                             UsageError)
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 

@@ -266,7 +266,7 @@ def _pump(pipe: IO[bytes], name: str, lines: "queue.Queue[Optional[tuple[str, by
 def _stop(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=10)
-    except BaseException:  # noqa: BLE001 - a second Ctrl-C, or a child that ignores SIGINT
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # a child that ignores SIGINT, or a second Ctrl-C
         proc.kill()
         proc.wait()
 

@@ -39,6 +39,14 @@ EXIT_CODES: dict[int, str] = {
     130: "interrupted",
 }
 
+# Broad exception handlers (docs/lint.md). Where catching everything is the point -- tracking, monitoring and
+# Kerberos renewal never break training, clean-up never hides the real error, a background thread hands its
+# failure to the thread that waits on it, one failed benchmark group does not hide the others -- the handler says
+# so by catching one of these names, and reports what it caught (a warning, an error handed on or re-raised
+# elsewhere). Anywhere else ruff's BLE001 rejects `except Exception` / `except BaseException`: name the errors.
+ANY_ERROR = Exception
+ANY_FAILURE = BaseException  # only for a background thread that hands even SystemExit to its waiter
+
 
 class HvdtrainError(Exception):
     """A mistake the user can act on (config, data, paths, environment).

@@ -42,12 +42,12 @@ import numpy as np
 
 from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
-from hvdtrain.training.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
-from hvdtrain.errors import DataError, StorageError
+from hvdtrain.errors import ANY_ERROR, DataError, StorageError
+from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluation import scalar_metrics
-from hvdtrain.training.hooks import EarlyStopper, Hook
 from hvdtrain.training.events import EpochStats, LoopState, Start
+from hvdtrain.training.hooks import EarlyStopper, Hook
 
 log = logging.getLogger("hvdtrain.train")
 FORMAT = 1
@@ -343,7 +343,7 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
             found = _load(cfg, now)
         except DataError as exc:
             error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
-        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+        except Exception as exc:  # raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
@@ -405,7 +405,7 @@ def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankIn
             if resumed.plan.optimizer_shift:  # another layout: the schedule moves with the layout step
                 iterations = int(to_numpy([optimizer.iterations])[0])
                 optimizer.iterations.assign(max(0, iterations + resumed.plan.optimizer_shift))
-        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+        except ANY_ERROR as exc:  # raised on every rank below: rank 0 alone must not fail
             error = str(exc) if isinstance(exc, DataError) else (
                 f"restoring checkpoint {resumed.uri} failed: {type(exc).__name__}: {exc}")
     error = distributed.broadcast_object(error, name="hvdtrain.resume.apply")

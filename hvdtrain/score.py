@@ -37,9 +37,9 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import fs
+from hvdtrain import fs, tracking
+from hvdtrain import manifest as manifest_lib
 from hvdtrain.errors import DataError
-from hvdtrain import manifest as manifest_lib, tracking
 from hvdtrain.features import FeatureEncoder
 
 try:

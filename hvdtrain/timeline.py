@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from hvdtrain import distributed
 from hvdtrain.errors import DataError
-from hvdtrain.training.hooks import Hook
 from hvdtrain.training.events import StepInfo
+from hvdtrain.training.hooks import Hook
 
 log = logging.getLogger("hvdtrain.train")
 FILENAME = "horovod_timeline.json"

@@ -63,7 +63,8 @@ from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 from hvdtrain.manifest import Manifest
 from hvdtrain.schedules import scaled_learning_rate
-from hvdtrain.training import runtime, steps as steps_lib
+from hvdtrain.training import runtime
+from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.assemble import Observed, Restored, training_hooks
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_splits

@@ -44,9 +44,8 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from hvdtrain import config as config_lib
-from hvdtrain import fs, launch
-from hvdtrain.errors import ConfigError, HvdtrainError
-from hvdtrain import plots, tracking
+from hvdtrain import fs, launch, plots, tracking
+from hvdtrain.errors import ANY_ERROR, ConfigError, HvdtrainError
 
 log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
@@ -322,7 +321,7 @@ class TrialReporter:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, tune_cfg.trial)
             self.trial = optuna.trial.Trial(study, trial_id)
             self.last_epoch = int(attrs.get("epochs", 0))
-        except Exception as exc:  # noqa: BLE001 - the study's storage never stops training
+        except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
                         tune_cfg.trial, tune_cfg.study, tune_cfg.storage, type(exc).__name__, exc)
 
@@ -340,7 +339,7 @@ class TrialReporter:
         except optuna.exceptions.UpdateFinishedTrialError:
             log.warning("trial %d is no longer running in the study (its driver failed it); stopping", self.number)
             return True
-        except Exception as exc:  # noqa: BLE001 - the study's storage never stops training
+        except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("reporting epoch %d to the study failed (%s: %s); training goes on", epoch,
                         type(exc).__name__, exc)
             return False
@@ -457,7 +456,7 @@ class Driver:
         result_path = fs.join(trial_folder(self.cfg, trial.number), "model", "result.json")
         try:
             result = json.loads(fs.read_bytes(result_path)) if code == 0 else {}
-        except Exception:  # noqa: BLE001 - a trial without outputs has no run to tag
+        except (HvdtrainError, OSError, ValueError):  # no or unreadable result.json: a trial without outputs has no run to tag
             result = {}
         run_id = result.get("run_id")
         if result.get("mlflow_model_uri"):
@@ -624,7 +623,7 @@ def _plot(cfg: config_lib.JobConfig, records: Sequence[Mapping[str, Any]], metri
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return plots.trial_curves_png(curves, path, metric, f"study {cfg.tune.study}: {metric} by epoch")
-    except Exception as exc:  # noqa: BLE001 - a chart is not worth failing a study for
+    except ANY_ERROR as exc:  # a chart is not worth failing a study for
         log.warning("could not draw %s (%s: %s)", path, type(exc).__name__, exc)
         return None
 

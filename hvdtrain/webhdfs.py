@@ -16,7 +16,6 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-
 _ERRORS = {"FileNotFoundException": FileNotFoundError, "AccessControlException": PermissionError}
 
 

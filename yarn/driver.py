@@ -29,8 +29,8 @@ import json  # noqa: E402
 import logging  # noqa: E402
 from typing import Any, Optional, Sequence  # noqa: E402
 
-from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
+from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
 from yarn import executor
@@ -70,9 +70,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome]:
     """Start Spark, run the ranks (relaunched inside this application after a restartable failure, up to
     ``fault.max_restarts`` times), stop Spark; returns the last try's rank records and the outcome."""
-    from pyspark.sql import SparkSession
-
     import horovod.spark
+    from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -26,10 +26,9 @@ import socket
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
-from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
-from hvdtrain import cpus, fs  # no TensorFlow import either
 import hvdtrain
-from hvdtrain import config, distributed
+from hvdtrain import config, cpus, distributed, fs  # no TensorFlow import either
+from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 from hvdtrain.errors import HvdtrainError
 
 

@@ -14,10 +14,12 @@ from typing import Any, Iterator, Optional
 
 import keras
 
-from hvdtrain import breakdown, config as config_lib, distributed, monitoring, progress, resume
-from hvdtrain import timeline as timeline_lib, tune
+from hvdtrain import breakdown, distributed, monitoring, progress, resume, tune
+from hvdtrain import config as config_lib
+from hvdtrain import timeline as timeline_lib
 from hvdtrain.errors import ConfigError, EnvironmentProblem
-from hvdtrain.training import hooks, steps as steps_lib
+from hvdtrain.training import hooks
+from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_split
 from hvdtrain.training.hooks import EarlyStopper

@@ -28,8 +28,16 @@ from typing import Iterator
 import pytest
 
 from hvdtrain import config, fs, manifest
-from tests.multiprocess.test_yarn_local import (REPO, assert_trained, read_records, records_uri, run_submit, submit_command,
-                                   submit_env, write_job)
+from tests.multiprocess.test_yarn_local import (
+    REPO,
+    assert_trained,
+    read_records,
+    records_uri,
+    run_submit,
+    submit_command,
+    submit_env,
+    write_job,
+)
 
 pytestmark = pytest.mark.hadoop
 

@@ -19,8 +19,8 @@ import pytest
 
 from benchmarks import kill_drill
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.support import mp
 from tests.multiprocess.test_train_mp import _assert_complete, _env, _job, _outputs
+from tests.support import mp
 
 pytestmark = pytest.mark.multihost
 

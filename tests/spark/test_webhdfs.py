@@ -101,8 +101,8 @@ def test_checkpoints_publish_verify_and_restore(server):
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_training_stream_staged_from_webhdfs_equals_the_local_one(server, tmp_path, compression):
-    m = make_text_dataset(os.path.join(server.root, "data", "ds"), TextSpec(layout=Layout(n_per_split=48,
-                                                                                          shards_per_split=4, compression=compression), max_length=6))
+    layout = Layout(n_per_split=48, shards_per_split=4, compression=compression)
+    m = make_text_dataset(os.path.join(server.root, "data", "ds"), TextSpec(layout=layout, max_length=6))
     remote = dataclasses.replace(m, location=server.uri("/data/ds/manifest.json"))
     stage = tmp_path / "stage"
     stage.mkdir()
