@@ -6,7 +6,7 @@ the same expressions, so the two distributions are comparable bin for bin.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hvdtrain import drift as drift_lib
 from hvdtrain.config import JobConfig
@@ -37,20 +37,21 @@ def _category_bucket(col: str, known: Sequence[str]) -> Any:
     return expr.otherwise(len(known))
 
 
-def bin_counts(df: Any, numeric: dict[str, Sequence[float]], categorical: dict[str, Sequence[str]]
+def bin_counts(df: Any, numeric: Mapping[str, Sequence[float]], categorical: Mapping[str, Sequence[str]]
                ) -> dict[str, dict[str, list[int]]]:
     """Rows per bin of every column, in one aggregation over ``df``."""
     from pyspark.sql import functions as F
 
-    aggs, names = [], []
-    for kind, cols, bucket, width in (
-            ("numeric", numeric, _numeric_bucket, lambda edges: len(edges) + 2),
-            ("categorical", categorical, _category_bucket, lambda known: len(known) + 2)):
+    aggs: list[Any] = []
+    names: list[tuple[str, str, int]] = []  # (kind, column, bins)
+    groups: list[tuple[str, Mapping[str, Sequence[Any]], Callable[[str, Any], Any]]] = [
+        ("numeric", numeric, _numeric_bucket), ("categorical", categorical, _category_bucket)]
+    for kind, cols, bucket in groups:
         for col, spec in cols.items():
-            b = bucket(col, spec)
-            for i in range(width(spec)):
+            b, width = bucket(col, spec), len(spec) + 2  # edges or known values, plus two bins
+            for i in range(width):
                 aggs.append(F.sum(F.when(b == i, 1).otherwise(0)).alias(f"b{len(names)}_{i}"))
-            names.append((kind, col, width(spec)))
+            names.append((kind, col, width))
     out: dict[str, dict[str, list[int]]] = {"numeric": {}, "categorical": {}}
     if not aggs:
         return out

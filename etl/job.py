@@ -35,7 +35,7 @@ from etl.fitted import Fitted
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
-from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError
+from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -263,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         report = run(spark, cfg)
     except HvdtrainError as exc:
         if spark_log:
-            exc.add_note(console.spark_log_note(spark_log))
+            add_note(exc, console.spark_log_note(spark_log))
         return console.report_error(exc, "etl")
     print(summary_table(report))
     return 0

@@ -53,8 +53,9 @@ def read(spark: Any, cfg: JobConfig) -> Any:
 
 def _read_files(spark: Any, cfg: JobConfig) -> Any:
     src = cfg.source
-    if not fs.exists(src.path):
-        raise DataError(f"source.path {src.path} does not exist")
+    path = src.path  # set when source.table is not (SourceConfig checks)
+    if path is None or not fs.exists(path):
+        raise DataError(f"source.path {path} does not exist")
     reader = spark.read.format(src.format)
     if src.format in ("csv", "json"):
         # Malformed lines are kept in _corrupt_record and quarantined, not dropped or fatal.
@@ -66,7 +67,7 @@ def _read_files(spark: Any, cfg: JobConfig) -> Any:
         if src.format in ("csv", "json"):
             schema += f", {CORRUPT} STRING"
         reader = reader.schema(schema)
-    df = reader.load(fs.spark_path(src.path))
+    df = reader.load(fs.spark_path(path))
     if CORRUPT in df.columns:
         df = df.cache()  # Spark refuses queries on raw files that use only the corrupt-record column
     return df

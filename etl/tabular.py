@@ -11,7 +11,7 @@ unknown bucket (missing, unseen, or rarer than the top ``max_categories``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from etl import drift
 from hvdtrain.config import JobConfig
@@ -23,7 +23,7 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     src, etl = cfg.source, cfg.etl
-    numeric: dict[str, dict[str, float]] = {}
+    numeric: dict[str, dict[str, Optional[float]]] = {}  # None: no non-null value in the column
     if src.numeric_columns:
         aggs = []
         for c in src.numeric_columns:

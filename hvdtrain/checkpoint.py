@@ -108,7 +108,7 @@ def pack_parts(arrays: dict[str, np.ndarray]) -> list[memoryview]:
         data = np.asarray(array)
         data = data if data.flags.c_contiguous else data.copy(order="C")  # keeps 0-d arrays 0-d
         header.append({"name": name, "dtype": data.dtype.str, "shape": list(data.shape), "offset": offset})
-        parts.append(memoryview(data.reshape(-1)).cast("B"))
+        parts.append(data.reshape(-1).data.cast("B"))  # ndarray.data: the memoryview of its buffer
         offset += data.nbytes
     head = json.dumps(header).encode()
     return [memoryview(_MAGIC + len(head).to_bytes(8, "little") + head), *parts]

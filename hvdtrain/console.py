@@ -277,7 +277,7 @@ def failure(outcome: Outcome, what: str) -> errors.HvdtrainError:
         exc = errors.StepFailed(outcome.error.get("message", f"{what} failed"),
                                 int(outcome.error.get("code", errors.StepFailed.exit_code)))
         for note in outcome.error.get("notes", ()):
-            exc.add_note(note)
+            errors.add_note(exc, note)
         return exc
     if outcome.rank_exit is not None:
         rank, code = outcome.rank_exit

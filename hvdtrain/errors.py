@@ -21,6 +21,8 @@ code  meaning
 """
 from __future__ import annotations
 
+import sys
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
@@ -119,3 +121,11 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     return EXIT_UNEXPECTED
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (no ``add_note``): there hvdtrain's console reads ``__notes__``."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]

@@ -57,7 +57,7 @@ class TextOptions:
 
 
 def _normalizer(opts: TextOptions) -> normalizers.Normalizer:
-    steps = [normalizers.NFKC()] if opts.nfkc else []
+    steps: list[normalizers.Normalizer] = [normalizers.NFKC()] if opts.nfkc else []
     # BertNormalizer(clean_text) drops control characters and maps whitespace to spaces.
     steps.append(normalizers.BertNormalizer(clean_text=opts.strip_control_chars, handle_chinese_chars=True,
                                             strip_accents=False, lowercase=opts.lowercase))

@@ -218,6 +218,11 @@ class SaveTiming:
     bytes: int  # model, optimizer and RNG state written (rank 0; 0 on the others, which only send)
 
 
+def _layout_step(state: LoopState) -> int:
+    """The state's layout step (``LoopState`` sets it to the global step when it was not given)."""
+    return state.step if state.layout_step is None else state.layout_step
+
+
 class Checkpointer(Hook):
     """The hook that saves checkpoints when :func:`checkpoint.save_due` says so (a collective)."""
 
@@ -235,7 +240,7 @@ class Checkpointer(Hook):
     def due(self, state: LoopState) -> bool:
         if not self.cfg.enabled:
             return False
-        return checkpoint.save_due(state.layout_step, self.ctx.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
+        return checkpoint.save_due(_layout_step(state), self.ctx.steps, self.cfg.every_steps, self.cfg.at_epoch_end)
 
     def after_step(self, state: LoopState) -> None:
         if not self.due(state):
@@ -276,7 +281,7 @@ class Checkpointer(Hook):
                 "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
                 "stopped": state.stopped, "run_id": self.ctx.run_id,
                 "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                "step_offset": state.step - state.layout_step, **self.ctx.layout}
+                "step_offset": state.step - _layout_step(state), **self.ctx.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""

@@ -173,10 +173,10 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     if stopper is None:
         return model, history, None
     restore = stopper.restore_best(model, len(history))
-    if restore:  # the same decision on every rank; rank 0 holds the best weights (even after a resume)
-        distributed.broadcast_state(model, optimizer)
+    if restore and stopper.decision is not None:  # restore implies a decision; the same on every rank, and
+        distributed.broadcast_state(model, optimizer)  # rank 0 holds the best weights (even after a resume)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
-                 stopping.metric)
+                 stopper.cfg.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
 
 

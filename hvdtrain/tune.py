@@ -77,8 +77,15 @@ class Param:
         """The values that must all make a valid config: both ends of a range, every choice."""
         if self.kind == "choice":
             return list(self.choices)
+        low, high = self.bounds()
         cast = int if self.kind == "int" else float  # as the sampler gives them: uniform on an int key is an error
-        return [cast(self.low), cast(self.high)]
+        return [cast(low), cast(high)]
+
+    def bounds(self) -> tuple[float, float]:
+        """A range's ``[low, high]`` (``param`` sets both for every kind but ``choice``)."""
+        if self.low is None or self.high is None:
+            raise ConfigError(f"tune.params.{self.key}", self.kind, "needs [low, high]")
+        return self.low, self.high
 
 
 def parse_space(doc: Any, where: str, cfg: config_lib.JobConfig) -> list[Param]:
@@ -313,6 +320,8 @@ class TrialReporter:
         self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
         try:
             optuna = _quiet_optuna()
+            if tune_cfg.storage is None:  # the study's driver always passes tune.storage to its trials
+                raise ConfigError("tune.storage", None, "a trial needs the study's storage")
             storage = optuna.storages.RDBStorage(tune_cfg.storage, engine_kwargs=engine_kwargs(tune_cfg.storage))
             study_id = storage.get_study_id_from_name(tune_cfg.study)
             attrs = storage.get_study_user_attrs(study_id)
@@ -417,9 +426,10 @@ class Driver:
             picked = trial.suggest_categorical(param.key, list(param.choices) if scalar
                                                else [json.dumps(v) for v in param.choices])
             return picked if scalar else json.loads(picked)
+        low, high = param.bounds()
         if param.kind == "int":
-            return trial.suggest_int(param.key, int(param.low), int(param.high))
-        return trial.suggest_float(param.key, float(param.low), float(param.high), log=param.kind == "loguniform")
+            return trial.suggest_int(param.key, int(low), int(high))
+        return trial.suggest_float(param.key, float(low), float(high), log=param.kind == "loguniform")
 
     def __call__(self, trial: Any) -> float:
         """Optuna's objective: run the trial as a training job, then read what it reported."""

@@ -27,7 +27,7 @@ def _remote_errors(path: str):
     try:
         yield
     except HdfsError as exc:
-        kind = _ERRORS.get(getattr(exc, "exception", None))
+        kind = _ERRORS.get(getattr(exc, "exception", None) or "")
         if kind is None:
             raise
         raise kind(f"{path}: {exc}") from exc

@@ -27,7 +27,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+from typing import Any, Mapping, Optional, Sequence  # noqa: E402
 
 from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
 from hvdtrain import config as config_mod  # noqa: E402
@@ -78,7 +78,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     print(f"hvdtrain: Spark application {spark.sparkContext.applicationId}: {args.num_proc} ranks", flush=True)
     last: dict[str, list[dict[str, Any]]] = {"records": []}
 
-    def once(env: dict[str, str]) -> tuple[int, str]:
+    def once(env: Mapping[str, str]) -> tuple[int, str]:
         try:
             last["records"] = horovod.spark.run(
                 executor.run_rank, args=(cfg.to_dict(),), num_proc=args.num_proc, start_timeout=args.start_timeout,

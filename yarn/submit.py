@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain import config as config_mod
 from hvdtrain import console, envcheck, fs
@@ -229,7 +229,7 @@ def cluster_args(cfg: JobConfig, local: bool, inputs: Inputs) -> list[str]:
     """spark-submit's queue, Kerberos login, memory, cores and shipped environment (pure; shared with yarn.score)."""
     y = cfg.yarn
     argv = ["--queue", y.queue] if y.queue and not local else []
-    if y.principal:
+    if y.principal and y.keytab:  # set together (YarnConfig checks)
         argv += ["--principal", y.principal, "--keytab", y.keytab]
     argv += ["--driver-memory", y.driver_memory]
     if not local:
@@ -377,7 +377,7 @@ class Submission:
             reader.join(timeout=5)
         return self.returncode
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         still_running = self.proc is not None and self.proc.poll() is None
         if exc_type is not None or self.returncode not in (0, None) or still_running:
             self.release()
@@ -385,7 +385,7 @@ class Submission:
 
     def release(self) -> None:
         actions = release_actions(self.plan, self.app_id, self.proc is not None and self.proc.poll() is None)
-        if ReleaseAction.KILL_APP in actions:
+        if ReleaseAction.KILL_APP in actions and self.app_id:  # KILL_APP means an application id is known
             cmd = kill_command(self.app_id)
             result = self._run(cmd)
             status = "killed" if result.returncode == 0 else f"could not be killed ({result.output.strip()[:200]})"

@@ -106,7 +106,7 @@ def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hoo
     cfg, rank = ctx.cfg, ctx.rank
     out: list[hooks.Hook] = []
     exporter, recorder = _metrics_exporter(ctx, observed)
-    if exporter is not None:
+    if exporter is not None and recorder is not None:  # both or neither
         out.append(recorder)
     if cfg.monitoring.step_breakdown:
         out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
