@@ -26,7 +26,8 @@ DUPLICATE = "duplicate_key"
 class Rule:
     name: str
     column: str  # whose value is shown in the rejects
-    fails: Callable[[], Any]  # builds a Column that is true when a row breaks the rule
+    fails: Callable[..., Any]  # called with no arguments (its defaults bind loop values): builds a Column that is
+    # true when a row breaks the rule
 
 
 @dataclass

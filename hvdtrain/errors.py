@@ -128,4 +128,4 @@ def add_note(exc: BaseException, note: str) -> None:
     if sys.version_info >= (3, 11):
         exc.add_note(note)
     else:
-        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]  # 3.11+ in typeshed
