@@ -1,5 +1,6 @@
 # make demo   create the environment if missing, run the main job on embedded defaults
 # make test   create the environment if missing, run every test tier
+# make lint   ruff (lint + import order) and mypy on hvdtrain, etl, yarn (config in pyproject.toml)
 # make bench  benchmarks (ratios against in-run baselines)
 # make bench-gpu  GPU benchmarks (NCCL, mixed precision, scaling); stops with one line without a GPU
 PYTHON ?= python3
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.hvdtrain-env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-m 'not e2e'"
 PYTEST_ARGS ?=
 
-.PHONY: env demo test bench bench-gpu clean check-build
+.PHONY: env demo lint test bench bench-gpu clean check-build
 env: $(STAMP)
 
 $(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
@@ -18,6 +19,10 @@ $(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches
 
 demo: $(STAMP)
 	$(VENV)/bin/hvdtrain demo configs/demo.yaml
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -32,4 +37,4 @@ check-build: $(STAMP)
 	$(VENV)/bin/horovodrun --check-build
 
 clean:
-	rm -rf work .pytest_cache
+	rm -rf work .pytest_cache .mypy_cache .ruff_cache

@@ -61,6 +61,10 @@ setup(
             "mock>=4,<6",
             "parameterized>=0.8,<0.10",
             "py-spy>=0.3.14,<0.5",  # profiling the training step (benchmarks/README.md, "The step")
+            # make lint (config in pyproject.toml); tested with ruff 0.17.6, mypy 1.20.2, types-PyYAML 6.0.12
+            "ruff>=0.17,<0.18",
+            "mypy>=1.20,<1.21",
+            "types-PyYAML>=6,<7",
         ],
     },
     entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},

@@ -12,7 +12,6 @@ from benchmarks.bench_allreduce import memcpy_gbps
 from benchmarks.common import Entry
 from benchmarks.launch import horovodrun, plain, plain_many
 
-
 QUICK_MODEL = {True: ["--width", "128"], False: []}  # --quick (the suite's smoke run): a narrow model
 
 

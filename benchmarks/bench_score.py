@@ -261,7 +261,8 @@ def spread(name: str, n: int, times: list[float]) -> dict[str, list[float]]:
 
 
 def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: list, reps: int) -> Entry:
-    from hvdtrain import config, score as score_lib, tracking
+    from hvdtrain import config, tracking
+    from hvdtrain import score as score_lib
     from hvdtrain.features import FeatureEncoder
 
     cfg = config.from_dict({"name": "benchscore", "workdir": tmp, "tracking": {"uri": os.path.join(tmp, "mlflow")}})

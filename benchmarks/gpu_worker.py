@@ -49,8 +49,9 @@ def train(dataset: str, precision: str, steps: int) -> dict:
     import tensorflow as tf
 
     from hvdtrain import config, data, distributed, manifest
-    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
+    from hvdtrain.training import state
+    from hvdtrain.training import steps as steps_lib
 
     rank = distributed.init()
     m = manifest.read(dataset)

@@ -109,8 +109,8 @@ class Report:
 def make_dataset(drill: Drill) -> None:
     from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
-    make_text_dataset(drill.data_dir, TextSpec(layout=Layout(n_per_split={"train": drill.train_records,
-                                                                          "validation": 64, "test": 64}, shards_per_split=4), class_rate=0.35, seed=21))
+    layout = Layout(n_per_split={"train": drill.train_records, "validation": 64, "test": 64}, shards_per_split=4)
+    make_text_dataset(drill.data_dir, TextSpec(layout=layout, class_rate=0.35, seed=21))
     drill.steps_per_epoch = drill.train_records // (drill.batch_size * drill.launch.np)
 
 

@@ -32,8 +32,9 @@ def main() -> None:
     args = p.parse_args()
 
     from hvdtrain import breakdown, config, data, distributed, manifest, monitoring
-    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
+    from hvdtrain.training import state
+    from hvdtrain.training import steps as steps_lib
     from hvdtrain.training.events import LoopPlan
     from hvdtrain.training.loop import fit
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 from benchmarks.train_worker import BATCH, MODELS, WARMUP, bench_config
+from hvdtrain.errors import ANY_ERROR
 
 
 def _try_fit(strategy, model, ds, inputs) -> str:
@@ -32,7 +33,7 @@ def _try_fit(strategy, model, ds, inputs) -> str:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     try:
         model.fit(strategy.experimental_distribute_dataset(xy), steps_per_epoch=1, epochs=1, verbose=0)
-    except Exception as exc:  # noqa: BLE001 - the failure is the finding: report it
+    except ANY_ERROR as exc:  # the failure is the finding: report it
         msg = " ".join(str(exc).split())  # the message embeds the whole batch: keep its head and its tail
         return f"model.fit failed: {type(exc).__name__}: {msg[:70]} ... {msg[-110:]}"
     return "model.fit on the distributed dataset ran one step"
@@ -59,8 +60,9 @@ def main() -> None:
     task, size = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
 
     from hvdtrain import config, data, manifest
-    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
+    from hvdtrain.training import state
+    from hvdtrain.training import steps as steps_lib
 
     m = manifest.read(args.dataset)
     cfg = config.from_dict(bench_config(args.dataset, args.model))

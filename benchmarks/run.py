@@ -18,6 +18,7 @@ import time
 import traceback
 
 from benchmarks.common import Entry, markdown_table, write_reports
+from hvdtrain.errors import ANY_ERROR
 
 GROUPS = {
     "etl": "benchmarks.bench_etl",
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             module = importlib.import_module(GROUPS[group])
             entries += module.run(args.quick, extra)
-        except Exception:  # noqa: BLE001 - one broken group must not hide the others' figures
+        except ANY_ERROR:  # one broken group must not hide the others' figures
             extra["errors"][group] = traceback.format_exc()
             print(f"[bench] {group} failed:\n{extra['errors'][group]}", file=sys.stderr)
         extra["seconds"][group] = round(time.perf_counter() - start, 1)

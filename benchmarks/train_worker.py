@@ -87,8 +87,9 @@ def main() -> None:
     import keras
 
     from hvdtrain import config, data, distributed, manifest
-    from hvdtrain.training import state, steps as steps_lib
     from hvdtrain.data import contract
+    from hvdtrain.training import state
+    from hvdtrain.training import steps as steps_lib
 
     rank = distributed.init() if args.mode == "hvd" else distributed.RankInfo(0, 1, 0, 1, "localhost", "single")
     m = manifest.read(args.dataset)

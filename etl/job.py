@@ -30,13 +30,14 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hvdtrain
-from etl import faults, labels as label_mod, publish, session, sources, split as split_mod, tabular, text, validate
-from etl import writer
+from etl import faults, publish, session, sources, tabular, text, validate, writer
+from etl import labels as label_mod
+from etl import split as split_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -236,7 +237,7 @@ def _versions() -> dict[str, str]:
 def _clean(uri: str) -> None:
     try:
         fs.delete(uri)
-    except Exception as exc:  # noqa: BLE001 - clean-up must not hide the real error
+    except ANY_ERROR as exc:  # clean-up must not hide the real error
         log.warning("could not remove %s: %s", uri, exc)
 
 
@@ -286,7 +287,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         report = run(spark, cfg)
     except HvdtrainError as exc:
         if spark_log:
-            exc.add_note(console.spark_log_note(spark_log))
+            add_note(exc, console.spark_log_note(spark_log))
         return console.report_error(exc, "etl")
     print(summary_table(report))
     return 0

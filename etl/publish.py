@@ -24,12 +24,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from etl import accounting, writer
+from etl import accounting, sample, sources, tabular, text, writer
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
 from hvdtrain import fs, manifest, tasks
 from hvdtrain.config import SPLITS, JobConfig
-from etl import sample, sources, tabular, text
+from hvdtrain.errors import ANY_ERROR
 
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
 
@@ -208,7 +208,7 @@ def _still_old(plan: PublishPlan) -> bool:
     """Whether readers get a manifest other than the plan's (False when that cannot be told: keep everything)."""
     try:
         return manifest.read(plan.output).digest() != plan.manifest.digest()
-    except Exception:  # noqa: BLE001 - storage trouble: the next publish cleans up
+    except ANY_ERROR:  # storage trouble: the next publish cleans up
         return False
 
 

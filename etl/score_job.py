@@ -34,11 +34,14 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from etl import drift as drift_mod
+from etl import session, sources
+from etl import split as split_mod
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, score as score_lib, secrets
+from hvdtrain import console, fs, secrets
+from hvdtrain import score as score_lib
 from hvdtrain.config import JobConfig, parse_partition
-from hvdtrain.errors import DataError, HvdtrainError, StorageError
-from etl import drift as drift_mod, session, sources, split as split_mod
+from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
 
 log = logging.getLogger("hvdtrain.score")
 REPORT_NAME = "score_report.json"
@@ -231,7 +234,7 @@ def _restore(spark: Any, target: Target, switched: list[tuple[str, Optional[str]
     for table, old in reversed(switched):
         try:
             point_partition(spark, table, target, old, exists=True)
-        except Exception as exc:  # noqa: BLE001 - reported below with the run folder kept
+        except ANY_ERROR as exc:  # reported below with the run folder kept
             raise PublishRolledBackFailed(
                 f"publishing partition ({target.spec()}) failed ({type(cause).__name__}: {cause}) and putting "
                 f"{table} back at {old} failed too ({type(exc).__name__}: {exc}); {run_dir} is kept: point the "
@@ -270,7 +273,7 @@ def drop_replaced(old: Optional[str], new_run: str, table_root: str, part_folder
     try:
         if fs.exists(folder):
             fs.delete(folder)
-    except Exception as exc:  # noqa: BLE001 - the new rows are published; a leftover folder only wastes space
+    except ANY_ERROR as exc:  # the new rows are published; a leftover folder only wastes space
         log.warning("could not delete the replaced partition folder %s: %s", old, exc)
 
 
@@ -397,7 +400,7 @@ def _delete_quietly(location: str) -> None:
     try:
         if fs.exists(fs_uri(location)):
             fs.delete(fs_uri(location))
-    except Exception as exc:  # noqa: BLE001 - clean-up must not hide the real error
+    except ANY_ERROR as exc:  # clean-up must not hide the real error
         log.warning("could not remove %s: %s", location, exc)
 
 
@@ -414,7 +417,8 @@ def summary_table(report: dict[str, Any]) -> str:
              f"{'rejected':<22}{report['rejected']:>12,}  -> {report['rejects_table']} ({part})"]
     for reason, n in report["rejects_by_reason"].items():
         lines.append(f"{'  ' + reason:<22}{n:>12,}")
-    lines.append(f"{'model loads':<22}{report['model_loads']:>12,}  (in {report['tasks']:,} tasks, {report['arrow_batches']:,} Arrow batches)")
+    lines.append(f"{'model loads':<22}{report['model_loads']:>12,}  "
+                 f"(in {report['tasks']:,} tasks, {report['arrow_batches']:,} Arrow batches)")
     lines.append(f"model: {report['model']['uri']} (manifest {report['model']['manifest_digest']})")
     lines.append("drift: " + ("; ".join(report["drift"]["alerts"]) if report["drift"]["drifted"] else "none"))
     if report.get("evaluation"):

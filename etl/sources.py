@@ -54,8 +54,9 @@ def read(spark: Any, cfg: JobConfig) -> Any:
 
 def _read_files(spark: Any, cfg: JobConfig) -> Any:
     src = cfg.source
-    if not fs.exists(src.path):
-        raise DataError(f"source.path {src.path} does not exist: fix source.path (a file or folder of "
+    path = src.path  # set when source.table is not (SourceConfig checks)
+    if path is None or not fs.exists(path):
+        raise DataError(f"source.path {path} does not exist: fix source.path (a file or folder of "
                         f"{src.format} files) or point source.table at a Hive table")
     reader = spark.read.format(src.format)
     if src.format in ("csv", "json"):
@@ -68,7 +69,7 @@ def _read_files(spark: Any, cfg: JobConfig) -> Any:
         if src.format in ("csv", "json"):
             schema += f", {CORRUPT} STRING"
         reader = reader.schema(schema)
-    df = reader.load(fs.spark_path(src.path))
+    df = reader.load(fs.spark_path(path))
     if CORRUPT in df.columns:
         df = df.cache()  # Spark refuses queries on raw files that use only the corrupt-record column
     return df

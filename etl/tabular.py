@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from etl import drift, stats
 from hvdtrain.config import JobConfig
 from hvdtrain.features import HASH, cardinalities, feature_specs, fill_values, transform  # noqa: F401
-from etl import drift, stats
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:

@@ -2,5 +2,15 @@
 
 Re-exported here so the ETL's Spark side keeps one import path.
 """
-from hvdtrain.features import (PAD, SPECIAL_TOKENS, UNK, TextOptions, base, encode, from_vocab,  # noqa: F401
-                               learn_vocab, vocab_lines, words)
+from hvdtrain.features import (  # noqa: F401 - re-exported for etl callers
+    PAD,
+    SPECIAL_TOKENS,
+    UNK,
+    TextOptions,
+    base,
+    encode,
+    from_vocab,
+    learn_vocab,
+    vocab_lines,
+    words,
+)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from etl import faults
-from etl.accounting import LABEL_UNKNOWN, RowCounts
+from etl.accounting import RowCounts
 from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError
@@ -26,7 +26,8 @@ DUPLICATE = "duplicate_key"
 class Rule:
     name: str
     column: str  # whose value is shown in the rejects
-    fails: Callable[[], Any]  # builds a Column that is true when a row breaks the rule
+    fails: Callable[..., Any]  # called with no arguments (its defaults bind loop values): builds a Column that is
+    # true when a row breaks the rule
 
 
 @dataclass
@@ -96,7 +97,7 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     def col(name: str) -> Any:
         return F.col(f"`{roles.get(name, name)}`")
 
-    out = []
+    out: list[Rule] = []
     if has_corrupt:
         out.append(Rule("malformed_record", CORRUPT, lambda: F.col(CORRUPT).isNotNull()))
     has_text = cfg.source.text_column is not None
@@ -107,8 +108,9 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     out.append(Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")))
     if has_text and v.text_min_chars > 1:
         out.append(Rule("text_too_short", "text", lambda: F.char_length(F.trim("text")) < v.text_min_chars))
-    if has_text and v.text_max_chars is not None:
-        out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > v.text_max_chars))
+    max_chars = v.text_max_chars
+    if has_text and max_chars is not None:
+        out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > max_chars))
     for c in cfg.source.numeric_columns:
         if c not in v.ranges:  # a range rule brings its own type and finiteness checks
             out.append(Rule(f"type:{c}", c, lambda c=c: F.col(f"`{c}`").isNotNull()

@@ -17,10 +17,9 @@ import json
 import os
 import socket
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
 
 FEATURES, CLASSES, SAMPLES = 20, 3, 2048
 

@@ -14,10 +14,9 @@ import hashlib
 import json
 import os
 
+import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow.keras as hvd
 
 FEATURES, CLASSES, SAMPLES = 20, 3, 4096
 

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import distributed
-from hvdtrain.training.hooks import Hook
 from hvdtrain.training.events import LoopState, StepInfo
+from hvdtrain.training.hooks import Hook
 
 log = logging.getLogger("hvdtrain.train")
 PHASES = ("data_wait", "compute", "allreduce", "checkpoint", "other")

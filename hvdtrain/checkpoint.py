@@ -4,8 +4,8 @@ Layout: ``<dir>/ckpt-<step>/`` holding ``state.bin`` (every variable as a
 named array in one buffer: model weights, optimizer slots and step counter, per-rank RNG
 states), ``meta.json`` (step, epoch, input position, metrics, config hash),
 then ``checksums.json`` (CRC32C of both: hardware-accelerated, it catches torn
-and corrupted writes at disk speed), then an empty ``COMMIT`` marker, written last. A folder without ``COMMIT``, or whose files do not match their
-checksums, is not a checkpoint: readers skip it with a warning naming it.
+and corrupted writes at disk speed), then an empty ``COMMIT`` marker, written last.
+A folder without ``COMMIT``, or whose files do not match their checksums, is not a checkpoint: readers skip it with a warning naming it.
 
 Rank 0 snapshots the state to local staging (fast), and a background thread
 publishes it to the checkpoint folder (local, ``hdfs://``, ``webhdfs://``)
@@ -31,7 +31,7 @@ import google_crc32c
 import numpy as np
 
 from hvdtrain import fs
-from hvdtrain.errors import DataError, StorageError
+from hvdtrain.errors import ANY_ERROR, ANY_FAILURE, DataError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def pack_parts(arrays: dict[str, np.ndarray]) -> list[memoryview]:
         data = np.asarray(array)
         data = data if data.flags.c_contiguous else data.copy(order="C")  # keeps 0-d arrays 0-d
         header.append({"name": name, "dtype": data.dtype.str, "shape": list(data.shape), "offset": offset})
-        parts.append(memoryview(data.reshape(-1)).cast("B"))
+        parts.append(data.reshape(-1).data.cast("B"))  # ndarray.data: the memoryview of its buffer
         offset += data.nbytes
     head = json.dumps(header).encode()
     return [memoryview(_MAGIC + len(head).to_bytes(8, "little") + head), *parts]
@@ -316,14 +316,14 @@ class CheckpointWriter:
         try:
             self._publish_fn(staging, dest)
             self.published.append(dest)
-        except BaseException as exc:  # noqa: BLE001 - raised in the training thread by wait()
+        except ANY_FAILURE as exc:  # raised in the training thread by wait()
             self._error = exc
             return
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         try:
             self.prune()
-        except Exception as exc:  # noqa: BLE001 - the new checkpoint is safe; old ones just stay a while
+        except ANY_ERROR as exc:  # the new checkpoint is safe; old ones just stay a while
             self.prune_failures += 1
             log.warning("checkpoint %s is published, but pruning older checkpoints under %s failed (%s: %s); "
                         "they stay until a later save prunes them, or delete them by hand", dest, self.root,

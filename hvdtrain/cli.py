@@ -18,13 +18,42 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from hvdtrain import checkpoint, envcheck, manifest, supervise, timeline
+from hvdtrain import (
+    checkpoint,
+    console,
+    elastic_plan,
+    envcheck,
+    fs,
+    keras3_check,
+    manifest,
+    secrets,
+    supervise,
+    tasks,
+    tensorboard,
+    timeline,
+    tune,
+)
 from hvdtrain import config as config_mod
-from hvdtrain import console, elastic_plan, fs, keras3_check, manifest, secrets, tasks, tensorboard, tune
-from hvdtrain.launch import (child_env, etl_command, horovod_command, horovodrun, score_command, score_flags,
-                             train_command)
-from hvdtrain.errors import (EXIT_CODES, EXIT_INTERRUPTED, ConfigError, DataError, EnvironmentProblem, HvdtrainError,
-                             StepFailed, UsageError)
+from hvdtrain.errors import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    ConfigError,
+    DataError,
+    EnvironmentProblem,
+    HvdtrainError,
+    StepFailed,
+    UsageError,
+    add_note,
+)
+from hvdtrain.launch import (
+    child_env,
+    etl_command,
+    horovod_command,
+    horovodrun,
+    score_command,
+    score_flags,
+    train_command,
+)
 from hvdtrain.minicluster import cluster as minicluster
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
@@ -47,7 +76,7 @@ def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console
     if outcome.returncode != 0:
         exc = console.failure(outcome, what)
         if spark_log and outcome.error is None and os.path.exists(spark_log):  # it crashed before saying so
-            exc.add_note(console.spark_log_note(spark_log))
+            add_note(exc, console.spark_log_note(spark_log))
         raise exc
     return outcome
 
@@ -63,6 +92,7 @@ def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.O
     if tries[-1].error is not None:  # a rank said what was wrong (a config, data or environment error)
         raise console.failure(tries[-1], "training")
     failure = outcome.failure
+    assert failure is not None  # run_with_restarts classifies every non-zero exit
     code = failure.code if failure.code in EXIT_CODES and failure.code != 0 else StepFailed.exit_code
     raise StepFailed(f"training failed after {len(outcome.restarts)} restart(s): {failure.cause}"
                      f"{f' on rank {failure.rank}' if failure.rank is not None else ''}"

@@ -883,7 +883,7 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, dotted)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a config block's class
         return _build(tp, value if value is not None else {}, dotted)
     if origin is Literal:
         if value not in args:
@@ -921,9 +921,7 @@ def has_scheme(path: str) -> bool:
 
 
 def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
-    def resolve(value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return None
+    def expand(value: str) -> str:
         value = value.replace("{name}", cfg.name)
         if "{workdir}" in value:
             value = value.replace("{workdir}", cfg.workdir)
@@ -931,7 +929,10 @@ def _resolve_paths(cfg: JobConfig, base_dir: str) -> JobConfig:
             return value
         return os.path.normpath(os.path.join(base_dir, value))
 
-    cfg.workdir = resolve(cfg.workdir)  # first: the other paths expand {workdir}
+    def resolve(value: Optional[str]) -> Optional[str]:
+        return None if value is None else expand(value)
+
+    cfg.workdir = expand(cfg.workdir)  # first: the other paths expand {workdir}
     for dotted in path_fields():
         if dotted == "workdir":
             continue

@@ -266,7 +266,7 @@ def _pump(pipe: IO[bytes], name: str, lines: "queue.Queue[Optional[tuple[str, by
 def _stop(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=10)
-    except BaseException:  # noqa: BLE001 - a second Ctrl-C, or a child that ignores SIGINT
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # a child that ignores SIGINT, or a second Ctrl-C
         proc.kill()
         proc.wait()
 
@@ -277,7 +277,7 @@ def failure(outcome: Outcome, what: str) -> errors.HvdtrainError:
         exc = errors.StepFailed(outcome.error.get("message", f"{what} failed"),
                                 int(outcome.error.get("code", errors.StepFailed.exit_code)))
         for note in outcome.error.get("notes", ()):
-            exc.add_note(note)
+            errors.add_note(exc, note)
         return exc
     if outcome.rank_exit is not None:
         rank, code = outcome.rank_exit

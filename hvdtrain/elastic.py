@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -42,13 +41,14 @@ import tensorflow as tf
 from hvdtrain import config as config_lib
 from hvdtrain import console, data, distributed, fs
 from hvdtrain import train as train_lib
-from hvdtrain.training import evaluation, runtime, steps as steps_lib
-from hvdtrain.training.reports import weights_digest
-from hvdtrain.training.state import build_state
 from hvdtrain.config import JobConfig
 from hvdtrain.data import plan as data_plan
 from hvdtrain.elastic_plan import gradient_scale, virtual_ranks
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.training import evaluation, runtime
+from hvdtrain.training import steps as steps_lib
+from hvdtrain.training.reports import weights_digest
+from hvdtrain.training.state import build_state
 
 log = logging.getLogger("hvdtrain.elastic")
 

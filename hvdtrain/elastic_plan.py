@@ -35,5 +35,6 @@ def horovodrun_command(horovodrun: str, config_path: str, overrides: Sequence[st
             "--host-discovery-script", discovery, "--blacklist-cooldown-range", str(low), str(high), "--gloo",
             # A rank joining after a reset starts a process (TensorFlow import, data plan) while the others wait
             # in the rendezvous: Gloo's default 30 s aborted the survivors on a loaded host.
-            "--gloo-timeout-seconds", str(start_timeout), "--start-timeout", str(start_timeout), sys.executable, "-m", "hvdtrain.elastic", config_path,
+            "--gloo-timeout-seconds", str(start_timeout), "--start-timeout", str(start_timeout),
+            sys.executable, "-m", "hvdtrain.elastic", config_path,
             *overrides]

@@ -21,6 +21,8 @@ code  meaning
 """
 from __future__ import annotations
 
+import sys
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
@@ -38,6 +40,14 @@ EXIT_CODES: dict[int, str] = {
     75: "a rank stalled",
     130: "interrupted",
 }
+
+# Broad exception handlers (docs/lint.md). Where catching everything is the point -- tracking, monitoring and
+# Kerberos renewal never break training, clean-up never hides the real error, a background thread hands its
+# failure to the thread that waits on it, one failed benchmark group does not hide the others -- the handler says
+# so by catching one of these names, and reports what it caught (a warning, an error handed on or re-raised
+# elsewhere). Anywhere else ruff's BLE001 rejects `except Exception` / `except BaseException`: name the errors.
+ANY_ERROR = Exception
+ANY_FAILURE = BaseException  # only for a background thread that hands even SystemExit to its waiter
 
 
 class HvdtrainError(Exception):
@@ -111,3 +121,11 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     return EXIT_UNEXPECTED
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (no ``add_note``): there hvdtrain's console reads ``__notes__``."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]  # 3.11+ in typeshed

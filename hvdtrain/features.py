@@ -26,10 +26,9 @@ Labels: names to class indexes in the manifest's order.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
-
-import hashlib
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -62,7 +61,7 @@ class TextOptions:
 
 
 def _normalizer(opts: TextOptions) -> normalizers.Normalizer:
-    steps = [normalizers.NFKC()] if opts.nfkc else []
+    steps: list[normalizers.Normalizer] = [normalizers.NFKC()] if opts.nfkc else []
     # BertNormalizer(clean_text) drops control characters and maps whitespace to spaces.
     steps.append(normalizers.BertNormalizer(clean_text=opts.strip_control_chars, handle_chinese_chars=True,
                                             strip_accents=False, lowercase=opts.lowercase))

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from hvdtrain import hadoop_conf
-from hvdtrain.errors import DataError, EnvironmentProblem, StorageError
+from hvdtrain.errors import ANY_ERROR, DataError, EnvironmentProblem, StorageError
 from hvdtrain.webhdfs import WebHdfsHandler
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
     while True:
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except ANY_ERROR as exc:  # classified below
             if in_safe_mode(exc):
                 safe_mode_until = safe_mode_until or clock() + policy.safe_mode_wait
                 if clock() < safe_mode_until:
@@ -331,10 +331,10 @@ def _rename(fs: pafs.FileSystem, src: str, dst: str, rename: Callable[[str, str]
     its answer was lost (a dropped connection, a retried RPC whose first try succeeded): that is success."""
     try:
         rename(src, dst)
-    except Exception as exc:  # noqa: BLE001 - re-raised unless the rename visibly took effect
+    except Exception as exc:  # re-raised unless the rename visibly took effect
         try:
             src_info, dst_info = fs.get_file_info([src, dst])
-        except Exception:  # noqa: BLE001 - cannot tell: the rename's own error is the one to report
+        except ANY_ERROR:  # cannot tell: the rename's own error is the one to report
             raise exc from None
         if src_info.type != pafs.FileType.NotFound or dst_info.type == pafs.FileType.NotFound:
             raise
@@ -360,7 +360,7 @@ def discard(uri: str, leftover: str = "delete it by hand") -> None:
     try:
         if exists(uri):
             delete(uri)
-    except Exception as exc:  # noqa: BLE001 - a leftover folder is not worth failing over
+    except ANY_ERROR as exc:  # a leftover folder is not worth failing over
         log.warning("could not delete %s (%s); %s", uri, exc, leftover)
 
 
@@ -443,7 +443,7 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
     except BaseException:
         try:
             delete(tmp)
-        except Exception:  # noqa: BLE001 - best-effort clean-up, the first error matters
+        except ANY_ERROR:  # best-effort clean-up, the first error matters
             pass
         raise
 

@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from hvdtrain.errors import ANY_ERROR
+
 log = logging.getLogger("hvdtrain.kerberos")
 
 # MIT klist prints dates in the locale's short format; these are the common ones (C/POSIX locale first).
@@ -140,7 +142,7 @@ class Renewer:
         while not self._stop.wait(self._every):
             try:
                 self.check()
-            except Exception as exc:  # noqa: BLE001 - renewal must never break training
+            except ANY_ERROR as exc:  # renewal must never break training
                 log.warning("Kerberos renewal check failed: %s", exc)
 
     def __enter__(self) -> "Renewer":

@@ -32,7 +32,7 @@ import keras
 from keras import layers, ops
 
 from hvdtrain.config import ModelConfig
-from hvdtrain.errors import ConfigError
+from hvdtrain.errors import ANY_ERROR, ConfigError
 
 if TYPE_CHECKING:
     from hvdtrain.data.contract import InputShape
@@ -146,7 +146,7 @@ def load_builder(path: str, code_dir: Optional[str] = None) -> Builder:
     module_name, _, func_name = path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's import is a config problem to report
+    except ANY_ERROR as exc:  # any failure of the user's import is a config problem to report
         where = f"model.code={code_dir} or " if code_dir else ""
         raise ConfigError("model.builder", path, f"does not import ({type(exc).__name__}: {exc}); put the module "
                           f"on {where}PYTHONPATH (or set model.code to its folder) and check its name") from None

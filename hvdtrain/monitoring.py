@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from hvdtrain.errors import EnvironmentProblem
-from hvdtrain.training.hooks import Hook
+from hvdtrain.errors import ANY_ERROR, EnvironmentProblem
 from hvdtrain.training.events import LoopState, StepInfo
+from hvdtrain.training.hooks import Hook
 
 log = logging.getLogger("hvdtrain.train")
 
@@ -138,7 +138,7 @@ class Metrics:
         def safe() -> float:
             try:
                 return float(fn())
-            except Exception:  # noqa: BLE001 - a metric must never break a scrape or the writer
+            except ANY_ERROR:  # a metric must never break a scrape or the writer
                 return math.nan
 
         self._m[name].set_function(safe)
@@ -192,7 +192,7 @@ class Exporter:
             self._before_write()
             write_to_textfile(self.path, self.metrics.registry)
             self.writes += 1
-        except Exception as exc:  # noqa: BLE001 - monitoring never stops training
+        except ANY_ERROR as exc:  # monitoring never stops training
             if not self._warned:
                 log.warning("writing metrics to %s failed (%s: %s); training goes on", self.path,
                             type(exc).__name__, exc)

@@ -42,12 +42,12 @@ import numpy as np
 
 from hvdtrain import checkpoint, distributed
 from hvdtrain.config import CheckpointConfig, JobConfig
-from hvdtrain.training.context import TrainContext
 from hvdtrain.data.pipeline import INPUT_ORDER
-from hvdtrain.errors import DataError, StorageError
+from hvdtrain.errors import ANY_ERROR, DataError, StorageError
+from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluation import scalar_metrics
-from hvdtrain.training.hooks import EarlyStopper, Hook
 from hvdtrain.training.events import EpochStats, LoopState, Start
+from hvdtrain.training.hooks import EarlyStopper, Hook
 
 log = logging.getLogger("hvdtrain.train")
 FORMAT = 1
@@ -218,6 +218,11 @@ class SaveTiming:
     bytes: int  # model, optimizer and RNG state written (rank 0; 0 on the others, which only send)
 
 
+def _layout_step(state: LoopState) -> int:
+    """The state's layout step (``LoopState`` sets it to the global step when it was not given)."""
+    return state.step if state.layout_step is None else state.layout_step
+
+
 class Checkpointer(Hook):
     """The hook that saves checkpoints when :func:`checkpoint.save_due` says so (a collective)."""
 
@@ -280,7 +285,7 @@ class Checkpointer(Hook):
                 "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
                 "stopped": state.stopped, "run_id": self.ctx.run_id,
                 "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                "step_offset": state.step - state.layout_step, **self.ctx.layout}
+                "step_offset": state.step - _layout_step(state), **self.ctx.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
@@ -347,7 +352,7 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
             found = _load(cfg, now) if cfg.resume != "never" else refuse_used_dir(cfg)
         except DataError as exc:
             error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
-        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+        except Exception as exc:  # raised on every rank below: rank 0 alone must not fail
             log.exception("reading checkpoint.dir %s failed", cfg.dir)
             error = (f"reading checkpoint.dir {cfg.dir} to resume from failed: {type(exc).__name__}: {exc}; "
                      "check the path and its permissions, or set checkpoint.resume=never")
@@ -420,7 +425,7 @@ def apply(resumed: Resumed, model: Any, optimizer: Any, rank: distributed.RankIn
             if resumed.plan.optimizer_shift:  # another layout: the schedule moves with the layout step
                 iterations = int(to_numpy([optimizer.iterations])[0])
                 optimizer.iterations.assign(max(0, iterations + resumed.plan.optimizer_shift))
-        except Exception as exc:  # noqa: BLE001 - raised on every rank below: rank 0 alone must not fail
+        except ANY_ERROR as exc:  # raised on every rank below: rank 0 alone must not fail
             error = str(exc) if isinstance(exc, DataError) else (
                 f"restoring checkpoint {resumed.uri} failed: {type(exc).__name__}: {exc}")
     error = distributed.broadcast_object(error, name="hvdtrain.resume.apply")

@@ -37,9 +37,9 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import fs
+from hvdtrain import fs, tracking
+from hvdtrain import manifest as manifest_lib
 from hvdtrain.errors import DataError
-from hvdtrain import manifest as manifest_lib, tracking
 from hvdtrain.features import FeatureEncoder
 
 try:
@@ -311,8 +311,9 @@ def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counter
         out[name] = column
     for c in spec.extra_columns:
         out[c] = _column(list(ordered(c)))
-    out["reject_reason"] = _column([None] * len(good) + [reasons[i] for i in bad_idx])
-    out["reject_input"] = _column([None] * len(good) + [_input_json(frame, i, spec) for i in bad_idx])
+    none: list[Optional[str]] = [None] * len(good)  # the good rows come first, unrejected
+    out["reject_reason"] = _column(none + [reasons[i] for i in bad_idx])
+    out["reject_input"] = _column(none + [_input_json(frame, int(i), spec) for i in bad_idx])
     if counters is not None:
         counters.count(rows_in=len(frame), scored=len(good), rejected=n_bad)
     return out

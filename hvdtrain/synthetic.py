@@ -141,7 +141,7 @@ def _write_splits(root: str, make_rows: Callable[[int], dict[str, np.ndarray]], 
         keys = [f"{split}-{i:06d}".encode() for i in range(sum(sizes))]
         shards, start = [], 0
         for i, n in enumerate(sizes):
-            part = {name: values[start:start + n] for name, values in table.items()}
+            part: dict[str, Any] = {name: values[start:start + n] for name, values in table.items()}
             part["key"] = keys[start:start + n]
             shards.append(_write_shard(root, f"{split}/part-{i:05d}.tfrecord", part, labels, layout.compression,
                                         encodings))

@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hvdtrain import fs
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import ANY_ERROR, UsageError
 from hvdtrain.training.events import EpochStats, LoopState, StepInfo
 from hvdtrain.training.hooks import Hook
 
@@ -105,7 +105,7 @@ class Writer:
             elif kind == "publish":
                 writer.flush()
                 self._publish()
-        except Exception as exc:  # noqa: BLE001 - TensorBoard never breaks training
+        except ANY_ERROR as exc:  # TensorBoard never breaks training
             log.warning("TensorBoard: %s failed (%s: %s); training goes on", kind, type(exc).__name__, exc)
 
     def _publish(self) -> None:
@@ -115,7 +115,7 @@ class Writer:
             for name in sorted(os.listdir(self.local)):
                 fs.copy_from_local(os.path.join(self.local, name), fs.join(self.remote, name))
             self.published += 1
-        except Exception as exc:  # noqa: BLE001 - the next publish tries again
+        except ANY_ERROR as exc:  # the next publish tries again
             log.warning("TensorBoard: publishing to %s failed (%s: %s); training goes on", self.remote,
                         type(exc).__name__, exc)
 
@@ -210,7 +210,7 @@ def start_hook(local: str, train_output: str, every_steps: int, world_size: int,
     remote = output_dir(train_output)
     try:
         prepare(local, remote, resume_step)
-    except Exception as exc:  # noqa: BLE001 - TensorBoard never breaks training
+    except ANY_ERROR as exc:  # TensorBoard never breaks training
         log.warning("TensorBoard: could not prepare %s (%s: %s); training goes on without it", remote,
                     type(exc).__name__, exc)
         return None
@@ -218,7 +218,7 @@ def start_hook(local: str, train_output: str, every_steps: int, world_size: int,
     if graph is not None and resume_step == 0:
         try:
             writer.put("graph", None, graph())
-        except Exception as exc:  # noqa: BLE001 - a model that does not trace still trains
+        except ANY_ERROR as exc:  # a model that does not trace still trains
             log.warning("TensorBoard: the model graph could not be traced (%s: %s)", type(exc).__name__, exc)
     return TensorBoardHook(writer, every_steps, world_size, learning_rate, saved_step)
 

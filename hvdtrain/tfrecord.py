@@ -10,7 +10,9 @@ independent ``tfrecord`` package.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import operator
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -136,7 +138,7 @@ def _raw(ragged: Ragged) -> _Message:
 
 
 def _join(messages: Sequence[_Message]) -> _Message:
-    return _Message([p for m in messages for p in m.pieces], sum(m.lengths for m in messages))
+    return _Message([p for m in messages for p in m.pieces], functools.reduce(operator.add, (m.lengths for m in messages)))
 
 
 def _delimited(field_number: int, inner: _Message) -> _Message:

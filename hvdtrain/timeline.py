@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from hvdtrain import distributed
 from hvdtrain.errors import DataError
-from hvdtrain.training.hooks import Hook
 from hvdtrain.training.events import StepInfo
+from hvdtrain.training.hooks import Hook
 
 log = logging.getLogger("hvdtrain.train")
 FILENAME = "horovod_timeline.json"
@@ -170,7 +170,7 @@ def step_queues(events: list[dict[str, Any]], op: str = "ALLREDUCE") -> list[Ste
     out = []
     for k in range(steps):
         starts = {name: spans[k][0] for name, spans in negotiations.items()}
-        first, last = min(starts, key=starts.get), max(starts, key=starts.get)
+        first, last = min(starts, key=starts.__getitem__), max(starts, key=starts.__getitem__)
         began = [spans[k][0] for spans in transfers.values() if len(spans) > k]
         lead = starts[last] - min(began) if began else float("-inf")
         out.append(StepQueue(first, last, starts[last] - starts[first], lead))

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from hvdtrain import secrets
 from hvdtrain.config import JobConfig, has_scheme
-from hvdtrain.errors import DataError
+from hvdtrain.errors import ANY_ERROR, DataError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,7 +164,7 @@ class Tracker:
             self.progress(what)
             try:
                 result = fn()
-            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            except ANY_ERROR as exc:  # tracking must never stop training
                 if not self._failed(what, exc):
                     return None
                 self._sleep(max(0.0, self._next_try - self._clock()))
@@ -275,7 +275,7 @@ class Tracker:
             values, step, ms = self._pending[0]
             try:
                 self._log_batch(values, step, ms)
-            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            except ANY_ERROR as exc:  # tracking must never stop training
                 if not self._failed("log_metrics", exc) or not wait:
                     return
                 continue
@@ -464,7 +464,7 @@ def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = "
         for artifact in ("labels.json", "tokenizer.json"):
             try:
                 mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=local)
-            except Exception:  # noqa: BLE001 - tokenizer.json is absent for tabular models (checked by the caller)
+            except ANY_ERROR:  # tokenizer.json is absent for tabular models (checked by the caller)
                 continue
     except (ValueError, mlflow.exceptions.MlflowException) as exc:
         raise DataError(f"--model {ref}: {str(exc).splitlines()[0]} (tracking store {store.tracking_uri}); pass "
@@ -519,7 +519,7 @@ class StudyRun:
             return None
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - tracking never stops the study
+        except ANY_ERROR as exc:  # tracking never stops the study
             log.warning("MLflow %s for the study failed (%s: %s); the study goes on", what, type(exc).__name__,
                         str(exc).splitlines()[0] if str(exc) else "")
             return None

@@ -57,14 +57,15 @@ from typing import Any, Optional, Sequence
 import keras
 
 from hvdtrain import config as config_lib
-from hvdtrain import tasks as tasks_lib
 from hvdtrain import console, data, distributed, fs, resume, secrets, supervise, tracking, watchdog
 from hvdtrain import manifest as manifest_lib
+from hvdtrain import tasks as tasks_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError, HvdtrainError
 from hvdtrain.manifest import Manifest
 from hvdtrain.schedules import scaled_learning_rate
-from hvdtrain.training import runtime, steps as steps_lib
+from hvdtrain.training import runtime
+from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.assemble import Observed, Restored, training_hooks
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_splits, task_head
@@ -179,10 +180,10 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     if stopper is None:
         return model, history, None
     restore = stopper.restore_best(model, len(history))
-    if restore:  # the same decision on every rank; rank 0 holds the best weights (even after a resume)
-        distributed.broadcast_state(model, optimizer)
+    if restore and stopper.decision is not None:  # restore implies a decision; the same on every rank, and
+        distributed.broadcast_state(model, optimizer)  # rank 0 holds the best weights (even after a resume)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
-                 stopping.metric)
+                 stopper.cfg.metric)
     return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
 
 

@@ -44,9 +44,8 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from hvdtrain import config as config_lib
-from hvdtrain import fs, launch, secrets, tasks
-from hvdtrain.errors import ConfigError, HvdtrainError
-from hvdtrain import plots, tracking
+from hvdtrain import fs, launch, plots, secrets, tasks, tracking
+from hvdtrain.errors import ANY_ERROR, ConfigError, HvdtrainError
 
 log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
@@ -80,8 +79,15 @@ class Param:
         """The values that must all make a valid config: both ends of a range, every choice."""
         if self.kind == "choice":
             return list(self.choices)
+        low, high = self.bounds()
         cast = int if self.kind == "int" else float  # as the sampler gives them: uniform on an int key is an error
-        return [cast(self.low), cast(self.high)]
+        return [cast(low), cast(high)]
+
+    def bounds(self) -> tuple[float, float]:
+        """A range's ``[low, high]`` (``param`` sets both for every kind but ``choice``)."""
+        if self.low is None or self.high is None:
+            raise ConfigError(f"tune.params.{self.key}", self.kind, "needs [low, high]")
+        return self.low, self.high
 
 
 def parse_space(doc: Any, where: str, cfg: config_lib.JobConfig) -> list[Param]:
@@ -333,7 +339,7 @@ class TrialReporter:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, tune_cfg.trial)
             self.trial = optuna.trial.Trial(study, trial_id)
             self.last_epoch = int(attrs.get("epochs", 0))
-        except Exception as exc:  # noqa: BLE001 - the study's storage never stops training
+        except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
                         tune_cfg.trial, tune_cfg.study, secrets.redact_url(tune_cfg.storage),
                         type(exc).__name__, secrets.redact_text(str(exc)))
@@ -352,7 +358,7 @@ class TrialReporter:
         except optuna.exceptions.UpdateFinishedTrialError:
             log.warning("trial %d is no longer running in the study (its driver failed it); stopping", self.number)
             return True
-        except Exception as exc:  # noqa: BLE001 - the study's storage never stops training
+        except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("reporting epoch %d to the study failed (%s: %s); training goes on", epoch,
                         type(exc).__name__, exc)
             return False
@@ -430,9 +436,10 @@ class Driver:
             picked = trial.suggest_categorical(param.key, list(param.choices) if scalar
                                                else [json.dumps(v) for v in param.choices])
             return picked if scalar else json.loads(picked)
+        low, high = param.bounds()
         if param.kind == "int":
-            return trial.suggest_int(param.key, int(param.low), int(param.high))
-        return trial.suggest_float(param.key, float(param.low), float(param.high), log=param.kind == "loguniform")
+            return trial.suggest_int(param.key, int(low), int(high))
+        return trial.suggest_float(param.key, float(low), float(high), log=param.kind == "loguniform")
 
     def __call__(self, trial: Any) -> float:
         """Optuna's objective: run the trial as a training job, then read what it reported."""
@@ -469,7 +476,7 @@ class Driver:
         result_path = fs.join(trial_folder(self.cfg, trial.number), "model", "result.json")
         try:
             result = json.loads(fs.read_bytes(result_path)) if code == 0 else {}
-        except Exception:  # noqa: BLE001 - a trial without outputs has no run to tag
+        except (HvdtrainError, OSError, ValueError):  # no or unreadable result.json: a trial without outputs has no run to tag
             result = {}
         run_id = result.get("run_id")
         if result.get("mlflow_model_uri"):
@@ -640,7 +647,7 @@ def _plot(cfg: config_lib.JobConfig, records: Sequence[Mapping[str, Any]], metri
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return plots.trial_curves_png(curves, path, metric, f"study {cfg.tune.study}: {metric} by epoch")
-    except Exception as exc:  # noqa: BLE001 - a chart is not worth failing a study for
+    except ANY_ERROR as exc:  # a chart is not worth failing a study for
         log.warning("could not draw %s (%s: %s)", path, type(exc).__name__, exc)
         return None
 

@@ -16,7 +16,6 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-
 _ERRORS = {"FileNotFoundException": FileNotFoundError, "AccessControlException": PermissionError}
 
 
@@ -28,7 +27,7 @@ def _remote_errors(path: str):
     try:
         yield
     except HdfsError as exc:
-        kind = _ERRORS.get(getattr(exc, "exception", None))
+        kind = _ERRORS.get(getattr(exc, "exception", None) or "")
         if kind is None:
             raise
         raise kind(f"{path}: {exc}") from exc

@@ -106,7 +106,7 @@ class _Pairs:
 
     def merge(self, a: str, b: str) -> None:
         """Replace every occurrence of (a, b) with the joined token, updating counts incrementally."""
-        token, changed = _join(a, b), set()
+        token, changed = _join(a, b), set[tuple[str, str]]()
         for i in sorted(self.where.pop((a, b), ())):
             symbols, n = self.words[i]
             merged = _merge_word(symbols, a, b, token)

@@ -21,8 +21,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from etl import job as etl_job  # noqa: E402
 from etl import score_job  # noqa: E402
-from hvdtrain import checkpoint, config, errors, fs, manifest, resume, tracking  # noqa: E402
-from hvdtrain import distributed  # noqa: E402
+from hvdtrain import (  # noqa: E402
+    checkpoint,
+    config,
+    distributed,  # noqa: E402
+    errors,
+    fs,
+    manifest,
+    resume,
+    tracking,
+)
+from hvdtrain.errors import ANY_ERROR  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ def run_case(case: Case) -> tuple[int, str, str]:
         tmp = Path(folder)
         try:
             case.run(tmp)
-        except Exception as exc:  # noqa: BLE001 - any exception is the result; a non-hvdtrain one is a defect
+        except ANY_ERROR as exc:  # any exception is the result; a non-hvdtrain one is a defect
             message = str(exc).replace(folder, "<tmp>").splitlines()[0] if str(exc) else type(exc).__name__
             name = type(exc).__name__
             return errors.exit_code(exc), f"{name}: {message[:110]}", case.kept(tmp)

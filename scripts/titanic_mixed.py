@@ -64,6 +64,7 @@ def config(workdir: str) -> str:
 
 def baseline(rows: list[dict], fractions: dict[str, float]) -> dict[str, float]:
     """Logistic regression and a gradient-boosted tree on the same train/test rows (one-hot + imputation)."""
+    import pandas as pd
     from sklearn.compose import make_column_transformer
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.impute import SimpleImputer
@@ -73,8 +74,6 @@ def baseline(rows: list[dict], fractions: dict[str, float]) -> dict[str, float]:
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
     from etl import split
-
-    import pandas as pd
 
     frame = pd.DataFrame(rows)
     frame[CATEGORICAL] = frame[CATEGORICAL].astype("string").fillna("?")

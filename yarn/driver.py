@@ -27,10 +27,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+from typing import Any, Mapping, Optional, Sequence  # noqa: E402
 
-from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
+from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
 from yarn import executor
@@ -91,9 +91,8 @@ def job_exit_code(records: Sequence[dict[str, Any]], script: bool) -> int:
 def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome]:
     """Start Spark, run the ranks (relaunched inside this application after a restartable failure, up to
     ``fault.max_restarts`` times), stop Spark; returns the last try's rank records and the outcome."""
-    from pyspark.sql import SparkSession
-
     import horovod.spark
+    from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -101,7 +100,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     last: dict[str, list[dict[str, Any]]] = {"records": []}
     fn, fn_args = rank_job(cfg, args)
 
-    def once(env: dict[str, str]) -> tuple[int, str]:
+    def once(env: Mapping[str, str]) -> tuple[int, str]:
         try:
             last["records"] = horovod.spark.run(
                 fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,

@@ -30,11 +30,10 @@ import tempfile
 import zipfile
 from typing import IO, Any, Mapping, Optional, Sequence
 
-from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
-from hvdtrain import cpus, fs  # no TensorFlow import either
 import hvdtrain
-from hvdtrain import config, distributed
-from hvdtrain.errors import HvdtrainError
+from hvdtrain import config, cpus, distributed, fs  # no TensorFlow import either
+from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
+from hvdtrain.errors import ANY_ERROR, HvdtrainError
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
@@ -144,7 +143,7 @@ def run_script(spec: dict[str, Any]) -> dict[str, Any]:
         with open(log_path, "rb") as log:
             fs.write_bytes_atomic(log_uri, log.read())
         error = None if code == 0 else f"{spec['script']} exited with code {code}; its log: {log_uri}"
-    except Exception as exc:  # noqa: BLE001 - the driver reports it as this rank's failure
+    except ANY_ERROR as exc:  # the driver reports it as this rank's failure
         code, error = 1, f"could not run {spec['script']}: {exc}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)

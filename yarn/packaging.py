@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Sequence
 from hvdtrain import fs
 from hvdtrain.config import YarnConfig
 from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ConfigError, EnvironmentProblem
+from hvdtrain.errors import ANY_ERROR, ConfigError, EnvironmentProblem
 
 CODE_PACKAGES = ("hvdtrain", "etl", "yarn")
 CODE_SUFFIXES = (".py", ".sh")
@@ -272,6 +272,6 @@ def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> None:
     except BaseException:
         try:
             fs.delete(tmp)
-        except Exception:  # noqa: BLE001 - clean-up must not hide the real error
+        except ANY_ERROR:  # clean-up must not hide the real error
             pass
         raise

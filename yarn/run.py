@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, keras3_check
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, HvdtrainError, StepFailed
+from hvdtrain.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, HvdtrainError, StepFailed
 from yarn import submit
 
 MAX_FOLDER_BYTES = 200 << 20  # a script's folder is code; data belongs on HDFS
@@ -92,7 +92,7 @@ def script_summary(uri: str) -> tuple[int, str]:
     """The job's exit code and a line per rank, from the driver's record (``yarn_result.json``)."""
     try:
         doc = json.loads(fs.read_bytes(uri))
-    except Exception as exc:  # noqa: BLE001 - the record is missing when the job never started
+    except ANY_ERROR as exc:  # the record is missing when the job never started
         return 0, f"hvdtrain: could not read the job record {uri} ({exc})"
     ranks = doc.get("ranks", [])
     code = max((int(r.get("exit_code", 0)) for r in ranks), default=0)

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain import config as config_mod
 from hvdtrain import console, envcheck, fs, hadoop_conf, secrets
@@ -474,7 +474,7 @@ class Submission:
             reader.join(timeout=5)
         return self.returncode
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         still_running = self.proc is not None and self.proc.poll() is None
         if exc_type is not None or self.returncode not in (0, None) or still_running:
             self.release()
@@ -482,7 +482,7 @@ class Submission:
 
     def release(self) -> None:
         actions = release_actions(self.plan, self.app_id, self.proc is not None and self.proc.poll() is None)
-        if ReleaseAction.KILL_APP in actions:
+        if ReleaseAction.KILL_APP in actions and self.app_id:  # KILL_APP means an application id is known
             cmd = kill_command(self.app_id)
             result = self._run(cmd)
             status = "killed" if result.returncode == 0 else f"could not be killed ({result.output.strip()[:200]})"
@@ -652,7 +652,7 @@ def run(args: argparse.Namespace, deps: Collaborators) -> int:
 def result_summary(uri: str) -> str:
     try:
         doc = json.loads(fs.read_bytes(uri))
-    except Exception as exc:  # noqa: BLE001 - the job succeeded; the summary is a courtesy
+    except (HvdtrainError, OSError, ValueError) as exc:  # storage, or not JSON: the job succeeded all the same
         return f"hvdtrain: training finished; could not read {uri} ({exc})"
     result = doc.get("result") or {}
     metrics = result.get("test_metrics") or {"accuracy": result.get("test_accuracy", float("nan"))}

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, share, shuffle_seed
 from hvdtrain.data.staging import FileSource, check_local_shards, file_paths
 from hvdtrain.errors import DataError
-from hvdtrain.manifest import Manifest
-from hvdtrain.manifest import ENCODINGS
+from hvdtrain.manifest import ENCODINGS, Manifest
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from hvdtrain import fs
-from hvdtrain.errors import DataError
+from hvdtrain.errors import ANY_FAILURE, DataError
 from hvdtrain.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class ShardStager:
             local = os.path.join(self._dir, f"{seq:08d}-{name}")
             try:
                 self._copy(uri, local)
-            except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            except ANY_FAILURE as exc:  # handed to the reader
                 with self._cond:
                     self._error = DataError(f"could not stage shard {uri} to {local}: {exc}")
                     self._cond.notify_all()

@@ -14,10 +14,12 @@ from typing import Any, Iterator, Optional
 
 import keras
 
-from hvdtrain import breakdown, config as config_lib, distributed, monitoring, progress, resume
-from hvdtrain import tensorboard, timeline as timeline_lib, tune
+from hvdtrain import breakdown, distributed, monitoring, progress, resume, tensorboard, tune
+from hvdtrain import config as config_lib
+from hvdtrain import timeline as timeline_lib
 from hvdtrain.errors import ConfigError, EnvironmentProblem
-from hvdtrain.training import hooks, steps as steps_lib
+from hvdtrain.training import hooks
+from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_split, make_eval_step
 from hvdtrain.training.hooks import EarlyStopper
@@ -105,7 +107,7 @@ def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hoo
     board = _tensorboard(ctx, observed)
     out: list[hooks.Hook] = [board] if board is not None else []
     exporter, recorder = _metrics_exporter(ctx, observed)
-    if exporter is not None:
+    if exporter is not None and recorder is not None:  # both or neither
         out.append(recorder)
     if cfg.monitoring.step_breakdown:
         log_metrics = (ctx.tracker.log_metrics if board is None else

@@ -7,7 +7,8 @@ from typing import Any
 import keras
 
 from hvdtrain import data, heads
-from hvdtrain.training import evaluation, steps as steps_lib
+from hvdtrain.training import evaluation
+from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 
 log = logging.getLogger("hvdtrain.train")

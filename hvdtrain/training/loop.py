@@ -108,7 +108,8 @@ def fit(step_fn: Callable[[Sequence[Any]], tuple[Any, Any]], batches: Iterator[A
         carried = start.carried if resumed and start.carried is not None else np.zeros(3)
         hook_list.start_epoch(epoch)
         begin = time.perf_counter() - (start.carried_seconds if resumed else 0.0)
-        loss_sums, corrects = [], []
+        loss_sums: list[Any] = []  # per-step device scalars, read only when a partial sum is needed
+        corrects: list[Any] = []
 
         def partial() -> np.ndarray:
             done = len(loss_sums) * plan.examples_per_step

@@ -11,9 +11,10 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, plots, secrets, tensorboard, timeline as timeline_lib
+from hvdtrain import data, fs, plots, secrets, tensorboard
+from hvdtrain import timeline as timeline_lib
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import DataError, StorageError
+from hvdtrain.errors import ANY_ERROR, DataError, StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.reports import CONFUSION_PNG, final_metrics, result_record
@@ -56,7 +57,7 @@ def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
     try:
         return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
                                           os.path.join(folder, CONFUSION_PNG), title)
-    except Exception as exc:  # noqa: BLE001 - a chart is not worth failing a finished training for
+    except ANY_ERROR as exc:  # a chart is not worth failing a finished training for
         log.warning("could not draw %s (%s: %s); the report has the same numbers", CONFUSION_PNG,
                     type(exc).__name__, exc)
         return None
@@ -124,7 +125,7 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
         log.info(what)
         try:
             fs.copy_from_local(os.path.join(local, *rel.split("/")), fs.join(incoming, *rel.split("/")))
-        except Exception as exc:  # noqa: BLE001 - one line naming the file; the old outputs stay
+        except Exception as exc:  # one line naming the file; the old outputs stay
             fs.discard(incoming)
             raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
                                f"outputs in {output} are unchanged: fix the storage and rerun") from exc

@@ -10,8 +10,8 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import cpus, distributed, kerberos, watchdog
-from hvdtrain.errors import DataError, EnvironmentProblem
 from hvdtrain.config import JobConfig, TrainConfig
+from hvdtrain.errors import DataError, EnvironmentProblem
 
 log = logging.getLogger("hvdtrain.train")
 

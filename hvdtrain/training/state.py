@@ -9,7 +9,6 @@ from hvdtrain.models import build_model
 from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
 
 
-
 def build_optimizer(train: TrainConfig, size: int, total_steps: int) -> keras.optimizers.Optimizer:
     """Adam on the warm-up/decay schedule, clipping by global norm; loss scaling under float16."""
     schedule = WarmupDecay(scaled_learning_rate(train.learning_rate, size), train.warmup_steps, total_steps,

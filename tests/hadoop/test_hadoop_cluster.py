@@ -24,15 +24,23 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 
 from hvdtrain import checkpoint, config, fs, manifest
-from tests.multiprocess.test_yarn_local import (REPO, assert_trained, read_records, run_submit, submit_command, submit_env,
-                                   write_job)
+from hvdtrain.errors import ANY_FAILURE
+from tests.multiprocess.test_yarn_local import (
+    REPO,
+    assert_trained,
+    read_records,
+    run_submit,
+    submit_command,
+    submit_env,
+    write_job,
+)
 
 pytestmark = pytest.mark.hadoop
 
@@ -125,7 +133,7 @@ def test_safe_mode_during_a_checkpoint_write_is_waited_out(hadoop_cluster: dict,
 def _record(errors: list[BaseException], fn: Any, *args: Any) -> None:
     try:
         fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
+    except ANY_FAILURE as exc:  # reported by the test
         errors.append(exc)
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks import kill_drill
+from hvdtrain.errors import ANY_FAILURE
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.support import mp
 from tests.multiprocess.test_train_mp import _assert_complete, _env, _job, _outputs
+from tests.support import mp
 
 pytestmark = pytest.mark.multihost
 
@@ -102,7 +103,7 @@ class StageWatcher:
         try:
             while not self._stop.wait(0.05):
                 self.scan()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test by __exit__
+        except ANY_FAILURE as exc:  # handed to the test by __exit__
             self._error = exc
 
     def scan(self) -> None:

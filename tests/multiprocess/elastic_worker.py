@@ -9,11 +9,10 @@ import json
 import os
 import sys
 
+import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
 
 OUT, STEPS = sys.argv[1], int(sys.argv[2])
 FAIL_HOST, FAIL_AT = (sys.argv[3], int(sys.argv[4])) if len(sys.argv) > 4 else (None, -1)

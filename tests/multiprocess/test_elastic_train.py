@@ -129,7 +129,8 @@ def assert_accounted(tmp: Path, steps: int, killed_at: int) -> None:
     assert killed_at >= KILL_AFTER
 
 
-@pytest.mark.skip(reason="elastic recovery is not yet proven on this build (issue #29 open): the survivor waits in Gloo's rendezvous when the lost host returns")
+@pytest.mark.skip(reason="elastic recovery is not yet proven on this build (issue #29 open): "
+                         "the survivor waits in Gloo's rendezvous when the lost host returns")
 def test_a_lost_rank_rolls_back_to_the_commit_and_the_job_grows_back(tmp_path: Path) -> None:
     result, steps, killed_at, manifest = run_with_a_loss(tmp_path, drop_host=False)
     assert result["steps"] == EPOCHS * steps and result["ranks_agree"], result
@@ -138,7 +139,8 @@ def test_a_lost_rank_rolls_back_to_the_commit_and_the_job_grows_back(tmp_path: P
     assert_accounted(tmp_path, steps, killed_at)
 
 
-@pytest.mark.skip(reason="elastic recovery is not yet proven on this build (issue #29 open): the survivor waits in Gloo's rendezvous when the lost host returns")
+@pytest.mark.skip(reason="elastic recovery is not yet proven on this build (issue #29 open): "
+                         "the survivor waits in Gloo's rendezvous when the lost host returns")
 def test_a_lost_host_leaves_the_survivor_alone_until_it_returns(tmp_path: Path) -> None:
     result, steps, killed_at, manifest = run_with_a_loss(tmp_path, drop_host=True)
     assert result["steps"] == EPOCHS * steps and result["ranks_agree"], result

@@ -13,13 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client import parser  # a required dependency (setup.py)
 import pytest
+from prometheus_client import parser  # a required dependency (setup.py)
 
 from hvdtrain import timeline
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.support import mp
 from tests.multiprocess.test_train_mp import REPO, _env, _job, _outputs
+from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
 

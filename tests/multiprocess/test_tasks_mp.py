@@ -149,7 +149,8 @@ def _train(config: Path, *extra: str) -> tuple[dict, str]:
 
 
 def _best(config: Path) -> tuple[str, float]:
-    from hvdtrain import config as config_lib, manifest
+    from hvdtrain import config as config_lib
+    from hvdtrain import manifest
 
     sample = manifest.read(config_lib.load(config).etl.output).source["sample"]
     return sample["best_metric"], sample["best_value"]

@@ -87,8 +87,8 @@ def _assert_complete(report: dict, manifest) -> None:
 
 
 def test_two_ranks_agree_learn_and_export(tmp_path: Path) -> None:
-    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 480,
-                                                                                             "validation": 61, "test": 67}, shards_per_split=4), class_rate=0.35, seed=11))
+    layout = Layout(n_per_split={"train": 480, "validation": 61, "test": 67}, shards_per_split=4)
+    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=layout, class_rate=0.35, seed=11))
     config_path, output = _job(tmp_path, "mp", tmp_path / "data", tracking=True)
     _horovodrun(config_path)
     result, report = _outputs(output)
@@ -150,8 +150,8 @@ def test_eight_ranks_train_and_evaluate_exactly_with_fewer_shards_than_ranks(tmp
 
 
 def test_single_process_without_horovodrun(tmp_path: Path) -> None:
-    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 320,
-                                                                                             "validation": 33, "test": 35}, shards_per_split=2), seed=2))
+    layout = Layout(n_per_split={"train": 320, "validation": 33, "test": 35}, shards_per_split=2)
+    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=layout, seed=2))
     config_path, output = _job(tmp_path, "single", tmp_path / "data")
     proc = _run([sys.executable, "-m", "hvdtrain.train", str(config_path), "train.epochs=1"], timeout=90)
     result, report = _outputs(output)
@@ -191,8 +191,8 @@ print(json.dumps({'keras': from_keras.tolist(), 'saved': from_saved.tolist(), 'c
 
 def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> None:
     """LR scaling: -np 2 reaches the single-process accuracy; evaluation is exact; exports load elsewhere."""
-    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 640,
-                                                                                             "validation": 100, "test": 200}, shards_per_split=4), num_classes=2, class_rate=0.5, seed=21))
+    layout = Layout(n_per_split={"train": 640, "validation": 100, "test": 200}, shards_per_split=4)
+    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=layout, num_classes=2, class_rate=0.5, seed=21))
     # float16 on the wire and clipping with the overlapped all-reduce (the default, grouped, runs elsewhere)
     features = dict(epochs=4, fp16_allreduce=True, allreduce="overlap", lr_schedule="cosine", warmup_steps=5,
                     clip_norm=1.0,
@@ -234,8 +234,9 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
 
 
 def test_mlp_on_tabular_data_with_accumulation_and_bfloat16(tmp_path: Path) -> None:
-    manifest = make_tabular_dataset(str(tmp_path / "data"), TabularSpec(layout=Layout(n_per_split={"train": 768,
-                                                                                                   "validation": 96, "test": 96}), num_classes=3, num_numeric=6, cardinalities=[5, 8, 3], seed=4))
+    layout = Layout(n_per_split={"train": 768, "validation": 96, "test": 96})
+    manifest = make_tabular_dataset(str(tmp_path / "data"), TabularSpec(layout=layout, num_classes=3, num_numeric=6,
+                                                                        cardinalities=[5, 8, 3], seed=4))
     config_path, output = _job(tmp_path, "tabular", tmp_path / "data",
                                model={"kind": "mlp", "hidden_units": [32, 16], "dropout": 0.0},
                                epochs=3, learning_rate=0.005, grad_accum_steps=2, mixed_precision="bfloat16",

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hvdtrain import config, fs, manifest as manifest_lib, score as score_lib, tfrecord
+from hvdtrain import config, fs, tfrecord
+from hvdtrain import manifest as manifest_lib
+from hvdtrain import score as score_lib
 from hvdtrain.errors import DataError
 
 # The module fixture (ETL, one training epoch, a scoring run) takes 2-3 minutes on an idle 2-core machine;
@@ -51,7 +53,8 @@ def _cfg(world: SimpleNamespace, **extra) -> config.JobConfig:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory):
-    from etl import job as etl_job, score_job, session, sources
+    from etl import job as etl_job
+    from etl import score_job, session, sources
 
     base = tmp_path_factory.mktemp("score")
     path = base / "job.yaml"

@@ -11,8 +11,8 @@ import pytest
 
 from hvdtrain import config, manifest
 from hvdtrain.errors import ConfigError
-from tests.unit.test_yarn_command import ENV, PYTHON, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from tests.multiprocess.test_yarn_local import run_submit, submit_env
+from tests.unit.test_yarn_command import ENV, PYTHON, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import etl_submit
 
 

@@ -22,9 +22,9 @@ import pytest
 
 from benchmarks import kill_drill
 from hvdtrain import config, manifest
-from tests.standalone.conftest import HOSTS, StandaloneCluster
 from tests.multihost.test_multihost import StageWatcher
 from tests.multiprocess.test_yarn_local import read_records, records_uri, submit_env
+from tests.standalone.conftest import HOSTS, StandaloneCluster
 from tests.support.webhdfs_server import WebHdfsServer
 
 # One cluster and three Spark applications: minutes on an idle machine, far more under load (15 min for the ETL

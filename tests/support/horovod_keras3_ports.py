@@ -9,12 +9,11 @@ Keras 2 API that Keras 3 removed; every change is listed in the test's docstring
 checks of Horovod is unchanged, and where upstream asserted nothing ("just verify it doesn't
 hang") an assertion that the ranks agree is added.
 """
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 from parameterized import parameterized
-
-import horovod.tensorflow as hvd_tf
-import horovod.tensorflow.keras as hvd
 
 keras = tf.keras
 

@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 
 from hvdtrain import data
-from hvdtrain.data import contract
-from hvdtrain.data import pipeline
-from hvdtrain.data import plan as read_plan
-from hvdtrain.data import staging
 from hvdtrain import manifest as manifest_lib
 from hvdtrain.config import ModelConfig
+from hvdtrain.data import contract, pipeline, staging
+from hvdtrain.data import plan as read_plan
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import FeatureSpec
 from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_text_dataset
@@ -158,8 +156,8 @@ def test_packed_and_int64_token_features_read_the_same(tmp_path, size: int) -> N
     for rank in range(size):
         a, b = (list(data.eval_dataset(m, "test", rank=rank, size=size, batch_size=7, features=ALL))
                 for m in (packed, plain))
-        b_train, a_train = (next(iter(data.train_dataset(m, data.TrainStream(rank=rank, size=size, batch_size=5,
-                                                                             shuffle_buffer=8, seed=2), features=ALL))) for m in (plain, packed))
+        stream = data.TrainStream(rank=rank, size=size, batch_size=5, shuffle_buffer=8, seed=2)
+        b_train, a_train = (next(iter(data.train_dataset(m, stream, features=ALL))) for m in (plain, packed))
         for x, y in [*zip(a, b), (a_train, b_train)]:
             for name in ALL:
                 assert x[name].dtype == y[name].dtype
@@ -192,9 +190,8 @@ def test_manifest_formats_and_encodings(dataset: manifest_lib.Manifest) -> None:
 
 def test_train_streams_of_two_ranks_read_disjoint_shards(dataset: manifest_lib.Manifest) -> None:
     # 3 shards of 30: rank 0 gets two, rank 1 one; each rank's first pass holds only its own records.
-    first = [set(_keys(itertools.islice(iter(data.train_dataset(dataset, data.TrainStream(rank=r, size=2,
-                                                                                          batch_size=10, shuffle_buffer=4, seed=5), features=["key"])), 3)))
-        for r in range(2)]
+    streams = [data.TrainStream(rank=r, size=2, batch_size=10, shuffle_buffer=4, seed=5) for r in range(2)]
+    first = [set(_keys(itertools.islice(iter(data.train_dataset(dataset, s, features=["key"])), 3))) for s in streams]
     assert first[0] and first[1] and not first[0] & first[1]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import re
-
 from typing import Sequence
 
 import pytest

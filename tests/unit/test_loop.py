@@ -77,8 +77,8 @@ def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patie
     """Validation loss improves up to epoch 4, then never again: fit runs exactly 4 + patience epochs
     and the run ends on epoch 4's weights."""
     from hvdtrain import distributed
-    from hvdtrain.training.hooks import EarlyStopper, ValidationAndEarlyStopping
     from hvdtrain.training.events import LoopPlan
+    from hvdtrain.training.hooks import EarlyStopper, ValidationAndEarlyStopping
     from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)

@@ -12,9 +12,9 @@ import socket
 import time
 from pathlib import Path
 
-from prometheus_client import parser  # a required dependency (setup.py)
 import pytest
 import yaml
+from prometheus_client import parser  # a required dependency (setup.py)
 
 from hvdtrain import breakdown, config, monitoring, timeline
 from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from hvdtrain import checkpoint, config, data, distributed, resume
-from hvdtrain.training.context import TrainContext
 from hvdtrain.data.contract import InputShape
 from hvdtrain.errors import DataError
+from hvdtrain.training.context import TrainContext
 from hvdtrain.training.events import EpochStats, LoopState
 
 SHAPE = InputShape(max_length=8, vocab_size=50, num_classes=2, label_feature="label")
@@ -22,8 +22,7 @@ def _cfg(tmp_path, **checkpoint_cfg) -> config.JobConfig:
 
 
 def _trained(cfg: config.JobConfig, n: int = 3):
-    from hvdtrain.training import state
-    from hvdtrain.training import steps
+    from hvdtrain.training import state, steps
 
     model, optimizer = state.build_state(cfg, SHAPE, 1, total_steps=10)
     step = steps.make_train_step(model, optimizer, "label", ["input_ids", "attention_mask"])

@@ -93,8 +93,9 @@ def test_log_lines_are_redacted(caplog):
 
 
 def test_files_written_after_private_files_are_not_world_readable(tmp_path):
-    from hvdtrain import checkpoint
     import numpy as np
+
+    from hvdtrain import checkpoint
 
     previous = secrets.private_files()
     try:

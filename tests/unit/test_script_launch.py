@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
 import zipfile
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from hvdtrain import cli, config, supervise
 from hvdtrain.errors import ConfigError
-from tests.unit.test_yarn_command import CPU_BUILD, ENV, GPU_BUILD, FakeSubmission, deps, inputs
+from tests.unit.test_yarn_command import ENV, GPU_BUILD, FakeSubmission, deps, inputs
 from yarn import driver, executor, submit
 from yarn import run as yarn_run
 

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from etl import labels as label_mod, sample
+from etl import labels as label_mod
+from etl import sample
 from hvdtrain import config, tasks
 from hvdtrain.config import SampleConfig, TaskConfig
 from hvdtrain.data import contract

@@ -4,7 +4,6 @@ truncation, and ``hvdtrain tensorboard`` serving a staged copy on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from pathlib import Path
 from typing import Iterator

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import cli, config, tune
-from hvdtrain.training import hooks
 from hvdtrain.errors import ConfigError
+from hvdtrain.training import hooks
 from hvdtrain.training.events import EpochStats
 
 REPO = Path(__file__).resolve().parents[2]
