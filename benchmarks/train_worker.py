@@ -106,7 +106,8 @@ def main() -> None:
     per_call = args.steps_per_call
     if args.mode == "hvd":
         distributed.broadcast_state(model, optimizer)
-        step = steps_lib.make_optimizer_step(model, optimizer, "label", shape.inputs, steps_per_call=per_call)
+        make = steps_lib.make_unrolled_step if per_call > 1 else steps_lib.make_optimizer_step
+        step = make(model, optimizer, "label", shape.inputs)
         batches = iter(ds)
         if args.loop:
             first_step_at, seconds = timed_in_loop(step, batches, args.steps, per_call, rank)

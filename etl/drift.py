@@ -9,7 +9,7 @@ categories, and only the bin counts reach the driver.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from etl import stats
 from hvdtrain import drift as drift_lib
@@ -19,7 +19,7 @@ from hvdtrain.features import FeatureEncoder
 DECILES = [i / 10 for i in range(1, 10)]
 
 
-def bin_counts(df: Any, numeric: dict[str, Sequence[float]], categorical: dict[str, Sequence[str]]
+def bin_counts(df: Any, numeric: Mapping[str, Sequence[float]], categorical: Mapping[str, Sequence[str]]
                ) -> dict[str, dict[str, list[int]]]:
     """Rows per bin of every column: one grouped count per kind, in long format (:mod:`etl.stats`)."""
     out: dict[str, dict[str, list[int]]] = {"numeric": {}, "categorical": {}}

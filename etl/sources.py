@@ -44,7 +44,7 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
-    cols = [(labels.source_column(df, col, cfg.task) if role == "label" else
+    cols = [(labels.source_column(df, col, cfg.task) if role == "label" and col else
              (F.col(f"`{col}`") if col else F.lit(None)).cast("string")).alias(role) for role, col in wanted.items()]
     cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
     if CORRUPT in df.columns:
@@ -88,7 +88,7 @@ def create_sample_table(spark: Any, cfg: JobConfig) -> int:
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {db}")
     parts = max(2, sample_cfg.rows // 50_000)
     bounds = [(i * sample_cfg.rows // parts, (i + 1) * sample_cfg.rows // parts) for i in range(parts)]
-    rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, *b, task))
+    rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, b[0], b[1], task))
     df = rdd.toDF(["id", "text", "label"])
     df.write.mode("overwrite").format("parquet").saveAsTable(cfg.source.table)
     return sample_cfg.rows

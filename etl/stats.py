@@ -15,7 +15,7 @@ all of them); ``tests/spark/test_etl_high_cardinality.py`` checks the plan sizes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 QUANTILE_ACCURACY = 10_000  # percentile_approx: rank error at most 1/10,000 of the rows, bounded memory
 OTHER_BIN, MISSING_BIN = -2, -1  # the last two drift bins (category_bins: ..., other, missing)
@@ -95,7 +95,7 @@ def category_counts(df: Any, columns: Sequence[str], limit: int) -> dict[str, Ca
         totals = {r["c"]: r for r in totals_frame(counts).collect()}
     finally:
         counts.unpersist()
-    out = {}
+    out: dict[str, CategoryCounts] = {}
     for i, name in enumerate(columns):
         t = totals.get(i)
         out[name] = CategoryCounts(sorted(top[i], key=lambda vn: (-vn[1], vn[0])), int(t["rows"]) if t else 0,
@@ -117,7 +117,7 @@ def numeric_summary(df: Any, columns: Sequence[str], quantiles: Sequence[float])
                  F.expr(f"percentile_approx(CAST(`{name}` AS DOUBLE), array({qs}), {QUANTILE_ACCURACY})")
                  .alias(f"q{i}")]
     row = df.agg(*aggs).first()
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(columns):
         out[name] = {k: (float(row[f"{k}{i}"]) if row[f"{k}{i}"] is not None else None)
                      for k in ("mean", "std", "count")}
@@ -136,7 +136,7 @@ def numeric_bucket(name: str, edges: Sequence[float]) -> Any:
     return expr.otherwise(len(edges))
 
 
-def numeric_bin_frame(df: Any, edges: dict[str, Sequence[float]]) -> Any:
+def numeric_bin_frame(df: Any, edges: Mapping[str, Sequence[float]]) -> Any:
     """``(c, b, n)``: rows per decile bin ``b`` of each numeric column (a few expressions per column)."""
     from pyspark.sql import functions as F
 
@@ -145,7 +145,7 @@ def numeric_bin_frame(df: Any, edges: dict[str, Sequence[float]]) -> Any:
     return cells.groupBy("c", F.col("v").alias("b")).agg(F.count(F.lit(1)).alias("n"))
 
 
-def category_bin_frame(df: Any, known: dict[str, Sequence[str]]) -> Any:
+def category_bin_frame(df: Any, known: Mapping[str, Sequence[str]]) -> Any:
     """``(c, b, n)``: rows per drift bin of each categorical column: ``b`` is the value's position in ``known``,
     ``OTHER_BIN`` or ``MISSING_BIN``. The known values are a DataFrame joined to the counts, so the plan's
     size does not depend on how many there are."""

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, fs
+from hvdtrain import console, data, distributed, fs, heads
 from hvdtrain import train as train_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.data import plan as data_plan
@@ -72,16 +72,17 @@ class VirtualStep:
 
     def __init__(self, model: Any, optimizer: Any, shape: Any):
         self.model, self.optimizer, self.shape = model, optimizer, shape
-        self._loss = steps_lib._loss_fn()
+        self._head = heads.Head(task=getattr(shape, "task", "multiclass"))  # the task's loss
         self._compiled = tf.function(self._step, autograph=False)  # plain Python over the list of batches
 
     def _step(self, batches: Sequence[dict[str, Any]], scale: tf.Tensor) -> tf.Tensor:
         total, loss_sum = None, tf.constant(0.0, tf.float64)
         for batch in batches:
-            grads, loss, _ = steps_lib._gradients(self.model, self.optimizer, self._loss, batch, self.shape.inputs,
+            grads, loss, _ = steps_lib._gradients(self.model, self.optimizer, self._head, batch, self.shape.inputs,
                                                   self.shape.label_feature)
             total = grads if total is None else [a + b for a, b in zip(total, grads)]
             loss_sum += loss
+        assert total is not None, "a virtual step has at least one batch"
         averaged = distributed.allreduce_grads(total)
         self.optimizer.apply([g * tf.cast(scale, g.dtype) for g in averaged], self.model.trainable_variables)
         return loss_sum
@@ -112,7 +113,9 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep, sizes: list[int]) -> None:
     sizes.append(rank.size)
     log.info("elastic: %d ranks from step %d; rank %d runs virtual ranks %s", rank.size, state.step, rank.rank, owned)
     streams = _streams(job, owned, state.step)
-    total, every = job.cfg.train.epochs * job.steps, job.cfg.train.elastic.commit_every_steps
+    elastic_cfg = job.cfg.train.elastic
+    assert elastic_cfg is not None  # this module runs only for train.elastic
+    total, every = job.cfg.train.epochs * job.steps, elastic_cfg.commit_every_steps
     while state.step < total:
         step_fn([next(s) for s in streams], gradient_scale(rank.size, job.virtual))
         state.step += 1
@@ -138,10 +141,11 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     runtime.configure_logging(rank)
     threads = runtime.configure_tf(rank, cfg.train)
     manifest, shape, _ = train_lib.plan(cfg, rank)
+    assert cfg.train.elastic is not None  # this module runs only for train.elastic
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
     model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
-    step_fn, sizes = VirtualStep(model, optimizer, shape), []
+    step_fn, sizes = VirtualStep(model, optimizer, shape), list[int]()
     state = distributed.elastic_state(model, optimizer, step=0)
     with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
         job = Job(cfg, manifest, shape, steps, virtual, stage_dir)

@@ -35,7 +35,7 @@ def load(conf_dir: Optional[str] = None) -> dict[str, str]:
     conf_dir = conf_dir or os.environ.get("HADOOP_CONF_DIR")
     props: dict[str, str] = {}
     for name in SITE_FILES if conf_dir else ():
-        path = os.path.join(conf_dir, name)
+        path = os.path.join(conf_dir or "", name)
         if os.path.isfile(path):
             with open(path) as fh:
                 props.update(parse_site(fh.read()))

@@ -124,8 +124,9 @@ class _Checker(ast.NodeVisitor):
         for node in ast.walk(tree):  # `keras = tf.keras`, `opt = tf.keras.optimizers.Adam(...)`
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 name, value = node.targets[0].id, node.value
-                if isinstance(value, (ast.Name, ast.Attribute)) and namespace(self.qualified(value)):
-                    self.aliases[name] = self.qualified(value)
+                qualified = self.qualified(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
+                if qualified and namespace(qualified):
+                    self.aliases[name] = qualified
                 elif isinstance(value, ast.Call) and self._is_optimizer_call(value):
                     self.optimizer_names.add(name)
 
@@ -149,7 +150,7 @@ class _Checker(ast.NodeVisitor):
                 or isinstance(node, ast.Attribute) and node.attr == "optimizer")
 
     def _add(self, node: ast.AST, code: str, found: str, fix: str) -> None:
-        self.findings.append(Finding(node.lineno, node.col_offset, code, found, fix))
+        self.findings.append(Finding(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), code, found, fix))
 
     # -- visitors ----------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class _Checker(ast.NodeVisitor):
         ns = namespace(self.qualified(base))
         return bool(ns and ns[1].rsplit(".", 1)[-1] in ("Optimizer", "OptimizerV2"))
 
-    def _check_optimizer_init(self, cls: str, init: Optional[ast.FunctionDef]) -> None:
+    def _check_optimizer_init(self, cls: str, init: Optional[ast.FunctionDef | ast.AsyncFunctionDef]) -> None:
         """Keras 3's Optimizer.__init__ requires learning_rate; Keras 2's defaulted it."""
         if init is None:
             return

@@ -238,7 +238,7 @@ class Checkpointer(Hook):
         self.seconds = 0.0  # total seconds this rank's training thread spent saving
 
     def due(self, state: LoopState) -> bool:
-        return self.pause_after(state.step, state.layout_step)
+        return self.pause_after(state.step, state.step if state.layout_step is None else state.layout_step)
 
     def pause_after(self, global_step: int, layout_step: int) -> bool:
         """Whether a checkpoint is due after that step (so a multi-step call ends there)."""
@@ -349,7 +349,11 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
     kind = "data"
     if rank.is_chief and cfg.enabled:
         try:
-            found = _load(cfg, now) if cfg.resume != "never" else refuse_used_dir(cfg)
+            if cfg.resume == "never":
+                refuse_used_dir(cfg)
+                found = None
+            else:
+                found = _load(cfg, now)
         except DataError as exc:
             error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # raised on every rank below: rank 0 alone must not fail

@@ -59,7 +59,8 @@ def has_secret(value: Any, key: str = "") -> bool:
 
 def split_secret_items(items: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(plain, secret) settings: secret when the key names one or the value holds a URL password (pure)."""
-    plain, secret = {}, {}
+    plain: dict[str, str] = {}
+    secret: dict[str, str] = {}
     for k, v in items.items():
         (secret if has_secret(v, k) else plain)[k] = v
     return plain, secret

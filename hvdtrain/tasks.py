@@ -35,7 +35,7 @@ HEADLINE = {"multiclass": ("accuracy", "macro_f1", "loss"), "binary": ("roc_auc"
 _LOWER_IS_BETTER = ("loss", "log_loss", "rmse", "mae")
 
 
-def direction(metric: str) -> str:
+def direction(metric: str) -> Literal["min", "max"]:
     """``min`` for a loss or an error, ``max`` otherwise; ``metric`` may carry a split prefix."""
     name = metric.split("_", 1)[1] if metric.startswith(("validation_", "train_", "test_")) else metric
     return "min" if name in _LOWER_IS_BETTER else "max"

@@ -40,12 +40,11 @@ def output_dir(train_output: str) -> str:
     return fs.join(train_output, FOLDER)
 
 
-def step_scalars(loss: float, examples: int, world_size: int, steps: int, seconds: float, learning_rate: float,
-                 data_seconds: float, step_seconds: float) -> dict[str, float]:
+def step_scalars(info: StepInfo, world_size: int, steps: int, seconds: float, learning_rate: float) -> dict[str, float]:
     """The per-step scalars of a logging point (pure); ``steps`` and ``seconds`` span the steps since the last."""
-    return {"train/loss": loss, "train/learning_rate": learning_rate,
-            "train/samples_per_sec": examples * world_size * steps / seconds if seconds > 0 else 0.0,
-            "train/data_wait_seconds": data_seconds, "train/step_seconds": step_seconds}
+    return {"train/loss": float(info.loss_sum) / max(info.examples, 1), "train/learning_rate": learning_rate,
+            "train/samples_per_sec": info.examples * world_size * steps / seconds if seconds > 0 else 0.0,
+            "train/data_wait_seconds": info.data_seconds, "train/step_seconds": info.step_seconds}
 
 
 def epoch_scalars(stats: EpochStats) -> dict[str, float]:
@@ -136,10 +135,8 @@ class TensorBoardHook(Hook):
         if info.global_step % self.every:
             return
         now = self._clock()
-        loss = float(info.loss_sum) / max(info.examples, 1)
         self.writer.put("scalars", info.global_step, step_scalars(
-            loss, info.examples, self.world_size, self._since, now - self._mark, self._learning_rate(),
-            info.data_seconds, info.step_seconds))
+            info, self.world_size, self._since, now - self._mark, self._learning_rate()))
         self._since, self._mark = 0, now
 
     def end_epoch(self, stats: EpochStats) -> bool:
@@ -153,6 +150,13 @@ class TensorBoardHook(Hook):
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         """Extra per-epoch scalars (the step-time breakdown) at the current global step; ``step`` is ignored."""
         self.writer.put("scalars", self.step, {f"breakdown/{k}": v for k, v in metrics.items()})
+
+    def add_graph(self, graph: Callable[[], Any]) -> None:
+        """Queue the model's graph (once per run); a model that does not trace still trains."""
+        try:
+            self.writer.put("graph", None, graph())
+        except ANY_ERROR as exc:  # a model that does not trace still trains
+            log.warning("TensorBoard: the model graph could not be traced (%s: %s)", type(exc).__name__, exc)
 
     def close(self) -> None:
         self.writer.close()
@@ -199,8 +203,7 @@ def truncate_events(src: str, dst: str, max_step: int) -> tuple[int, int]:
 
 
 def start_hook(local: str, train_output: str, every_steps: int, world_size: int, resume_step: int,
-               learning_rate: Callable[[], float], saved_step: Callable[[], Optional[int]],
-               graph: Optional[Callable[[], Any]] = None) -> Optional[TensorBoardHook]:
+               learning_rate: Callable[[], float], saved_step: Callable[[], Optional[int]]) -> Optional[TensorBoardHook]:
     """Rank 0's hook, its folder prepared and the model graph queued; None (with a warning) when TensorBoard
     is not installed or the output cannot be prepared: training goes on without it."""
     missing = available()
@@ -215,11 +218,6 @@ def start_hook(local: str, train_output: str, every_steps: int, world_size: int,
                     type(exc).__name__, exc)
         return None
     writer = Writer(local, remote)
-    if graph is not None and resume_step == 0:
-        try:
-            writer.put("graph", None, graph())
-        except ANY_ERROR as exc:  # a model that does not trace still trains
-            log.warning("TensorBoard: the model graph could not be traced (%s: %s)", type(exc).__name__, exc)
     return TensorBoardHook(writer, every_steps, world_size, learning_rate, saved_step)
 
 

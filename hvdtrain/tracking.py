@@ -28,6 +28,7 @@ exported SavedModel (for TF Serving) is logged as plain artifacts under ``servin
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -299,9 +300,12 @@ class Tracker:
                 for name in sorted(names):
                     path = os.path.join(root, name)
                     self._guard(f"log_artifact {where or ''}/{name}".replace(" /", " "),
-                                lambda path=path, where=where: self._mlflow.log_artifact(path, where))
+                                functools.partial(self._log_one, path, where))
         else:
             self._guard("log_artifact", lambda: self._mlflow.log_artifact(local_path, artifact_path))
+
+    def _log_one(self, path: str, where: Optional[str]) -> None:
+        self._mlflow.log_artifact(path, where)  # looked up when called: tracking may be off by then
 
     def log_text(self, text: str, name: str) -> None:
         self._guard("log_text", lambda: self._mlflow.log_text(text, name))
@@ -582,7 +586,7 @@ class StudyRun:
         def fail() -> None:
             run = self._client.get_run(self.run_id)
             found = self._client.search_runs([run.info.experiment_id], search_filter(
-                **{"tags.`mlflow.parentRunId`": self.run_id, "tags.tune_trial": str(trial)}))
+                **{"tags.`mlflow.parentRunId`": str(self.run_id), "tags.tune_trial": str(trial)}))
             for child in found:
                 if child.info.status not in ("FAILED", "FINISHED"):
                     self._client.set_terminated(child.info.run_id, status="FAILED")

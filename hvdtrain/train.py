@@ -164,12 +164,12 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         restored = dataclasses.replace(restored, seconds=restored.seconds + time.perf_counter() - applying)
     distributed.broadcast_state(model, optimizer)
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
-    make_step = steps_lib.make_timed_step if cfg.monitoring.step_breakdown else steps_lib.make_optimizer_step
     reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model), task_head(ctx))
     per_call = 1 if cfg.monitoring.step_breakdown else cfg.train.steps_per_call  # the breakdown times each step
+    make_step = (steps_lib.make_timed_step if cfg.monitoring.step_breakdown else
+                 steps_lib.make_unrolled_step if per_call > 1 else steps_lib.make_optimizer_step)
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, steps_lib.input_names(model),
-                        cfg.train.grad_accum_steps, reduction, guard,
-                        **({"steps_per_call": per_call} if per_call > 1 else {}))
+                        cfg.train.grad_accum_steps, reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
     plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size, per_call)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)

@@ -330,7 +330,7 @@ class TrialReporter:
         self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
         try:
             optuna = _quiet_optuna()
-            url = os.environ.get(STORAGE_ENV) or tune_cfg.storage
+            url = os.environ.get(STORAGE_ENV) or tune_cfg.storage or ""
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
             study_id = storage.get_study_id_from_name(tune_cfg.study)
             attrs = storage.get_study_user_attrs(study_id)
@@ -341,7 +341,7 @@ class TrialReporter:
             self.last_epoch = int(attrs.get("epochs", 0))
         except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
-                        tune_cfg.trial, tune_cfg.study, secrets.redact_url(tune_cfg.storage),
+                        tune_cfg.trial, tune_cfg.study, secrets.redact_url(tune_cfg.storage or ""),
                         type(exc).__name__, secrets.redact_text(str(exc)))
 
     def report(self, epoch: int, value: float) -> bool:
@@ -513,7 +513,7 @@ def open_study(cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Pa
         url, engine_kwargs=engine_kwargs(url), heartbeat_interval=cfg.tune.heartbeat_seconds,
         grace_period=2 * cfg.tune.heartbeat_seconds,
         heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=cfg.tune.max_retries))
-    study = optuna.create_study(storage=storage, study_name=cfg.tune.study, direction=direction(opts.metric),
+    study = optuna.create_study(storage=storage, study_name=cfg.tune.study, direction=direction(opts.metric or cfg.tune.metric),
                                 load_if_exists=True, pruner=make_pruner(opts.eta, opts.min_epochs),
                                 sampler=optuna.samplers.TPESampler(seed=cfg.train.seed))
     settings = {"eta": opts.eta, "min_epochs": opts.min_epochs, "metric": opts.metric, "space": space_digest(params),
@@ -536,7 +536,7 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
         raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach "
                           "(mysql://, postgresql://) with --launcher yarn: SQLite is a local file")
     params = load_space(opts.space, cfg)  # a bad space fails here, before any trial
-    cfg.tune.metric = opts.metric
+    cfg.tune.metric = opts.metric or cfg.tune.metric
     study = open_study(cfg, opts, params)
     parent = tracking.StudyRun(cfg)
     parent.open(study.user_attrs.get("mlflow_parent_run_id"), f"tune-{cfg.tune.study}",
@@ -609,14 +609,15 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
 def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: Any) -> dict[str, Any]:
     """Print the table; give the parent run the best trial and the plot; register the best model."""
     records = trial_records(study)
-    maximize = direction(opts.metric) == "maximize"
-    print("\n" + table(records, opts.metric, maximize), flush=True)
+    metric = opts.metric or cfg.tune.metric
+    maximize = direction(metric) == "maximize"
+    print("\n" + table(records, metric, maximize), flush=True)
     complete = [r for r in records if r["state"] == "COMPLETE"]
     best = summary_rows(complete, maximize)[0] if complete else None
     for record in records:
         if record["state"] == "FAIL" and not record["run_id"]:
             parent.fail_trial_runs(record["number"])
-    plot = _plot(cfg, records, opts.metric)
+    plot = _plot(cfg, records, metric)
     if plot:
         parent.log_artifact(plot)
     summary: dict[str, Any] = {"study": cfg.tune.study, "storage": secrets.redact_url(storage_url(cfg)),

@@ -155,6 +155,7 @@ def run_script(spec: dict[str, Any]) -> dict[str, Any]:
 
 def tee(proc: "subprocess.Popen[bytes]", log: IO[bytes], out: IO[bytes]) -> int:
     """Copy a child's output to ``log`` and ``out`` line by line; its exit code."""
+    assert proc.stdout is not None  # started with stdout=PIPE
     for line in iter(proc.stdout.readline, b""):
         log.write(line)
         out.write(line)

@@ -251,7 +251,7 @@ def _packed(digest: str, prefix: Optional[str], pack: PackFn, log: Callable[[str
     log(f"env archive: packing {prefix} (hash {digest}; once per environment change) ...")
     local = os.path.join(tmp, f"{digest}.tar.gz")
     pack(prefix, local)
-    if cached:
+    if cached and cache:
         os.makedirs(cache, exist_ok=True)
         shutil.copyfile(local, f"{cached}.part")
         os.replace(f"{cached}.part", cached)

@@ -317,7 +317,7 @@ def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
     y = cfg.yarn
     local = is_local_master(master)
     argv = ["--queue", y.queue] if y.queue and master == "yarn" else []
-    if y.principal:
+    if y.principal and y.keytab:  # set together (YarnConfig checks)
         argv += ["--principal", y.principal, "--keytab", y.keytab]
     argv += ["--driver-memory", y.driver_memory]
     if not local:

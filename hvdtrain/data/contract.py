@@ -181,6 +181,7 @@ def check_manifest(manifest: Manifest, model_cfg: ModelConfig, task: Optional[st
     tabular = _tabular_shape(manifest, inputs)
     return InputShape(text[0], text[1], manifest.num_classes, manifest.label_feature, kind=model_cfg.kind,
                       inputs=inputs, numeric_features=tabular.numeric_features, cardinalities=tabular.cardinalities,
+                      hash_buckets=tabular.hash_buckets,
                       task=manifest.task, labels=tuple(manifest.labels),
                       features=describe_features(manifest, inputs, text[1], tabular.cardinalities))
 

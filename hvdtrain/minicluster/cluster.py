@@ -202,7 +202,9 @@ def require_tools(which: Callable[[str], Optional[str]] = shutil.which) -> tuple
     if missing:
         raise EnvironmentProblem(f"hvdtrain cluster needs {', '.join(missing)} on PATH (a JDK 17 and Maven: "
                                  "apt-get install openjdk-17-jdk-headless maven)")
-    return found["java"], found["javac"], found["mvn"]
+    java, javac, mvn = found["java"], found["javac"], found["mvn"]
+    assert java and javac and mvn  # none is missing (checked above)
+    return java, javac, mvn
 
 
 def maven_error(output: str) -> str:

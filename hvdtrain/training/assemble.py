@@ -10,7 +10,7 @@ import dataclasses
 import datetime
 import logging
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import keras
 
@@ -110,8 +110,11 @@ def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hoo
     if exporter is not None and recorder is not None:  # both or neither
         out.append(recorder)
     if cfg.monitoring.step_breakdown:
-        log_metrics = (ctx.tracker.log_metrics if board is None else
-                       lambda m, step: (ctx.tracker.log_metrics(m, step), board.log_metrics(m)))
+        def log_metrics(metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+            ctx.tracker.log_metrics(metrics, step)
+            if board is not None:
+                board.log_metrics(metrics)
+
         out.append(breakdown.StepTimeBreakdown(rank, observed.allreduce_seconds,
                                                lambda: observed.checkpointer.seconds, log_metrics))
     recording = None
@@ -137,12 +140,13 @@ def _tensorboard(ctx: TrainContext, observed: Observed) -> Optional[tensorboard.
     if not (cfg.tensorboard.enabled and ctx.rank.is_chief):
         return None
     optimizer, checkpointer = observed.optimizer, observed.checkpointer
+    resume_step = observed.resumed.step if observed.resumed else 0
     board = tensorboard.start_hook(
         os.path.join(ctx.stage_dir, tensorboard.FOLDER), cfg.train.output, cfg.tensorboard.every_steps,
-        ctx.rank.size, observed.resumed.step if observed.resumed else 0, lambda: current_learning_rate(optimizer),
-        lambda: checkpointer.last_save.step if checkpointer.last_save else None,
-        (lambda: tensorboard.model_graph(checkpointer.model, ctx.shape.input_specs())) if cfg.tensorboard.graph
-        else None)
+        ctx.rank.size, resume_step, lambda: current_learning_rate(optimizer),
+        lambda: checkpointer.last_save.step if checkpointer.last_save else None)
+    if board is not None and cfg.tensorboard.graph and resume_step == 0:
+        board.add_graph(lambda: tensorboard.model_graph(checkpointer.model, ctx.shape.input_specs()))
     if board is not None:
         ctx.tracker.set_tags({"tensorboard": tensorboard.output_dir(cfg.train.output),
                               "tensorboard_command": f"hvdtrain tensorboard {cfg.train.output}"})

@@ -101,6 +101,7 @@ def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: i
     """JSON-ready metrics of one split (pure), as the task defines them (:mod:`hvdtrain.tasks`)."""
     loss = counts.loss_sum / counts.records if counts.records else 0.0
     if counts.task == "binary":
+        assert counts.histogram is not None  # a binary split always counts its score histogram
         out = metrics.binary_report(counts.confusion, counts.histogram, counts.loss_sum, labels)
         out["loss"] = loss
     elif counts.task == "multilabel":

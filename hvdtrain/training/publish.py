@@ -42,7 +42,8 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         model_uri = _log_run_end(ctx, model, report, local, png)
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
-                                  tracking_uri=secrets.redact_url(tracker.tracking_uri)), "tracking": tracker.summary()}
+                                  tracking_uri=(secrets.redact_url(tracker.tracking_uri)
+                                                            if tracker.tracking_uri else None)), "tracking": tracker.summary()}
         _dump_json(os.path.join(local, RESULT_NAME), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result
@@ -136,8 +137,9 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
 
 def check_replaceable(output: str) -> None:
     """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
-    (it holds ``result.json``), may be; anything else raises DataError before it is touched."""
-    names = fs.listdir(output) if fs.exists(output) else []
+    (it holds ``result.json``), may be; anything else raises DataError before it is touched. The TensorBoard
+    folder that this run publishes into ``train.output`` while it trains counts as hvdtrain's own."""
+    names = [n for n in (fs.listdir(output) if fs.exists(output) else []) if n != tensorboard.FOLDER]
     if names and RESULT_NAME not in names:
         raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
                         f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "

@@ -301,18 +301,25 @@ def _ready(tensors: Sequence[Any]) -> None:
 
 def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
                         inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
-                        guard: Optional[FiniteGuard] = None, steps_per_call: int = 1) -> OptimizerStep:
+                        guard: Optional[FiniteGuard] = None) -> OptimizerStep:
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
-    ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank.
-    With ``steps_per_call`` > 1 it takes the batches of up to that many steps (:func:`make_multi_step`)."""
+    ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
+    if accum_steps == 1:
+        fused = tf.function(train_step_body(model, optimizer, label_feature, inputs, reduction, guard))
+        return lambda batches: fused(batches[0])
+    return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
+
+
+def make_unrolled_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,
+                       inputs: Sequence[str], accum_steps: int = 1, reduction: Reduction = Reduction(),
+                       guard: Optional[FiniteGuard] = None) -> OptimizerStep:
+    """:func:`make_optimizer_step`'s step unrolled (``train.steps_per_call`` > 1): one compiled call takes the
+    batches of up to that many optimizer steps (:func:`make_multi_step`)."""
     if accum_steps == 1:
         body = train_step_body(model, optimizer, label_feature, inputs, reduction, guard)
-        if steps_per_call > 1:
-            return make_multi_step(lambda batches: body(batches[0]), 1)
-        fused = tf.function(body)
-        return lambda batches: fused(batches[0])
+        return make_multi_step(lambda batches: body(batches[0]), 1)
     accumulating = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
-    return make_multi_step(accumulating.body, accum_steps) if steps_per_call > 1 else accumulating
+    return make_multi_step(accumulating.body, accum_steps)
 
 
 def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, label_feature: str,

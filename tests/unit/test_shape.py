@@ -42,7 +42,8 @@ def test_path_fields_are_derived_from_the_marked_fields() -> None:
     assert set(config.path_fields()) == {
         "workdir", "source.path", "hive.warehouse_dir", "hive.metastore_dir", "etl.output", "etl.vocab_file",
         "train.output", "train.record_trace", "tracking.uri", "yarn.env_archive", "yarn.env_cache", "yarn.keytab",
-        "checkpoint.dir", "monitoring.textfile_dir", "score.report_dir", "tune.output", "model.code"}
+        "checkpoint.dir", "monitoring.textfile_dir", "score.report_dir", "tune.output", "model.code",
+        "spark.event_log_dir"}
 
 
 def test_a_marked_path_resolves_against_the_yaml_folder(tmp_path: pathlib.Path) -> None:
