@@ -27,6 +27,7 @@ PAIRED = {"input_vs_stock", "allreduce_vs_tcp", "allreduce_vs_tf_ring", "train_v
           "etl_high_cardinality"}
 
 
+@pytest.mark.timeout(1500)  # above the subprocess's own limit, which reports what it printed
 def test_quick_benchmarks_write_json_markdown_and_charts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1200)
