@@ -64,15 +64,28 @@ def ssh_hosts() -> Iterator[mp.SshHosts]:
 
 
 _MLFLOW_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI")
+# Set only inside a hadoop-tier test (tests/hadoop/conftest.py); one left behind turns every later Spark session
+# and subprocess onto the minicluster's HDFS.
+_CLUSTER_ENV = ("HADOOP_CONF_DIR", "HVDTRAIN_CLUSTER_HOME", "HVDTRAIN_PACK_CACHE")
+_CLUSTER_ENV_AT_START = {k: os.environ.get(k) for k in _CLUSTER_ENV}
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI in this process: a test that calls it (directly,
-    or through hvdtrain.tracking in-process) must not point later tests' default store at its temporary one."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """After the test's fixtures are torn down.
+
+    ``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI in this process: a test that calls it (directly,
+    or through hvdtrain.tracking in-process) must not point later tests' default store at its temporary one.
+    No cluster setting may outlive the test that set it."""
+    yield
     if _MLFLOW_URI_AT_START is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = _MLFLOW_URI_AT_START
+    leaked = {k: os.environ.get(k) for k in _CLUSTER_ENV if os.environ.get(k) != _CLUSTER_ENV_AT_START[k]}
+    if leaked:
+        raise AssertionError(f"{item.nodeid} left {leaked} in the environment: later tests would run against its "
+                             "cluster; restore it in the test's fixture")
 
 
 @pytest.fixture

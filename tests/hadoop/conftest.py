@@ -1,12 +1,14 @@
 """The ``hadoop`` tier's cluster: one real one-machine Hadoop per test session, always stopped at the end.
 
 ``hvdtrain cluster`` (hvdtrain/minicluster) starts Apache Hadoop's MiniDFSCluster and MiniYARNCluster in one
-JVM (Maven fetches the jars on first use). While the session runs, this process has HADOOP_CONF_DIR set to the
+JVM (Maven fetches the jars on first use). Each test that uses the cluster runs with HADOOP_CONF_DIR set to the
 cluster's configs and its ``bin/`` (Hadoop's own ``yarn`` and ``hdfs`` CLIs) on PATH, as a user would after
-``hvdtrain cluster up``.
+``hvdtrain cluster up``; the environment is restored after every such test (and after every module fixture that
+submits jobs), so no later test (a Spark session, a benchmark subprocess) finds hdfs:// as its default filesystem.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -22,24 +24,42 @@ from yarn.packaging import PACK_CACHE_ENV
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
     spec = cluster.ClusterSpec(home=home, start_timeout=600)
-    saved = {k: os.environ.get(k) for k in ("HADOOP_CONF_DIR", "PATH", "HVDTRAIN_CLUSTER_HOME", "SPARK_LOCAL_IP",
-                                       PACK_CACHE_ENV)}
     try:
         details = cluster.up(spec)
         # SPARK_LOCAL_IP: the drivers spark-submit starts here bind to loopback, as the cluster does.
-        os.environ.update(HADOOP_CONF_DIR=spec.conf_dir, PATH=f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
-                          HVDTRAIN_CLUSTER_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
-        # Pack the venv once per environment, not once per session (each session's HDFS starts empty).
-        os.environ.setdefault(PACK_CACHE_ENV, os.path.join(cluster.cache_root(), "env-archives"))
+        # The pack cache: the venv is packed once per environment, not once per session (HDFS starts empty).
+        details["env"] = {"HADOOP_CONF_DIR": spec.conf_dir, "PATH": f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
+                          "HVDTRAIN_CLUSTER_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
+                          PACK_CACHE_ENV: os.environ.get(PACK_CACHE_ENV)
+                          or os.path.join(cluster.cache_root(), "env-archives")}
         yield details
     finally:
         cluster.down(spec, quiet=True)
         shutil.rmtree(home, ignore_errors=True)  # the cluster's HDFS blocks and container folders
+
+
+@contextlib.contextmanager
+def cluster_env(details: dict) -> Iterator[None]:
+    """This process's environment pointed at the cluster, restored on the way out."""
+    saved = {k: os.environ.get(k) for k in details["env"]}
+    os.environ.update(details["env"])
+    try:
+        yield
+    finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _cluster_env_per_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not {"hadoop_cluster", "hdfs_root"} & set(request.fixturenames):
+        yield
+        return
+    with cluster_env(request.getfixturevalue("hadoop_cluster")):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ import pytest
 
 from hvdtrain import checkpoint, config, fs, manifest
 from hvdtrain.errors import ANY_FAILURE
+from tests.hadoop.conftest import cluster_env
 from tests.multiprocess.test_yarn_local import (
     REPO,
     assert_trained,
@@ -140,7 +141,7 @@ def _record(errors: list[BaseException], fn: Any, *args: Any) -> None:
 # -- submissions refused in seconds ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_archive(hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+def tiny_archive(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A stand-in env archive for submissions the cluster must refuse before any container runs."""
     folder = tmp_path_factory.mktemp("tiny-env")
     (folder / "bin").mkdir()
@@ -148,7 +149,8 @@ def tiny_archive(hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> st
     with tarfile.open(path, "w:gz") as tar:
         tar.add(folder / "bin", arcname="bin")
     uri = f"{hdfs_root}/envs/tiny.tar.gz"
-    fs.copy_from_local(str(path), uri)
+    with cluster_env(hadoop_cluster):  # module fixtures run before the per-test environment is set
+        fs.copy_from_local(str(path), uri)
     return uri
 
 
@@ -227,18 +229,20 @@ def etl_job(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="module")
-def hdfs_dataset(etl_job: Path) -> str:
+def hdfs_dataset(hadoop_cluster: dict, etl_job: Path) -> str:
     """``hvdtrain yarn etl --master yarn``: TFRecords published to hdfs:// (the publish rename done by the
     NameNode). The first YARN job: it packs the env archive and uploads it to the env cache on HDFS."""
     cmd = [sys.executable, "-m", "hvdtrain.cli", "yarn", "etl", str(etl_job), "--master", "yarn",
            "--create-sample-table", "--overwrite", "--num-executors", "2"]
-    proc = run_submit(cmd, timeout=1500)
+    with cluster_env(hadoop_cluster):
+        proc = run_submit(cmd, timeout=1500)
     assert "env archive: uploading" in proc.stdout + proc.stderr
     return config.load(str(etl_job)).etl.output
 
 
 @pytest.fixture(scope="module")
-def trained(hdfs_dataset: str, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+def trained(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
+            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """``hvdtrain yarn submit --master yarn --num-workers 2``; returns (train.output, the launcher's output)."""
     folder = tmp_path_factory.mktemp("hadoop-train")
     output = f"{hdfs_root}/train"
@@ -246,8 +250,9 @@ def trained(hdfs_dataset: str, hdfs_root: str, tmp_path_factory: pytest.TempPath
                     yarn=yarn_block(hdfs_root, env={"SPARK_LOCAL_IP": "127.0.0.1",
                                                     "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
     job.write_text(job.read_text() + f"checkpoint:\n  dir: {output}/checkpoints\n")  # checkpoints on HDFS too
-    proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "submit", str(job), "--num-workers", "2"],
-                      timeout=1500)
+    with cluster_env(hadoop_cluster):
+        proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "submit", str(job), "--num-workers", "2"],
+                          timeout=1500)
     return output, proc.stdout + proc.stderr
 
 

@@ -109,6 +109,7 @@ def test_etl_publishes_to_hdfs_byte_identical_to_a_local_run(hadoop_cluster, bas
     from etl import job as etl_job
     from etl import session
     from hvdtrain import config, manifest
+    from tests.support.spark_jvm import stop_with_jvm
 
     conf = {"name": "hdfs-etl", "workdir": str(tmp_path / "work"),
             "source": {"path": str(tmp_path / "src.json"), "format": "json"},
@@ -125,7 +126,7 @@ def test_etl_publishes_to_hdfs_byte_identical_to_a_local_run(hadoop_cluster, bas
             cfg = config.from_dict({**conf, "etl": {**conf["etl"], "output": output}}, base_dir=str(tmp_path))
             reports[where] = etl_job.run(spark, cfg)
     finally:
-        spark.stop()
+        stop_with_jvm(spark)  # its JVM has the cluster's core-site.xml: no later test may join it
     remote, here = manifest.read(out), manifest.read(str(tmp_path / "local-out"))
     assert reports["hdfs"]["rows_written"] == reports["local"]["rows_written"] == 300
     assert [(s.path, s.records, s.sha256) for sp in remote.splits for s in remote.split(sp).shards] == \

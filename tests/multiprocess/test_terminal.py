@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, console
+from hvdtrain import config, console, tasks
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,8 +87,9 @@ def job(tmp_path_factory) -> Path:
 @pytest.mark.multiprocess
 def test_training_on_a_terminal_shows_a_bar_clean_lines_and_a_summary(job: Path, tmp_path: Path) -> None:
     # The options after the config and an override after the options, as the issue typed it.
-    code, screen = on_screen([sys.executable, "-m", "hvdtrain.cli", "train", str(job), "--np", "2", "train.epochs=2"],
-                             tmp_path)
+    # Each run its own checkpoint folder: with checkpoint.resume=never a folder holding checkpoints is refused.
+    code, screen = on_screen([sys.executable, "-m", "hvdtrain.cli", "train", str(job), "--np", "2", "train.epochs=2",
+                              f"checkpoint.dir={tmp_path / 'ckpt'}"], tmp_path)
     text = "\n".join(screen)
     assert code == 0, text[-4000:]
     assert "<stderr>:" not in text and "<stdout>:" not in text and console.EVENT_MARK.strip() not in text
@@ -98,7 +99,8 @@ def test_training_on_a_terminal_shows_a_bar_clean_lines_and_a_summary(job: Path,
     assert "[rank 0] INFO epoch 2/2: loss" in text and "[rank 0] INFO epoch 1/2 step" not in text  # bar, not lines
     assert screen.index(bars[0]) < screen.index("training finished (the full result: --json):")
     table = screen[screen.index("training finished (the full result: --json):") + 1:]
-    assert [row.split()[0] for row in table] == ["test", "test", "validation", "epochs", "ranks", "eval", "exported",
+    headline = ["test"] * len(tasks.HEADLINE["multiclass"])
+    assert [row.split()[0] for row in table] == [*headline, "validation", "epochs", "ranks", "eval", "exported",
                                                  "MLflow"]
     assert re.match(r"^  test accuracy +\d\.\d{4}$", table[0]) and re.match(r"^  test macro F1 +\d\.\d{4}$", table[1])
     assert re.match(r"^  MLflow +run [0-9a-f]{32} at sqlite:///", table[-1])
@@ -117,9 +119,10 @@ def test_a_failing_rank_ends_the_screen_with_its_one_line_error(job: Path, tmp_p
 
 
 @pytest.mark.multiprocess
-def test_off_a_terminal_lines_stay_and_json_is_behind_a_flag(job: Path) -> None:
+def test_off_a_terminal_lines_stay_and_json_is_behind_a_flag(job: Path, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "train", str(job), "--json", "--np", "2",
-                           "train.epochs=2"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+                           "train.epochs=2", f"checkpoint.dir={tmp_path / 'ckpt'}"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])  # after the "$ horovodrun ..." line
     assert result["world_size"] == 2 and result["ranks_agree"] and result["epochs_run"] == 2

@@ -8,6 +8,7 @@ import pytest
 
 from hvdtrain import config, features, manifest
 from hvdtrain.data import contract
+from tests.support.spark_jvm import assert_local_default_fs
 from tests.unit.test_tfrecord import read_with_tfrecord_package
 
 pytestmark = pytest.mark.spark
@@ -27,6 +28,7 @@ def spark(base_cfg):
     from etl import session
 
     s = session.get_session(base_cfg, "local[2]")
+    assert_local_default_fs(s)
     s.conf.set("spark.sql.shuffle.partitions", "4")  # small tables: 200 near-empty shuffle tasks only cost time
     yield s
     s.stop()

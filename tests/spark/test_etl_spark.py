@@ -10,6 +10,7 @@ import pytest
 
 from hvdtrain import config, fs, manifest
 from hvdtrain.errors import DataError
+from tests.support.spark_jvm import assert_local_default_fs
 from tests.unit.test_tfrecord import read_with_tfrecord_package
 
 pytestmark = pytest.mark.spark
@@ -30,6 +31,7 @@ def spark(hive_cfg):
     from etl import session
 
     s = session.get_session(hive_cfg, "local[2,4]")  # local[N,F]: a failed task is retried (up to F attempts)
+    assert_local_default_fs(s)
     s.sql("CREATE DATABASE IF NOT EXISTS etltest")
     yield s
     s.stop()

@@ -417,7 +417,7 @@ def test_model_inputs_per_kind() -> None:
 def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest) -> None:
     shape = data.check_manifest(tabular, MLP)
     assert shape == data.InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric", "categorical"),
-                                    numeric_features=4, cardinalities=(3, 6))
+                                    numeric_features=4, cardinalities=(3, 6), hash_buckets=(0, 0))
     assert shape.input_specs() == {"numeric": ("float32", [4]), "categorical": ("int64", [2])}
     batch = next(iter(data.eval_dataset(tabular, "test", rank=0, size=1, batch_size=5,
                                         features=[*shape.inputs, "label"])))

@@ -1,0 +1,32 @@
+"""Spark's JVM in the test process: one gateway serves every SparkSession pytest creates, and that JVM keeps the
+Hadoop configuration it started with (HADOOP_CONF_DIR's core-site.xml is on its classpath). A test that starts
+Spark against the minicluster must leave no JVM behind, or every later session resolves bare paths on hdfs://."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def stop_with_jvm(spark: Any) -> None:
+    """Stop the session and shut its JVM gateway down, so the next session starts a JVM of its own."""
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            proc.wait(timeout=60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def default_fs(spark: Any) -> str:
+    """The filesystem this session's JVM resolves bare paths on."""
+    return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS")
+
+
+def assert_local_default_fs(spark: Any) -> None:
+    fs = default_fs(spark)
+    assert fs.startswith("file:"), (f"this Spark JVM resolves bare paths on {fs}: an earlier test started Spark with "
+                                    "HADOOP_CONF_DIR set and left its JVM running (tests/support/spark_jvm.py)")
