@@ -23,10 +23,10 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs
+from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ConfigError, HvdtrainError
+from hvdtrain.errors import ConfigError
 from yarn import packaging, submit
 
 ETL_SCRIPT = os.path.join(packaging.project_root(), "etl", "job.py")
@@ -153,14 +153,7 @@ def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, deps: Optional[submit.Collaborators] = None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args, deps or submit.Collaborators())
-    except HvdtrainError as exc:
-        return console.print_error(exc, "hvdtrain")
-    except KeyboardInterrupt:
-        print("hvdtrain: interrupted; the application was released", file=sys.stderr)
-        return 130
+    return submit.guarded(run, parse_args(argv), deps or submit.Collaborators())
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ import zipfile
 from typing import Any, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, keras3_check
+from hvdtrain import fs, keras3_check
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, HvdtrainError, StepFailed
+from hvdtrain.errors import ANY_ERROR, ConfigError, StepFailed
 from yarn import submit
 
 MAX_FOLDER_BYTES = 200 << 20  # a script's folder is code; data belongs on HDFS
@@ -128,14 +128,7 @@ def run(args: argparse.Namespace, deps: submit.Collaborators) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, deps: Optional[submit.Collaborators] = None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args, deps or submit.Collaborators())
-    except HvdtrainError as exc:
-        return console.print_error(exc, "hvdtrain")
-    except KeyboardInterrupt:
-        print("hvdtrain: interrupted; the application was released", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return submit.guarded(run, parse_args(argv), deps or submit.Collaborators())
 
 
 if __name__ == "__main__":

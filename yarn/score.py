@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from hvdtrain import config as config_mod
 from hvdtrain import envcheck, fs
 from hvdtrain.config import JobConfig
-from hvdtrain.errors import ConfigError, HvdtrainError
+from hvdtrain.errors import ConfigError
 from yarn import packaging, submit
 
 SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
@@ -121,15 +121,7 @@ def _as_submit(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None, deps: Optional[submit.Collaborators] = None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args, deps or submit.Collaborators())
-    except HvdtrainError as exc:
-        print(f"hvdtrain: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("hvdtrain: interrupted; the application was released", file=sys.stderr)
-        return 130
+    return submit.guarded(run, parse_args(argv), deps or submit.Collaborators())
 
 
 if __name__ == "__main__":

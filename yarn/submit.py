@@ -662,13 +662,17 @@ def result_summary(uri: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None, deps: Optional[Collaborators] = None) -> int:
-    args = parse_args(argv)
-    deps = deps or Collaborators()
-    # A plain `kill` of this process releases the application as Ctrl-C does.
+    return guarded(run, parse_args(argv), deps or Collaborators())
+
+
+def guarded(job: Callable[[argparse.Namespace, Collaborators], int], args: argparse.Namespace,
+            deps: Collaborators) -> int:
+    """Run one submission (``yarn submit``, ``run``, ``etl``, ``score``): an error as its one line and exit code,
+    Ctrl-C or a plain ``kill`` of this process releasing the application."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main_thread else None
     try:
-        return run(args, deps)
+        return job(args, deps)
     except HvdtrainError as exc:
         return console.print_error(exc, "hvdtrain")
     except KeyboardInterrupt:
