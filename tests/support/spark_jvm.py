@@ -3,6 +3,8 @@ Hadoop configuration it started with (HADOOP_CONF_DIR's core-site.xml is on its 
 Spark against the minicluster must leave no JVM behind, or every later session resolves bare paths on hdfs://."""
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from typing import Any
 
 
@@ -14,9 +16,15 @@ def stop_with_jvm(spark: Any) -> None:
     gateway = SparkContext._gateway
     if gateway is not None:
         gateway.shutdown()
-        proc = getattr(gateway, "proc", None)
+        proc = getattr(gateway, "proc", None)  # the JVM pyspark launched (it ends when its stdin closes)
         if proc is not None:
-            proc.wait(timeout=60)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
     SparkContext._gateway = None
     SparkContext._jvm = None
 
