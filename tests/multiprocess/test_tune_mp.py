@@ -1,4 +1,4 @@
-"""``hvdtrain tune`` for real: 9 trials, eta 3, every trial ``horovodrun -np 2`` on a tiny text dataset shaped
+"""``hvdtrain tune`` for real: 6 trials, eta 3, every trial ``horovodrun -np 2`` on a tiny text dataset shaped
 like the demo's (hvdtrain.synthetic), 2 trials at once, MLflow in a local store.
 
 One study serves every test here: the driver is SIGKILLed while trials run, then the same command is run
@@ -20,7 +20,7 @@ from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = 9
+TRIALS = 6
 
 
 def _env() -> dict[str, str]:
@@ -100,7 +100,7 @@ def _client(cfg):
     return mlflow.MlflowClient(tracking.resolve_store(None, {}, cfg.workdir).tracking_uri)
 
 
-def test_the_study_ends_9_trials_and_prunes_some(study):
+def test_the_study_ends_every_trial_and_prunes_some(study):
     from hvdtrain import tune
 
     trials = _load(study["cfg"]).get_trials()
