@@ -29,6 +29,7 @@ from typing import Iterator
 import pytest
 
 from tests.support import mp
+from yarn.packaging import PACK_CACHE_ENV
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -66,7 +67,7 @@ def ssh_hosts() -> Iterator[mp.SshHosts]:
 _MLFLOW_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI")
 # Set only inside a hadoop-tier test (tests/hadoop/conftest.py); one left behind turns every later Spark session
 # and subprocess onto the minicluster's HDFS.
-_CLUSTER_ENV = ("HADOOP_CONF_DIR", "HVDTRAIN_CLUSTER_HOME", "HVDTRAIN_PACK_CACHE")
+_CLUSTER_ENV = ("HADOOP_CONF_DIR", "HVDTRAIN_CLUSTER_HOME", PACK_CACHE_ENV)
 _CLUSTER_ENV_AT_START = {k: os.environ.get(k) for k in _CLUSTER_ENV}
 
 
