@@ -97,6 +97,7 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             raw = sources.read(spark, cfg)
         with timer.stage("validate"):
             checked = validate.run(raw, cfg, fault)
+            validate.refuse_undecodable(checked, cfg, sources.describe(cfg))
             rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
             labels = label_mod.fit(rows, cfg)

@@ -62,6 +62,10 @@ def _read_files(spark: Any, cfg: JobConfig) -> Any:
     if src.format in ("csv", "json"):
         # Malformed lines are kept in _corrupt_record and quarantined, not dropped or fatal.
         reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+    if src.encoding:
+        reader = reader.option("encoding", src.encoding)
+        if src.format == "json":
+            reader = reader.option("lineSep", "\n")  # Spark needs it for a non-UTF-8 JSON Lines file
     if src.format == "csv":
         reader = reader.option("header", "true").option("multiLine", "true").option("escape", '"')
     if src.schema:

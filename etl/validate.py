@@ -10,16 +10,18 @@ the key, text and label columns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, get_args
 
 from etl import faults
 from etl.accounting import RowCounts
 from hvdtrain import fs
-from hvdtrain.config import JobConfig
+from hvdtrain.config import Charset, JobConfig
 from hvdtrain.errors import DataError
 
 CORRUPT = "_corrupt_record"
 DUPLICATE = "duplicate_key"
+# Rule prefix for a csv/json value holding U+FFFD: what Spark reads for bytes the file's charset does not decode.
+UNDECODABLE = "undecodable"
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,14 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         return F.col(f"`{roles.get(name, name)}`")
 
     out: list[Rule] = []
+    has_text = cfg.source.text_column is not None
+    if cfg.source.path is not None and cfg.source.format in ("csv", "json"):
+        read = ([CORRUPT] if has_corrupt else []) + ["key"] + (["text"] if has_text else []) + ["label"]
+        for c in read + list(cfg.source.categorical_columns):
+            out.append(Rule(f"{UNDECODABLE}:{'record' if c == CORRUPT else c}", c,
+                            lambda c=c: undecodable(F.col(f"`{c}`").cast("string"))))
     if has_corrupt:
         out.append(Rule("malformed_record", CORRUPT, lambda: F.col(CORRUPT).isNotNull()))
-    has_text = cfg.source.text_column is not None
     out.append(Rule("key_null", "key", lambda: F.col("key").isNull() | (F.trim("key") == "")))
     if has_text:
         out += [Rule("text_null", "text", lambda: F.col("text").isNull()),
@@ -132,6 +139,14 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         out.append(Rule(f"regex:{c}", roles.get(c, c),
                         lambda c=c, pattern=pattern: col(c).isNotNull() & ~col(c).cast("string").rlike(pattern)))
     return out
+
+
+def undecodable(value: Any) -> Any:
+    """True for a string Spark read from bytes its charset does not decode: CSV holds them as U+FFFD, a JSON
+    line that does not parse keeps its raw bytes (not valid UTF-8) in the corrupt-record column."""
+    from pyspark.sql import functions as F
+
+    return ~F.is_valid_utf8(value) | value.contains("\ufffd")
 
 
 def non_finite(name: str, column: str) -> Rule:
@@ -196,6 +211,24 @@ def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int]:
     dropped = (numbered.where("_n > 1").select("key", "text", "label")
                .withColumn("rule", F.lit(DUPLICATE)).withColumn("value", F.col("key")))
     return numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0)
+
+
+def refuse_undecodable(checked: Checked, cfg: JobConfig, source_name: str) -> None:
+    """Files not in their declared character set are an error, not rejects: Spark reads the bytes it cannot
+    decode as U+FFFD, so quarantining them would keep only the rows without accents (and train the rest's
+    categories as mangled strings)."""
+    from pyspark.sql import functions as F
+
+    bad = {r.split(":", 1)[1]: n for r, n in checked.rejects_by_rule.items() if r.startswith(UNDECODABLE + ":")}
+    if not bad:
+        return
+    first = checked.rejects.where(F.col("rule").startswith(UNDECODABLE + ":")).select("key", "value").first()
+    enc = cfg.source.encoding or "utf-8"
+    others = ", ".join(c for c in get_args(Charset) if c != enc)
+    raise DataError(f"{source_name} is not {enc}: {sum(bad.values()):,} rows hold bytes that do not decode "
+                    f"(columns {', '.join(sorted(bad))}; first: key {first['key']!r}, value {first['value'][:80]!r}). "
+                    f"Nothing was published: set source.encoding to the files' character set ({others}), "
+                    "or convert them to UTF-8 first, e.g. iconv -f cp1252 -t utf-8")
 
 
 def enforce_limits(checked: Checked, valid_rows: int, cfg: JobConfig, source_name: str) -> None:

@@ -78,6 +78,10 @@ class SampleConfig:
         _require(self.noise_std >= 0, "noise_std", self.noise_std, "must be >= 0")
 
 
+# The character sets Spark 4 reads csv/json files in (its CSVOptions/JSONOptions refuse others).
+Charset = Literal["utf-8", "iso-8859-1", "us-ascii", "utf-16", "utf-16be", "utf-16le", "utf-32"]
+
+
 @dataclass
 class SourceConfig:
     """Where the raw rows come from: a Hive table or files at a URI."""
@@ -86,6 +90,8 @@ class SourceConfig:
     path: Optional[str] = path_field(None)
     format: Optional[Literal["parquet", "orc", "csv", "json"]] = None
     schema: Optional[str] = None  # Spark DDL for files, e.g. "id STRING, text STRING, label STRING"
+    # The character set of csv/json files; null reads UTF-8. Spark reads these (others: convert with iconv).
+    encoding: Optional[Charset] = None
     text_column: Optional[str] = "text"  # null for a tabular-only dataset
     label_column: str = "label"
     key_column: str = "id"
@@ -103,6 +109,8 @@ class SourceConfig:
         if self.path is not None:
             _require(self.format is not None, "format", self.format,
                      "must be set when source.path is: one of parquet, orc, csv, json")
+        _require(self.encoding is None or self.format in ("csv", "json"), "encoding", self.encoding,
+                 "applies to csv and json files only: remove it (Hive tables, Parquet and ORC hold UTF-8)")
         if self.filter is not None:
             check_predicate("filter", self.filter)
         _require(self.text_column is not None or bool(self.numeric_columns or self.categorical_columns),

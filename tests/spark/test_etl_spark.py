@@ -289,6 +289,41 @@ def test_malformed_lines_wrong_types_and_rule_breaks_are_quarantined(spark, hive
     assert rejects["malformed_record"].startswith('{"id": "bad1"')
 
 
+LATIN = [(f"r{i}", ["café crème brûlée", "plain words here"][i % 2] + f" {i}", ["pos", "neg"][i % 2])
+         for i in range(40)]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_a_latin1_file_read_as_utf8_fails_naming_the_encoding_and_reads_with_source_encoding(
+        spark, hive_cfg, tmp_path, fmt):
+    """Spark decodes bytes that are not UTF-8 as U+FFFD without a word: the ETL must refuse (not quarantine the
+    accented half, not train on mangled text), and read the file exactly once the encoding is named."""
+    from etl import job as etl_job
+
+    if fmt == "csv":
+        body = "id,text,label\n" + "".join(f"{k},{t},{lab}\n" for k, t, lab in LATIN)
+    else:
+        body = "".join(json.dumps({"id": k, "text": t, "label": lab}, ensure_ascii=False) + "\n"
+                       for k, t, lab in LATIN)
+    src = tmp_path / f"latin1.{fmt}"
+    src.write_bytes(body.encode("latin-1"))
+    cfg = file_job(hive_cfg, tmp_path, {"path": str(src), "format": fmt})
+    column = "text" if fmt == "csv" else "record"  # a JSON line with bad bytes does not parse: its whole record
+    with pytest.raises(DataError, match=rf"is not utf-8: 20 rows hold bytes that do not decode \(columns {column}; "
+                                        r"first: key .*Nothing was published: set source.encoding .*iso-8859-1"):
+        etl_job.run(spark, cfg)
+    assert files_under(cfg.etl.output) == []
+    cfg = file_job(hive_cfg, tmp_path, {"path": str(src), "format": fmt, "encoding": "iso-8859-1"})
+    report = etl_job.run(spark, cfg)
+    assert report["rows_written"] == 40 and report["rows_rejected"] == 0
+    m = manifest.read(cfg.etl.output)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(fs.read_bytes(fs.join(m.root, m.vocab["tokenizer"])).decode("utf-8"))
+    assert not any("\ufffd" in w for w in tok.get_vocab())
+    assert "[UNK]" not in tok.encode("café crème brûlée").tokens  # the accented words were learnt as read
+
+
 def test_reject_fraction_over_the_limit_aborts_and_publishes_nothing(spark, hive_cfg, tmp_path):
     from etl import job as etl_job
 
