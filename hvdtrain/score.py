@@ -204,6 +204,9 @@ def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], di
         strings = texts if pd.api.types.is_string_dtype(texts.dtype) and texts.dtype != object \
             else texts.astype("string")  # a cast costs more than the check (Spark's Arrow strings need none)
         flag((strings.str.strip().fillna("") == "").to_numpy(), f"blank text ({spec.text_column})")
+        # U+FFFD: Spark read bytes the file's charset does not decode (a Latin-1 CSV read as UTF-8)
+        flag(strings.str.contains("\ufffd", regex=False).fillna(False).to_numpy(dtype=bool),
+             f"undecodable text ({spec.text_column}): set source.encoding")
     numeric: dict[str, np.ndarray] = {}
     for c in spec.numeric_columns:
         raw = frame[c]

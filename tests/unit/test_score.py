@@ -66,8 +66,9 @@ def test_target_plan_defaults_and_flags() -> None:
 
 def test_rows_that_cannot_be_scored_are_rejected_with_a_reason_and_the_rest_predicted() -> None:
     spec = _spec()
-    frame = pd.DataFrame({"id": ["1", "2", None, "4", "5", "6"], "text": ["good film", None, "bad", "  ", "bad", "ab"],
-                          "age": ["31", "30", "1", "2", "old", None], "region": ["n", "s", "e", "w", "n", "s"]})
+    frame = pd.DataFrame({"id": ["1", "2", None, "4", "5", "6", "7"],
+                          "text": ["good film", None, "bad", "  ", "bad", "ab", "caf\ufffd"],  # \ufffd: Latin-1 read as UTF-8
+                          "age": ["31", "30", "1", "2", "old", None, "3"], "region": ["n", "s", "e", "w", "n", "s", "e"]})
     seen = []
 
     def predict(x):  # a stand-in model: logit of "pos" = number of "good" tokens
@@ -76,15 +77,15 @@ def test_rows_that_cannot_be_scored_are_rejected_with_a_reason_and_the_rest_pred
         return np.stack([np.zeros(len(good)), good.astype(float)], axis=1)
 
     out = score.score_frame(frame, spec, features.FeatureEncoder(spec.tokenizer_json, spec.tabular), predict)
-    assert list(out["id"]) == ["1", "6", "2", None, "4", "5"]  # scored first, then rejects
+    assert list(out["id"]) == ["1", "6", "2", None, "4", "5", "7"]  # scored first, then rejects
     assert list(out["reject_reason"]) == [None, None, "null text (text)", "null key (id)", "blank text (text)",
-                                          "bad numeric value in age"]
+                                          "bad numeric value in age", "undecodable text (text): set source.encoding"]
     assert list(out["predicted_label"][:2]) == ["pos", "neg"] and out["predicted_label"][2:].isna().all()
     probs = np.stack([out[c] for c in score.prob_columns(2)], axis=1)  # one column per class, in label order
     np.testing.assert_allclose(probs[0], [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-6)
     assert out["predicted_score"][1] == pytest.approx(0.5)
     assert np.isnan(probs[2:]).all() and np.isnan(out["predicted_score"][2:]).all()  # rejects: null after finish
-    assert list(out["region"]) == ["n", "s", "s", "e", "w", "n"]
+    assert list(out["region"]) == ["n", "s", "s", "e", "w", "n", "e"]
     cols = [c.split(" ")[0].strip("`") for c in score.batch_ddl("id", 2, [("region", "string")]).split(", ")]
     assert list(out.columns) == cols
     assert out["reject_input"][5] == '{"text": "bad", "age": "old"}'
