@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import sys
+import tempfile
 from typing import Any, Iterator, Optional
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs
+from hvdtrain import console, fs, secrets
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import EnvironmentProblem
 
@@ -133,9 +135,10 @@ def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False
     path = log_file(cfg, master, verbose, job)
     log_config = _write_log_config(path) if path else None
     builder = SparkSession.builder
-    for key, value in spark_conf(cfg, master, log_config, progress_bars=verbose).items():
+    plain, secret = secrets.split_secret_items(spark_conf(cfg, master, log_config, progress_bars=verbose))
+    for key, value in plain.items():
         builder = builder.config(key, value)
-    with _output_to(path):
+    with _output_to(path), _secret_properties(secret, builder):
         spark = builder.enableHiveSupport().getOrCreate()
     for key, value in FIXED_CONF.items():  # a joined session (spark-submit) keeps its own settings otherwise
         spark.conf.set(key, value)
@@ -152,6 +155,37 @@ def _write_log_config(path: str) -> str:
     with open(config_path, "w") as fh:
         fh.write(LOG4J2_PROPERTIES.format(path=path))
     return config_path
+
+
+@contextlib.contextmanager
+def _secret_properties(items: dict[str, str], builder: Any) -> Iterator[None]:
+    """Secret settings (``spark.hadoop.fs.s3a.secret.key``, a URL password) reach the JVM PySpark starts through
+    a 0600 ``--properties-file``, read once at launch and deleted, never through its command line (PySpark passes
+    builder settings as ``--conf K=V``, visible to ``ps``). A JVM already running takes them in process."""
+    from pyspark import SparkContext
+
+    if not items:
+        yield
+        return
+    if SparkContext._gateway is not None:
+        for key, value in items.items():
+            builder.config(key, value)
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="hvdtrain-spark-", suffix=".properties")
+    os.close(fd)
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    try:
+        secrets.write_properties(path, items)
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (f"--properties-file {shlex.quote(path)} --load-spark-defaults "
+                                             + (before or "pyspark-shell"))
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        os.remove(path)
 
 
 @contextlib.contextmanager

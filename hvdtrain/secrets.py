@@ -126,3 +126,12 @@ def write_private(path: str, data: bytes) -> str:
     os.chmod(path, 0o600)
     return path
 
+
+def write_properties(path: str, items: Mapping[str, str]) -> str:
+    """Spark settings in a Java properties file only this user can read, for ``--properties-file``."""
+    text = "".join(f"{k}={_escape_property(v)}\n" for k, v in items.items())
+    return write_private(path, text.encode("utf-8"))
+
+
+def _escape_property(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")

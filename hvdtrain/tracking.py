@@ -238,7 +238,7 @@ class Tracker:
             os.environ.setdefault(name, value)
         if store.tracking_uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
-        mlflow.set_tracking_uri(store.tracking_uri)
+        _set_tracking_uri(store.tracking_uri)
         run = _resume_run(mlflow, resume_run_id) if resume_run_id else None
         if run is None:
             experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
@@ -459,7 +459,7 @@ def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = "
     import mlflow
 
     store = resolve_store(getattr(tracking_cfg, "uri", None), os.environ, workdir)
-    mlflow.set_tracking_uri(store.tracking_uri)
+    _set_tracking_uri(store.tracking_uri)
     client = mlflow.MlflowClient()
     try:
         kind, name, detail = parse_model_ref(ref)
@@ -536,7 +536,7 @@ class StudyRun:
             store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
             if store.tracking_uri.startswith("sqlite:///"):
                 os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
-            mlflow.set_tracking_uri(store.tracking_uri)  # register_model() reads it
+            _set_tracking_uri(store.tracking_uri)  # register_model() reads it
             self._client = mlflow.MlflowClient(store.tracking_uri)
             if run_id:
                 try:
@@ -607,3 +607,12 @@ class StudyRun:
     def end(self, status: str = "FINISHED") -> None:
         self._call("end", lambda: self._client.set_terminated(self.run_id, status=status))
 
+
+def _set_tracking_uri(uri: str) -> None:
+    """Point MLflow at ``uri``. A URI holding a password also stops MLflow's own "View run at <uri>" lines,
+    which it writes to stdout unredacted (hvdtrain prints the run's address itself, redacted)."""
+    import mlflow
+
+    if secrets.has_secret(uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    mlflow.set_tracking_uri(uri)

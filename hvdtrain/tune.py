@@ -254,9 +254,16 @@ def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str,
     return out
 
 
-def trial_env(env: Mapping[str, str], storage: str) -> dict[str, str]:
-    """A trial's environment (pure): the study's storage URL rides here, not on the command line."""
-    return {**env, STORAGE_ENV: storage}
+def trial_env(env: Mapping[str, str], storage: str, config_uri: Optional[str] = None) -> dict[str, str]:
+    """A trial's environment (pure): the study's storage URL rides here, not on the command line.
+
+    MLflow's ``set_tracking_uri`` exported the driver's URI as ``$MLFLOW_TRACKING_URI``; when the config names
+    ``tracking.uri`` the trial reads it from there, so it is not handed on: horovodrun's Gloo launcher writes
+    each rank's environment into its ``/bin/sh -c env K=V ...`` command line, and the URI may hold a password."""
+    out = {**env, STORAGE_ENV: storage}
+    if config_uri:
+        out.pop("MLFLOW_TRACKING_URI", None)
+    return out
 
 
 def trial_command(opts: TuneOptions, overrides: Sequence[str], start_timeout: int) -> list[str]:
@@ -452,7 +459,7 @@ class Driver:
         trial.set_user_attr("output", fs.join(trial_folder(self.cfg, trial.number), "model"))
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
-        code, error = run_process(cmd, log_path, trial_env(_child_env(), self.storage))
+        code, error = run_process(cmd, log_path, trial_env(_child_env(), self.storage, self.cfg.tracking.uri))
         frozen = self.study._storage.get_trial(trial._trial_id)
         self._tag_child(trial, frozen, code)
         if code != 0:

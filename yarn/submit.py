@@ -264,12 +264,7 @@ def conf_args(conf: Sequence[tuple[str, str]], properties_file: str) -> tuple[li
 def write_properties(plan: SubmitPlan) -> None:
     """The plan's secret settings, in a file only this user can read (before spark-submit starts)."""
     if plan.secret_conf and plan.properties_file:
-        text = "".join(f"{k}={_escape_property(v)}\n" for k, v in plan.secret_conf.items())
-        secrets.write_private(plan.properties_file, text.encode("utf-8"))
-
-
-def _escape_property(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n")
+        secrets.write_properties(plan.properties_file, plan.secret_conf)
 
 
 def build_plan(cfg: JobConfig, master: str, inputs: Inputs,

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,16 +19,10 @@ import pytest
 
 from hvdtrain import config
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from tests.support.mlflow_server import free_port, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
-MLFLOW = Path(sys.executable).parent / "mlflow"
 MODEL_NAME = "hvdtrain-test-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -40,56 +32,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited with {proc.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"mlflow server did not answer {url} within {timeout}s")
-
-
-def _start_server(root: Path, port: int) -> subprocess.Popen:
-    """``mlflow server`` on 127.0.0.1:port over a SQLite store in ``root``; returns once it answers /health."""
-    if not MLFLOW.exists():
-        pytest.fail(f"mlflow is not installed next to {sys.executable}: run `make env`")
-    cmd = [str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-           "--artifacts-destination", str(root / "artifacts"), "--default-artifact-root", "mlflow-artifacts:/"]
-    env = {**_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers
-    with open(root / "server.log", "a") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=120)
-    except BaseException:
-        _stop_server(proc)
-        raise
-    return proc
-
-
-def _stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: uvicorn and its workers
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root, port = tmp_path_factory.mktemp("mlflow-server"), _free_port()
-    proc = _start_server(root, port)
+    root, port = tmp_path_factory.mktemp("mlflow-server"), free_port()
+    proc = start_server(root, port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        _stop_server(proc)
+        stop_server(proc)
 
 
 def _write_job(tmp: Path, name: str, tracking: dict[str, Any], epochs: int = 2) -> Path:
@@ -155,7 +105,7 @@ def test_run_metrics_and_registered_model_reach_a_real_server(tmp_path: Path, ml
 
 
 def test_a_tracking_outage_warns_and_training_finishes(tmp_path: Path) -> None:
-    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     proc, result, seconds = _train(tmp_path, "outage", {"uri": closed, "log_every_steps": 1})
     assert "tracking is off for the rest of this run, training goes on" in proc.stderr
     assert result["run_id"] is None and result["test_accuracy"] >= 0.8
@@ -169,10 +119,10 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
     the run buffers what it could not send, flushes it when the server is back, and misses nothing."""
     from mlflow import MlflowClient
 
-    root, port = tmp_path / "server", _free_port()
+    root, port = tmp_path / "server", free_port()
     root.mkdir()
     uri = f"http://127.0.0.1:{port}"
-    server = _start_server(root, port)
+    server = start_server(root, port)
     path = _write_job(tmp_path, "restart", {"uri": uri, "log_every_steps": 0, "max_outage_seconds": 300}, epochs=6)
     job = subprocess.Popen([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -182,9 +132,9 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
             seen += line
             if "epoch 1/6" in line:
                 break
-        _stop_server(server)
+        stop_server(server)
         time.sleep(20)
-        server = _start_server(root, port)
+        server = start_server(root, port)
         out, err = job.communicate(timeout=600)
         seen += err
         assert job.returncode == 0, seen[-4000:]
@@ -199,7 +149,7 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
     finally:
         if job.poll() is None:
             job.kill()
-        _stop_server(server)
+        stop_server(server)
 
 
 def test_which_mlflow_failures_are_worth_waiting_for() -> None:
