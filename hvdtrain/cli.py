@@ -52,6 +52,7 @@ from hvdtrain.launch import (
     horovodrun,
     score_command,
     score_flags,
+    sealed_env,
     train_command,
 )
 from hvdtrain.minicluster import cluster as minicluster
@@ -67,7 +68,8 @@ def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> conso
     """
     tty = sys.stderr.isatty()
     print(f"$ {shlex.join(cmd)}", flush=True)
-    return console.run(cmd, console.child_env({**child_env(), **(extra_env or {})}, tty), console.View(tty))
+    env = sealed_env(cmd, console.child_env({**child_env(), **(extra_env or {})}, tty))
+    return console.run(cmd, env, console.View(tty))
 
 
 def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:

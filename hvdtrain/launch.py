@@ -6,8 +6,11 @@ Used by :mod:`hvdtrain.cli` and by :mod:`hvdtrain.tune`, whose trials are ordina
 from __future__ import annotations
 
 import os
+import socket
 import sys
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
+
+from hvdtrain import secrets
 
 
 def _bin(name: str) -> str:
@@ -60,7 +63,24 @@ def horovod_command(program: Sequence[str], np: int, start_timeout: int = 120,
     if np == 1 and hosts is None:
         return list(program)
     return [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo",
-            "--start-timeout", str(start_timeout), *program]
+            "--start-timeout", str(start_timeout), *RANK_ENV, *program]
+
+
+# Every rank starts through hvdtrain.rank_env, which puts back the secrets sealed_env() kept off its command line.
+RANK_ENV = (sys.executable, "-m", "hvdtrain.rank_env")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def sealed_env(cmd: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The environment to start ``cmd`` with: for horovodrun on this host only, its secret variables sealed in a
+    0600 file (:func:`hvdtrain.secrets.seal_env`; horovodrun writes a rank's environment into its command line).
+    Ranks on other hosts could not read that file, so there the environment goes as it is (docs/safety.md)."""
+    if len(cmd) < 2 or os.path.basename(cmd[0]) != "horovodrun" or "-H" not in cmd:
+        return dict(env)
+    hosts = {h.rsplit(":", 1)[0] for h in cmd[cmd.index("-H") + 1].split(",")}
+    if not hosts <= {*LOCAL_HOSTS, socket.gethostname()}:
+        return dict(env)
+    return secrets.seal_env(env)
 
 
 def score_flags(model: Optional[str], output_table: Optional[str], partition: Optional[str] = None,

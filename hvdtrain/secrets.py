@@ -6,16 +6,24 @@ URL (``mysql://user:PASSWORD@host/db``). :func:`redact` hides both in config
 values, :func:`redact_text` in free text, and :class:`RedactingFilter` in every
 log record. Secrets reach child processes by environment (see
 :mod:`hvdtrain.tune`) or a 0600 file (``spark-submit --properties-file``,
-:mod:`yarn.submit`), never by argv. :func:`private_files` makes what hvdtrain
+:mod:`yarn.submit`), never by argv; ranks that horovodrun starts get the
+environment's secrets through a sealed 0600 file (:func:`seal_env`), because
+horovodrun writes each rank's environment into its command line. :func:`private_files` makes what hvdtrain
 writes (checkpoints, the MLflow SQLite store, logs, env archives) unreadable
 to other users.
 """
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import re
-from typing import Any, Mapping
+import shutil
+import tempfile
+from typing import Any, Mapping, MutableMapping, Optional
+
+from hvdtrain.errors import EnvironmentProblem
 
 MASK = "***"
 SECRET_KEY = re.compile(r"(?:^|[._-])(?:token|secret|password|passwd|credentials?|api[_-]?key)(?:$|[._-])",
@@ -135,3 +143,40 @@ def write_properties(path: str, items: Mapping[str, str]) -> str:
 
 def _escape_property(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+# A 0600 file holding the secret environment variables of a horovodrun launch: horovodrun's Gloo launcher writes
+# each rank's whole environment into its ``/bin/sh -c env K=V ... python ...`` command line (visible to ``ps``),
+# so the secrets stay in this file and each rank reads them back (hvdtrain.rank_env) before the program starts.
+SEALED_ENV = "HVDTRAIN_SEALED_ENV"
+_sealed_dir: Optional[str] = None
+
+
+def seal_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with its secret variables (a secret name, a URL password) moved to a sealed file it names."""
+    global _sealed_dir
+    plain, secret = split_secret_items(dict(env))
+    if not secret:
+        return plain
+    if _sealed_dir is None:
+        _sealed_dir = tempfile.mkdtemp(prefix="hvdtrain-sealed-")  # 0700; removed when this process ends
+        atexit.register(shutil.rmtree, _sealed_dir, True)
+    fd, path = tempfile.mkstemp(dir=_sealed_dir, suffix=".json")
+    os.close(fd)
+    write_private(path, json.dumps(secret).encode("utf-8"))
+    return {**plain, SEALED_ENV: path}
+
+
+def unseal_env(environ: MutableMapping[str, str]) -> None:
+    """Put the sealed secrets back into ``environ`` (a rank's own environment; values set there win)."""
+    path = environ.pop(SEALED_ENV, None)
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            sealed = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"{SEALED_ENV}={path}: cannot read the secret environment this rank was started with "
+                      f"({exc}); the launching hvdtrain process must run on this host") from None
+    for key, value in sealed.items():
+        environ.setdefault(key, value)

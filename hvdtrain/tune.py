@@ -254,16 +254,10 @@ def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str,
     return out
 
 
-def trial_env(env: Mapping[str, str], storage: str, config_uri: Optional[str] = None) -> dict[str, str]:
-    """A trial's environment (pure): the study's storage URL rides here, not on the command line.
-
-    MLflow's ``set_tracking_uri`` exported the driver's URI as ``$MLFLOW_TRACKING_URI``; when the config names
-    ``tracking.uri`` the trial reads it from there, so it is not handed on: horovodrun's Gloo launcher writes
-    each rank's environment into its ``/bin/sh -c env K=V ...`` command line, and the URI may hold a password."""
-    out = {**env, STORAGE_ENV: storage}
-    if config_uri:
-        out.pop("MLFLOW_TRACKING_URI", None)
-    return out
+def trial_env(env: Mapping[str, str], storage: str) -> dict[str, str]:
+    """A trial's environment (pure): the study's storage URL rides here, not on the command line (a secret in it
+    is sealed away from horovodrun's rank command lines by :func:`hvdtrain.launch.sealed_env`)."""
+    return {**env, STORAGE_ENV: storage}
 
 
 def trial_command(opts: TuneOptions, overrides: Sequence[str], start_timeout: int) -> list[str]:
@@ -459,7 +453,8 @@ class Driver:
         trial.set_user_attr("output", fs.join(trial_folder(self.cfg, trial.number), "model"))
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
-        code, error = run_process(cmd, log_path, trial_env(_child_env(), self.storage, self.cfg.tracking.uri))
+        env = launch.sealed_env(cmd, trial_env(_child_env(), self.storage))
+        code, error = run_process(cmd, log_path, env)
         frozen = self.study._storage.get_trial(trial._trial_id)
         self._tag_child(trial, frozen, code)
         if code != 0:

@@ -2,7 +2,9 @@
 dry-run, run as a user runs them, against a real ``mlflow server`` whose URL carries the secret as its password.
 
 The secret sits in ``tracking.uri`` (a URL password, which every rank and trial needs to reach MLflow),
-``spark.conf`` (``spark.hadoop.fs.s3a.secret.key``) and ``yarn.env`` (``MLFLOW_TRACKING_TOKEN``). While the
+``spark.conf`` (``spark.hadoop.fs.s3a.secret.key``), ``yarn.env`` and the commands' own environment
+(``MLFLOW_TRACKING_TOKEN``, which every rank must still receive: horovodrun would write it into the ranks'
+``sh -c env ...`` command lines). While the
 commands run, a thread reads every process's command line from ``/proc`` (horovodrun, ranks, trials, Spark's JVM);
 afterwards every output stream, every file written (outputs, checkpoints, logs, MLflow's SQLite store and
 artifacts, the tuning study) and MLflow's params and tags are searched. The only file allowed to hold the secret
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 HVDTRAIN = Path(sys.executable).parent / "hvdtrain"
 SECRET = "Pl4nted-S3cret-7d1e"
+TOKEN_VAR = "MLFLOW_TRACKING_TOKEN"  # also in the environment of every command: ranks must get it, ps must not
 
 
 class CommandLines(threading.Thread):
@@ -36,13 +39,19 @@ class CommandLines(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.seen: set[str] = set()
+        self.ranks_with_token: set[str] = set()  # pids of hvdtrain.train ranks whose environment held the token
         self.done = threading.Event()
 
     def run(self) -> None:
+        token = f"{TOKEN_VAR}={SECRET}".encode()
         while not self.done.is_set():
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"hvdtrain.train" in raw and "HOROVOD_RANK" in (environ := Path(f"/proc/{pid}/environ")
+                                                                        .read_bytes().decode(errors="replace")):
+                        if token in environ.encode():
+                            self.ranks_with_token.add(pid)
                 except OSError:
                     continue
                 if raw:
@@ -88,6 +97,7 @@ def leak_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "MLFLOW_"))}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    env[TOKEN_VAR] = SECRET
     commands = {
         "etl": [str(HVDTRAIN), "etl", str(job)],
         "train": [str(HVDTRAIN), "train", str(job), "--np", "2"],
@@ -108,7 +118,8 @@ def leak_run(tmp_path_factory):
         watcher.done.set()
         watcher.join(timeout=10)
         stop_server(server)
-    return {"tmp": tmp, "job": job, "outputs": outputs, "cmdlines": watcher.seen, "runs": runs}
+    return {"tmp": tmp, "job": job, "outputs": outputs, "cmdlines": watcher.seen, "runs": runs,
+            "ranks_with_token": watcher.ranks_with_token}
 
 
 def _mlflow_runs(uri: str) -> list[dict[str, str]]:
@@ -126,6 +137,8 @@ def test_no_command_line_carries_the_secret(leak_run):
     assert any("horovodrun" in c for c in seen) and any("hvdtrain.train" in c for c in seen), sorted(seen)[:40]
     assert any("tune.trial=1" in c for c in seen), "no trial process was seen"
     assert any("SparkSubmit" in c or "pyspark" in c for c in seen), "no Spark process was seen"
+    # the environment's secret reached every rank (train: 2, each trial: 2) through the sealed file
+    assert len(leak_run["ranks_with_token"]) >= 6, leak_run["ranks_with_token"]
     assert [c[max(0, c.index(SECRET) - 200):c.index(SECRET) + 40] for c in seen if SECRET in c] == []
 
 

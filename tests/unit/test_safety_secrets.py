@@ -1,9 +1,13 @@
 """Secrets never reach argv, logs, MLflow params/artifacts or the dry-run output (#28 items 6, 8)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,7 @@ from hvdtrain import config, secrets, tracking, tune
 from hvdtrain.envcheck import HorovodBuild
 from yarn import etl_submit, submit
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "S3cr3t-pl4nted-9f2c"
 STORAGE = f"mysql+pymysql://optuna:{SECRET}@db.internal:3306/studies"
 
@@ -107,3 +112,35 @@ def test_files_written_after_private_files_are_not_world_readable(tmp_path):
         os.umask(previous)
     modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in [*tmp_path.rglob("*")]}
     assert modes and all(m & 0o077 == 0 for m in modes.values()), modes
+
+
+def test_horovodrun_on_this_host_gets_the_secret_environment_sealed_and_each_rank_unseals_it(tmp_path):
+    from hvdtrain import launch
+
+    env = {"PATH": "/usr/bin", "MLFLOW_TRACKING_TOKEN": SECRET, "DB": STORAGE}
+    cmd = launch.horovod_command(["python", "t.py"], 2)
+    sealed = launch.sealed_env(cmd, env)
+    assert SECRET not in repr(sealed) and sealed["PATH"] == "/usr/bin"
+    path = sealed[secrets.SEALED_ENV]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    back = dict(sealed)
+    secrets.unseal_env(back)
+    assert back == env  # the rank's environment is the launcher's again
+    # a rank: hvdtrain.rank_env puts the secrets back and execs the program (same process)
+    out = tmp_path / "env.json"
+    code = subprocess.run([sys.executable, "-m", "hvdtrain.rank_env", sys.executable, "-c",
+                           f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"],
+                          env={**sealed, "PYTHONPATH": str(REPO)}).returncode
+    assert code == 0 and json.loads(out.read_text())["MLFLOW_TRACKING_TOKEN"] == SECRET
+    # other hosts cannot read this host's file: their environment goes as it is; one rank needs no horovodrun
+    assert launch.sealed_env(launch.horovod_command(["python", "t.py"], 2, hosts="w1:1,w2:1"), env) == env
+    assert launch.sealed_env(launch.horovod_command(["python", "t.py"], 1), env) == env
+
+
+def test_a_rank_whose_sealed_file_is_gone_fails_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.rank_env", "true"], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO),
+                               secrets.SEALED_ENV: str(tmp_path / "gone.json")})
+    assert proc.returncode == 4 and proc.stderr.count("\n") == 1
+    assert "cannot read the secret environment" in proc.stderr and "Traceback" not in proc.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import sys
 import zipfile
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def test_worst_rank_decides_the_exit_code() -> None:
 def test_local_command_is_the_script_under_horovodrun() -> None:
     cmd = cli.horovod_command(["python", "train.py", "--epochs", "2"], 3, 60)
     assert cmd[1:] == ["-np", "3", "-H", "localhost:3", "--gloo", "--start-timeout", "60",
-                       "python", "train.py", "--epochs", "2"]
+                       sys.executable, "-m", "hvdtrain.rank_env", "python", "train.py", "--epochs", "2"]
     assert cli.horovod_command(["python", "t.py"], 1) == ["python", "t.py"]
     args = cli.parse_args(["run", "--np", "2", "--max-restarts", "1", "t.py", "--np", "7", "x=1"])
     assert (args.np, args.max_restarts, args.script, args.script_args) == (2, 1, "t.py", ["--np", "7", "x=1"])

@@ -109,7 +109,8 @@ def test_trial_commands_for_each_launcher():
     over = ["tune.trial=1"]
     local = tune.trial_command(_opts(np=2), over, 60)
     assert local[1:9] == ["-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60", sys.executable]
-    assert local[9:] == ["-m", "hvdtrain.train", "job.yaml", "train.epochs=3", "tune.trial=1"]
+    assert local[9:] == ["-m", "hvdtrain.rank_env", sys.executable, "-m", "hvdtrain.train", "job.yaml",
+                         "train.epochs=3", "tune.trial=1"]
     hosts = tune.trial_command(_opts(np=4, launcher="horovodrun", hosts="h1:2,h2:2"), over, 60)
     assert hosts[1:5] == ["-np", "4", "-H", "h1:2,h2:2"]
     assert tune.trial_command(_opts(np=4, launcher="yarn"), over, 60) == [
