@@ -55,3 +55,30 @@ def trial_curves_png(curves: Mapping[str, Sequence[tuple[int, float]]], path: st
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
+
+
+def residuals_png(pairs: Sequence[Sequence[float]], path: str, title: str = "") -> str:
+    """A regression's (target, prediction) pairs: predicted against true with the y = x line, and the residual
+    (true - predicted) against the prediction with the zero line; saves a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    xy = np.asarray(pairs, dtype=np.float64).reshape(-1, 2)
+    y, p = xy[:, 0], xy[:, 1]
+    fig = Figure(figsize=(10, 4.5), dpi=100)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    left.scatter(y, p, s=6, alpha=0.4, linewidths=0)
+    lo, hi = (float(min(y.min(), p.min())), float(max(y.max(), p.max()))) if len(xy) else (0.0, 1.0)
+    left.plot([lo, hi], [lo, hi], color="black", linewidth=1)
+    left.set(xlabel="true", ylabel="predicted", title="predicted vs true")
+    right.scatter(p, y - p, s=6, alpha=0.4, linewidths=0)
+    right.axhline(0.0, color="black", linewidth=1)
+    right.set(xlabel="predicted", ylabel="residual (true - predicted)", title="residuals")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title} ({len(xy):,} records shown)" if title else f"{len(xy):,} records shown")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path

@@ -37,7 +37,7 @@ and measures where each epoch's time goes (:mod:`hvdtrain.breakdown`);
 (:mod:`hvdtrain.timeline`).
 
 Rank 0 shows progress (:mod:`hvdtrain.progress`), then writes to
-``train.output``: ``eval_report.json``, ``confusion_matrix.png`` (test split),
+``train.output``: ``eval_report.json``, ``confusion_matrix.png`` or ``residuals.png`` (test split),
 ``model.keras``, ``saved_model/`` (``model.export``, for serving),
 ``labels.json``, ``tokenizer.json`` (text models, for scoring) and ``result.json``, and logs the run to MLflow
 (:mod:`hvdtrain.tracking`).

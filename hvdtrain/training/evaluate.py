@@ -34,7 +34,8 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
                                                   stage_dir=ctx.stage_dir), ctx.threads)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
                                    on_batch=lambda: ctx.phase(f"evaluating the {split} split"),
-                                   task=ctx.cfg.task.kind, threshold=ctx.cfg.task.threshold)
+                                   task=ctx.cfg.task.kind, threshold=ctx.cfg.task.threshold,
+                                   rank=rank.rank, size=rank.size)
     ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
     expected = ctx.manifest.split(split).records

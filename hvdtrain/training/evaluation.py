@@ -11,7 +11,10 @@ loss and ROC-AUC equal the single-process values.
 The other tasks keep counts the same way (:mod:`hvdtrain.tasks`): binary a
 confusion matrix at ``task.threshold`` and a logit histogram (ROC and PR AUC);
 multilabel one confusion matrix and one histogram per label and the exact
-matches; regression the sums of y, y^2, squared and absolute errors.
+matches; regression the sums of y, y^2, squared and absolute errors, plus the
+(target, prediction) pairs of the first :data:`RESIDUAL_SAMPLE` records each
+rank evaluates, in that rank's row of a ``[ranks, RESIDUAL_SAMPLE, 2]`` array
+(so summing gathers them) for the residual chart.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from hvdtrain import distributed, metrics, tasks
+
+RESIDUAL_SAMPLE = 1000  # (target, prediction) pairs per rank kept for the regression residual chart
 
 
 @dataclass
@@ -32,6 +37,7 @@ class SplitCounts:
     histogram: Optional[np.ndarray] = None  # int64 [2, AUC_BINS]: binary, and multiclass with two classes
     task: str = "multiclass"
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # multilabel and regression counts
+    rank: int = 0  # the row of the regression sample this rank fills
 
     @property
     def records(self) -> int:
@@ -42,8 +48,8 @@ class SplitCounts:
         return int(self.confusion.sum())
 
 
-def empty_counts(task: str, num_classes: int) -> SplitCounts:
-    """Zero counts of one split for ``task`` over ``num_classes`` classes or labels."""
+def empty_counts(task: str, num_classes: int, rank: int = 0, size: int = 1) -> SplitCounts:
+    """Zero counts of one split for ``task`` over ``num_classes`` classes or labels (rank ``rank`` of ``size``)."""
     width = 2 if task == "binary" else num_classes if task == "multiclass" else 0
     hist = np.zeros((2, metrics.AUC_BINS), np.int64) if width == 2 else None
     arrays = {}
@@ -52,8 +58,9 @@ def empty_counts(task: str, num_classes: int) -> SplitCounts:
                   "label_histogram": np.zeros((num_classes, 2, metrics.AUC_BINS), np.int64),
                   "exact": np.zeros(2, np.int64)}
     elif task == "regression":
-        arrays = {"moments": np.zeros(5, np.float64)}
-    return SplitCounts(np.zeros((width, width), np.int64), 0.0, hist, task, arrays)
+        arrays = {"moments": np.zeros(5, np.float64), "sample": np.zeros((size, RESIDUAL_SAMPLE, 2), np.float64),
+                  "sample_n": np.zeros(size, np.int64)}
+    return SplitCounts(np.zeros((width, width), np.int64), 0.0, hist, task, arrays, rank)
 
 
 def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], threshold: float = 0.5) -> None:
@@ -71,14 +78,21 @@ def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], thre
         for name, value in metrics.multilabel_counts(labels, np.asarray(out["scores"]), threshold).items():
             counts.arrays[name] += value
     else:
-        counts.arrays["moments"] += metrics.regression_moments(labels, np.asarray(out["scores"]))
+        scores = np.asarray(out["scores"])
+        counts.arrays["moments"] += metrics.regression_moments(labels, scores)
+        kept = int(counts.arrays["sample_n"][counts.rank])
+        take = min(RESIDUAL_SAMPLE - kept, len(labels))
+        if take > 0:
+            pairs = np.stack([np.ravel(labels)[:take], np.ravel(scores)[:take]], axis=1)
+            counts.arrays["sample"][counts.rank, kept:kept + take] = pairs
+            counts.arrays["sample_n"][counts.rank] += take
 
 
 def count_split(eval_step: Callable[[dict[str, Any]], dict[str, Any]], batches: Iterable[dict[str, Any]],
                 label_feature: str, num_classes: int, on_batch: Callable[[], None] = lambda: None,
-                task: str = "multiclass", threshold: float = 0.5) -> SplitCounts:
+                task: str = "multiclass", threshold: float = 0.5, rank: int = 0, size: int = 1) -> SplitCounts:
     """This rank's counts over its batches (no communication); ``on_batch`` hears each batch done."""
-    counts = empty_counts(task, num_classes)
+    counts = empty_counts(task, num_classes, rank, size)
     for batch in batches:
         add_batch(counts, np.asarray(batch[label_feature]), eval_step(batch), threshold)
         on_batch()
@@ -94,7 +108,7 @@ def allreduce_counts(counts: SplitCounts, name: str) -> SplitCounts:
         hist = distributed.allreduce_sum(counts.histogram, name=f"hvdtrain.eval.{name}.hist")
     arrays = {key: distributed.allreduce_sum(value, name=f"hvdtrain.eval.{name}.{key}")
               for key, value in sorted(counts.arrays.items())}
-    return SplitCounts(cm, float(loss[0]), hist, counts.task, arrays)
+    return SplitCounts(cm, float(loss[0]), hist, counts.task, arrays, counts.rank)
 
 
 def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: int) -> dict[str, Any]:
@@ -108,6 +122,7 @@ def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: i
         out = metrics.multilabel_report(counts.arrays, counts.loss_sum, labels)
     elif counts.task == "regression":
         out = metrics.regression_report(counts.arrays["moments"])
+        out["residual_sample"] = residual_sample(counts)
     else:
         out = {**metrics.report(counts.confusion, labels), "loss": loss, "log_loss": loss}
         if counts.histogram is not None:
@@ -117,6 +132,14 @@ def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: i
     out["expected_records"] = expected_records
     out["complete"] = counts.records == expected_records
     return out
+
+
+def residual_sample(counts: SplitCounts) -> list[list[float]]:
+    """The gathered (target, prediction) pairs of a regression split, rank by rank (pure)."""
+    if "sample" not in counts.arrays:
+        return []
+    sample, kept = counts.arrays["sample"], counts.arrays["sample_n"]
+    return [[float(y), float(p)] for r in range(len(kept)) for y, p in sample[r, :int(kept[r])]]
 
 
 def scalar_metrics(report: dict[str, Any], prefix: str) -> dict[str, float]:

@@ -17,7 +17,7 @@ from hvdtrain.config import JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
-from hvdtrain.training.reports import CONFUSION_PNG, final_metrics, result_record
+from hvdtrain.training.reports import CONFUSION_PNG, RESIDUALS_PNG, final_metrics, result_record
 
 log = logging.getLogger("hvdtrain.train")
 RESULT_NAME = "result.json"  # written last into train.output: marks a folder hvdtrain may replace
@@ -31,7 +31,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         _dump_json(os.path.join(local, "eval_report.json"), report)
         _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg))
         _copy_tokenizer(ctx.manifest, local)
-        png = _confusion_png(report, local)
+        png = _test_chart(report, local)
         model.save(os.path.join(local, "model.keras"))
         model.export(os.path.join(local, "saved_model"), verbose=False)
         recorded = os.path.join(ctx.stage_dir, timeline_lib.FILENAME)  # train.timeline's capture, if any
@@ -49,19 +49,22 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
     return result
 
 
-def _confusion_png(report: dict[str, Any], folder: str) -> Optional[str]:
-    """The test split's confusion matrix as a PNG; a charting failure only warns."""
+def _test_chart(report: dict[str, Any], folder: str) -> Optional[str]:
+    """The test split's chart as a PNG: the confusion matrix, or for a regression the residuals; a charting
+    failure only warns (multilabel has per-label figures in the report instead)."""
     test = report["evaluation"]["test"]
-    if "confusion_matrix" not in test:
-        return None  # multilabel and regression: the report has per-label and error figures instead
-    title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
     try:
-        return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
-                                          os.path.join(folder, CONFUSION_PNG), title)
+        if "confusion_matrix" in test:
+            title = f"{report['job']}: test split, accuracy {test['accuracy']:.4f}"
+            return plots.confusion_matrix_png(np.array(test["confusion_matrix"]), report["labels"],
+                                              os.path.join(folder, CONFUSION_PNG), title)
+        if test.get("residual_sample"):
+            title = f"{report['job']}: test split, RMSE {test['rmse']:.4g}, R\u00b2 {test['r2']:.4f}"
+            return plots.residuals_png(test["residual_sample"], os.path.join(folder, RESIDUALS_PNG), title)
     except ANY_ERROR as exc:  # a chart is not worth failing a finished training for
-        log.warning("could not draw %s (%s: %s); the report has the same numbers", CONFUSION_PNG,
+        log.warning("could not draw the test split's chart (%s: %s); the report has the same numbers",
                     type(exc).__name__, exc)
-        return None
+    return None
 
 
 def labels_document(manifest: Manifest, shape: data.InputShape,

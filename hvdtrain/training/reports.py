@@ -16,6 +16,7 @@ from hvdtrain.training.context import TrainContext
 from hvdtrain.training.events import EpochStats
 
 CONFUSION_PNG = "confusion_matrix.png"
+RESIDUALS_PNG = "residuals.png"  # a regression's test chart
 
 
 
@@ -88,7 +89,7 @@ def training_summary(train: TrainConfig, rank: distributed.RankInfo, steps: int,
 
 
 EXPORTS = {"keras": "model.keras", "saved_model": "saved_model", "labels": "labels.json", "tokenizer": "tokenizer.json",
-           "confusion_matrix": CONFUSION_PNG}
+           "confusion_matrix": CONFUSION_PNG, "residuals": RESIDUALS_PNG}
 
 
 def result_record(run_id: Optional[str], report: dict[str, Any], output: str, written: Sequence[str] = (),

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -186,6 +187,11 @@ def test_regression_with_known_noise(prepared):
     test = _check_task_run(result, stdout, configs["regression"], "regression")
     report = json.loads(Path(result["report"]).read_text())["evaluation"]["test"]
     assert test["rmse"] < report["target_std"] and test["r2"] > 0.2  # better than predicting the mean
+    # the residual chart shows every test record here (under 1,000 per rank), gathered from both ranks
+    pairs = np.array(report["residual_sample"])
+    assert len(pairs) == report["records"]
+    assert np.sqrt(np.mean((pairs[:, 0] - pairs[:, 1]) ** 2)) == pytest.approx(report["rmse"], rel=1e-5)
+    assert Path(result["exports"]["residuals"]).stat().st_size > 1000
 
 
 def test_custom_wide_and_deep_trains_exports_and_scores(prepared, tmp_path):

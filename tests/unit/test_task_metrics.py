@@ -21,10 +21,10 @@ def _log_loss_sum(y: np.ndarray, logits: np.ndarray) -> float:
 def _counts_over_ranks(task: str, labels: np.ndarray, scores: np.ndarray, losses: np.ndarray, width: int,
                        ranks: int = 3, threshold: float = 0.5) -> evaluation.SplitCounts:
     """Counts of each rank's slice, summed as allreduce_counts sums them."""
-    parts = [evaluation.empty_counts(task, width) for _ in range(ranks)]
+    parts = [evaluation.empty_counts(task, width, r, ranks) for r in range(ranks)]
     for part, idx in zip(parts, np.array_split(np.arange(len(labels)), ranks)):
         evaluation.add_batch(part, labels[idx], {"scores": scores[idx], "loss": losses[idx]}, threshold)
-    total = evaluation.empty_counts(task, width)
+    total = evaluation.empty_counts(task, width, 0, ranks)
     for part in parts:
         total.confusion += part.confusion
         total.loss_sum += part.loss_sum
@@ -80,6 +80,17 @@ def test_regression_metrics_match_scikit_learn() -> None:
     assert report["mae"] == pytest.approx(skm.mean_absolute_error(y, pred), rel=1e-9)
     assert report["r2"] == pytest.approx(skm.r2_score(y, pred), abs=1e-9)
     assert report["complete"] is True
+    # the residual chart's sample: each rank's first RESIDUAL_SAMPLE pairs, gathered in rank order by the sum
+    k = evaluation.RESIDUAL_SAMPLE
+    firsts = [idx[:k] for idx in np.array_split(np.arange(y.size), 3)]
+    np.testing.assert_array_equal(report["residual_sample"], np.stack([y, pred], axis=1)[np.concatenate(firsts)])
+
+
+def test_the_residual_chart_is_a_png(tmp_path) -> None:
+    from hvdtrain import plots
+
+    path = plots.residuals_png([[1.0, 1.2], [2.0, 1.9], [3.0, 3.3]], str(tmp_path / "r.png"), "job")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_regression_r2_of_a_constant_target_follows_scikit_learn() -> None:
