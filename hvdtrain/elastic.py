@@ -130,8 +130,9 @@ def _evaluate(job: Job, model: Any) -> dict[str, Any]:
     batches = data.eval_dataset(job.manifest, "test", rank=rank.rank, size=rank.size,
                                 batch_size=job.cfg.train.batch_size,
                                 features=[*job.shape.inputs, job.shape.label_feature], stage_dir=job.stage_dir)
-    counts = evaluation.allreduce_counts(evaluation.count_split(eval_step, batches, job.shape.label_feature,
-                                                                job.shape.num_classes), "test")
+    empty = evaluation.empty_counts("multiclass", job.shape.num_classes, rank.rank, rank.size)
+    counts = evaluation.allreduce_counts(evaluation.count_split(eval_step, batches, job.shape.label_feature, empty),
+                                         "test")
     return {"records": counts.records, "accuracy": float(np.trace(counts.confusion)) / max(counts.records, 1)}
 
 

@@ -32,10 +32,10 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
                                                   batch_size=ctx.cfg.train.batch_size,
                                                   features=[*shape.inputs, shape.label_feature],
                                                   stage_dir=ctx.stage_dir), ctx.threads)
-    local = evaluation.count_split(eval_step, batches, shape.label_feature, shape.num_classes,
+    empty = evaluation.empty_counts(ctx.cfg.task.kind, shape.num_classes, rank.rank, rank.size)
+    local = evaluation.count_split(eval_step, batches, shape.label_feature, empty,
                                    on_batch=lambda: ctx.phase(f"evaluating the {split} split"),
-                                   task=ctx.cfg.task.kind, threshold=ctx.cfg.task.threshold,
-                                   rank=rank.rank, size=rank.size)
+                                   threshold=ctx.cfg.task.threshold)
     ctx.phase(f"all-reducing the {split} split's counts")
     counts = evaluation.allreduce_counts(local, split)
     expected = ctx.manifest.split(split).records

@@ -89,10 +89,10 @@ def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], thre
 
 
 def count_split(eval_step: Callable[[dict[str, Any]], dict[str, Any]], batches: Iterable[dict[str, Any]],
-                label_feature: str, num_classes: int, on_batch: Callable[[], None] = lambda: None,
-                task: str = "multiclass", threshold: float = 0.5, rank: int = 0, size: int = 1) -> SplitCounts:
-    """This rank's counts over its batches (no communication); ``on_batch`` hears each batch done."""
-    counts = empty_counts(task, num_classes, rank, size)
+                label_feature: str, counts: SplitCounts, on_batch: Callable[[], None] = lambda: None,
+                threshold: float = 0.5) -> SplitCounts:
+    """This rank's counts over its batches, added to ``counts`` (from :func:`empty_counts`, which fixes the task,
+    the classes and this rank's slot; no communication); ``on_batch`` hears each batch done."""
     for batch in batches:
         add_batch(counts, np.asarray(batch[label_feature]), eval_step(batch), threshold)
         on_batch()

@@ -183,7 +183,8 @@ from_saved = served.serve({'input_ids': tf.constant(ids), 'attention_mask': tf.c
 distributed.init(use_horovod=False)
 m = manifest.read(dataset)
 batches = data.eval_dataset(m, 'test', rank=0, size=1, batch_size=16, features=['input_ids', 'attention_mask', 'label'])
-counts = evaluation.count_split(steps.make_eval_step(model, 'label'), batches, 'label', m.num_classes)
+counts = evaluation.count_split(steps.make_eval_step(model, 'label'), batches, 'label',
+                                evaluation.empty_counts('multiclass', m.num_classes))
 print(json.dumps({'keras': from_keras.tolist(), 'saved': from_saved.tolist(), 'cm': counts.confusion.tolist(),
                   'roc_auc': metrics.roc_auc_from_histogram(counts.histogram)}))
 """
