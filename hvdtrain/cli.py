@@ -209,7 +209,7 @@ def check_builder_importable(model: config_mod.ModelConfig) -> None:
 
 
 def sample_best(cfg: config_mod.JobConfig) -> Optional[tuple[str, float]]:
-    """(metric, best possible value) of a generated sample table, from its manifest; None otherwise."""
+    """(metric, expected best value) of a generated sample table, from its manifest; None otherwise."""
     try:
         sample = manifest.read(cfg.etl.output).source.get("sample", {})
     except HvdtrainError:
@@ -258,7 +258,7 @@ def table(rows: Sequence[tuple[str, Any]], title: str) -> str:
 
 
 def train_summary(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> str:
-    """The closing table of ``hvdtrain train``: how well it did (beside ``best``, the best possible score
+    """The closing table of ``hvdtrain train``: how well it did (beside ``best``, the expected best score
     of a generated table) and where everything is (pure)."""
     exports = result.get("exports", {})
     rows = [
@@ -280,13 +280,13 @@ METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro F1", "loss": "loss", 
 
 def task_rows(result: dict[str, Any], best: Optional[tuple[str, float]] = None) -> list[tuple[str, str]]:
     """The test split's headline metrics of the run's task, then validation's first one (pure); ``best``
-    (metric, value) is the best possible score, shown beside that metric."""
+    (metric, value) is the expected best score (its estimate for the generated table), shown beside that metric."""
     task = result.get("task", "multiclass")
     test = result.get("test_metrics") or {k: result.get(f"test_{k}") for k in ("accuracy", "macro_f1")}
     rows = []
     for name in tasks.HEADLINE[task]:
         if test.get(name) is not None:
-            note = f" (best possible ~{best[1]:.4f})" if best and best[0] == name else ""
+            note = f" (expected best ~{best[1]:.4f})" if best and best[0] == name else ""
             rows.append((f"test {METRIC_NAMES[name]}", f"{test[name]:.4f}{note}"))
     first = tasks.HEADLINE[task][0]
     validation = result.get("validation_metrics") or {"accuracy": result.get("validation_accuracy")}
@@ -317,7 +317,7 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
     sample = m.source.get("sample", {})
     if result.get("task", "multiclass") == "multiclass" or "best_metric" not in sample:
         rows.append(("test accuracy", f"{result['test_accuracy']:.4f}"
-                     + (f" (best possible ~{ceiling:.4f} with {sample['label_noise']:.0%} label noise)"
+                     + (f" (expected best ~{ceiling:.4f} with {sample['label_noise']:.0%} label noise)"
                         if ceiling else "")))
     else:
         rows += task_rows(result, (sample["best_metric"], sample["best_value"]))

@@ -89,6 +89,23 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
                              "cluster; restore it in the test's fixture")
 
 
+_TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = report.nodeid.split("/")[1] if report.nodeid.startswith("tests/") and report.nodeid.count("/") > 1 else "?"
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the suite's time goes, by tier folder (setup + call + teardown): the suite's budget is 20 minutes."""
+    if _TIER_SECONDS:
+        tiers = sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_line("time by tier: " + ", ".join(f"{t} {s:.0f}s" for t, s in tiers)
+                                    + f"; total {sum(_TIER_SECONDS.values()):.0f}s")
+
+
 @pytest.fixture
 def server(tmp_path):
     """A loopback WebHDFS server (tests/support/webhdfs_server.py) over a fresh folder: the `webhdfs://` tests' NameNode."""

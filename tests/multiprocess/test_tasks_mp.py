@@ -1,5 +1,5 @@
 """Each task kind end to end on generated tables: Hive table -> Spark ETL (labels encoded per task) ->
-``hvdtrain train --np 2`` (Gloo) -> exact evaluation, beside the table's best possible score; and the custom
+``hvdtrain train --np 2`` (Gloo) -> exact evaluation, beside the table's expected best score; and the custom
 wide-and-deep example over text + numeric + categorical columns: trained under ``--np 2``, exported, scored.
 
 One Spark process runs every ETL of the module (and the bad-label cases), so the JVM starts once.
@@ -159,9 +159,9 @@ def _best(config: Path) -> tuple[str, float]:
 
 def _check_task_run(result: dict, stdout: str, config: Path, task: str) -> dict:
     metric, best = _best(config)
-    print(f"{task}: test {metric} {result['test_metrics'][metric]:.4f}, best possible ~{best:.4f}")
+    print(f"{task}: test {metric} {result['test_metrics'][metric]:.4f}, expected best ~{best:.4f}")
     assert result["task"] == task and result["world_size"] == 2 and result["ranks_agree"] is True
-    assert f"(best possible ~{best:.4f})" in stdout  # the summary shows the best score beside the result
+    assert f"(expected best ~{best:.4f})" in stdout  # the summary shows the best score beside the result
     report = json.loads(Path(result["report"]).read_text())
     assert report["evaluation"]["test"]["complete"] is True  # every record evaluated once across the ranks
     return result["test_metrics"]

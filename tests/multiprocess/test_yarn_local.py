@@ -129,7 +129,9 @@ def test_local_submission_trains_on_two_ranks_with_the_shipped_code(dataset: Pat
 def test_ctrl_c_releases_the_local_job(dataset: Path, tmp_path: Path) -> None:
     import psutil
 
-    job = write_job(tmp_path, "yarnstop", str(dataset), str(tmp_path / "run"), epochs=50)
+    # Epochs enough that the job cannot end before the signal, however the machine schedules it: under load a
+    # job of 50 epochs once finished inside a fixed sleep, and the test saw exit 0.
+    job = write_job(tmp_path, "yarnstop", str(dataset), str(tmp_path / "run"), epochs=5000)
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(submit_command(job, "--master", "local[2]", "--num-workers", "2"), cwd=REPO,
@@ -141,7 +143,10 @@ def test_ctrl_c_releases_the_local_job(dataset: Path, tmp_path: Path) -> None:
             children = psutil.Process(proc.pid).children()
             assert children, "spark-submit is not running under the launcher"
             group = os.getpgid(children[0].pid)  # spark-submit leads a session of its own
-            time.sleep(5)  # ranks are starting: the worst moment to leave things behind
+            deadline = time.monotonic() + 600
+            while "epoch 1/" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)  # until the ranks train: Horovod, Gloo and the input pipeline are all up
+            assert proc.poll() is None, f"the job ended before the signal:\n{log.read_text()[-3000:]}"
             proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=90)
         finally:
