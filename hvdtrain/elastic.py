@@ -80,7 +80,7 @@ class VirtualStep:
         for batch in batches:
             grads, loss, _ = steps_lib._gradients(self.model, self.optimizer, self._head, batch, self.shape.inputs,
                                                   self.shape.label_feature)
-            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
             loss_sum += loss
         assert total is not None, "a virtual step has at least one batch"
         averaged = distributed.allreduce_grads(total)
@@ -89,6 +89,14 @@ class VirtualStep:
 
     def __call__(self, batches: Sequence[dict[str, Any]], scale: float) -> Any:
         return self._compiled(list(batches), tf.constant(scale, tf.float32))
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Sum of two gradients of one variable; an embedding's tf.IndexedSlices has no ``+`` (densified here, as
+    :func:`hvdtrain.distributed.allreduce_grads` sends it dense anyway)."""
+    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
+        return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+    return a + b
 
 
 def _streams(job: Job, owned: Sequence[int], step: int) -> list[Iterator[dict[str, Any]]]:

@@ -51,8 +51,6 @@ def test_discovery_of_this_host_only_starts_the_workers(tmp_path: Path) -> None:
     assert len({e["weights"] for e in ends}) == 1  # the ranks agree
 
 
-@pytest.mark.skip(reason="elastic recovery is not yet proven on this build (issue #29 open): "
-                         "the survivor waits in Gloo's rendezvous when the lost host returns")
 def test_a_lost_rank_leaves_the_survivor_training_at_the_smaller_size(tmp_path: Path) -> None:
     """Two local "hosts" (localhost and 127.0.0.1), one slot each; the rank on 127.0.0.1 dies at step 5.
 
