@@ -1,0 +1,295 @@
+"""Elastic chaos drill: SIGKILL ranks and take whole hosts away from an elastic job, and time the recovery.
+
+    python -m benchmarks.elastic_drill [--kills 20] [--seed S] [--out benchmarks/results/elastic_drill.json]
+
+One job of hvdtrain's own elastic loop (``train.elastic``, 2 virtual ranks, a commit every 3 steps) runs on two
+local "hosts", ``localhost`` and ``127.0.0.1`` (one slot each; Horovod treats them as two hosts), found by a
+discovery script that prints the lines of a file the drill edits. Over one run, ``--kills`` times: once the job
+is back at 2 ranks, the rank running virtual rank 1 is SIGKILLed (a lost rank) or its host first leaves discovery
+and then the rank is killed (a lost host, which comes back once the survivor trains alone). The survivor rolls
+back to the last commit and goes on alone in the same process; Horovod starts a new worker when the host is
+back (and its blacklist cooldown has passed), and the job grows back to 2 ranks (a resize up).
+
+Figures: seconds from each kill to the survivor's first step of the lost virtual rank (``recovery``), seconds
+from the kill to the job being at 2 ranks again (``regrown``), hangs (no recovery within ``HANG_SECONDS``),
+records lost (a step some virtual rank never trained), steps repeated per loss (at most one commit interval),
+and goodput: the same job's wall time with no kill over the drill's wall time.
+``tests/multiprocess/test_elastic_train.py`` runs one kill of each kind with the same functions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from benchmarks.kill_drill import segments, stitched
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
+HOSTS = ("localhost", "127.0.0.1")
+BATCH, EVERY, VIRTUAL = 8, 3, 2
+TRAIN_RECORDS = 320  # 20 steps per epoch at 2 virtual ranks of 8
+HANG_SECONDS = 180.0
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    folder: str
+    config: str
+    epochs: int
+    steps_per_epoch: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def trace(self, virtual_rank: int) -> str:
+        return os.path.join(self.folder, "trace", f"rank{virtual_rank}.keys")
+
+    def result(self) -> dict[str, Any]:
+        with open(os.path.join(self.folder, "runs", "elastic", "result.json")) as fh:
+            return json.load(fh)
+
+
+def make_job(folder: str, epochs: int, data: Optional[str] = None) -> ElasticJob:
+    """The drill's job in ``folder`` (its dataset made there unless ``data`` names one already made)."""
+    from hvdtrain import config
+    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+
+    os.makedirs(folder, exist_ok=True)
+    if data is None:
+        data = os.path.join(folder, "data")
+        make_text_dataset(data, TextSpec(layout=Layout(n_per_split={"train": TRAIN_RECORDS, "validation": 32,
+                                                                    "test": 48}, shards_per_split=4),
+                                         class_rate=0.35, seed=5))
+    set_hosts(folder, HOSTS)
+    discover = os.path.join(folder, "discover.sh")
+    with open(discover, "w") as fh:
+        fh.write(f"#!/bin/sh\ncat {os.path.join(folder, 'hosts')}\n")
+    os.chmod(discover, 0o755)
+    cfg = config.from_dict({
+        "name": "elastic", "workdir": folder, "source": {"table": "demo.reviews"},
+        "etl": {"output": data}, "model": TINY_MODEL,
+        "train": {"epochs": epochs, "batch_size": BATCH, "learning_rate": 0.003, "shuffle_buffer": 64,
+                  "record_trace": os.path.join(folder, "trace"),
+                  "elastic": {"min_ranks": 1, "max_ranks": VIRTUAL, "commit_every_steps": EVERY,
+                              "discovery": discover, "blacklist_cooldown": [1, 2]}},
+        "tracking": {"enabled": False},
+    }, base_dir=folder)
+    path = os.path.join(folder, "job.yaml")
+    with open(path, "w") as fh:
+        fh.write(cfg.to_yaml())
+    return ElasticJob(folder, path, epochs, TRAIN_RECORDS // (BATCH * VIRTUAL))
+
+
+def set_hosts(folder: str, hosts: Any) -> None:
+    """What the discovery script prints from now on: ``hosts``, one slot each."""
+    with open(os.path.join(folder, "hosts.part"), "w") as fh:
+        fh.write("".join(f"{h}:1\n" for h in hosts))
+    os.replace(os.path.join(folder, "hosts.part"), os.path.join(folder, "hosts"))
+
+
+def start(job: ElasticJob, log_path: str) -> subprocess.Popen:
+    """``hvdtrain train CONFIG --np 2``: the command a user runs (horovodrun in elastic mode underneath)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, MLFLOW_DISABLE_TELEMETRY="true")
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    with open(log_path, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", "train", job.config, "--np", str(VIRTUAL)],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def owner(job: ElasticJob, virtual_rank: int) -> Optional[tuple[int, int]]:
+    """(pid, steps read) of the process now running a virtual rank."""
+    runs = segments(job.trace(virtual_rank))
+    if not runs:
+        return None
+    pid, first, batches = runs[-1]
+    return pid, (max(batches) + 1 if batches else first)
+
+
+def host_of(pid: int) -> str:
+    """HOROVOD_HOSTNAME of a rank process: which "host" it runs on."""
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        env = fh.read().split(b"\0")
+    return next(v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"HOROVOD_HOSTNAME="))
+
+
+@dataclass
+class Loss:
+    kind: str  # "rank" or "host"
+    step: int  # the killed rank's steps read
+    recovery_s: Optional[float] = None  # kill -> the survivor's first step of the lost virtual rank
+    regrown_s: Optional[float] = None  # kill -> 2 ranks again
+    repeated_steps: int = -1  # steps trained again after the rollback
+
+
+def _at_full_size(job: ElasticJob) -> Optional[tuple[int, int]]:
+    """(pid, steps) of virtual rank 1's process when two processes run the two virtual ranks, else None."""
+    first, second = owner(job, 0), owner(job, 1)
+    if first is None or second is None or first[0] == second[0]:
+        return None
+    return second
+
+
+def lose(job: ElasticJob, proc: subprocess.Popen, kind: str, after_step: int, deadline: float) -> Loss:
+    """Once the job runs at 2 ranks and virtual rank 1 has read ``after_step`` steps, SIGKILL its process
+    (for ``kind`` "host", its host leaves discovery first). Returns when the survivor trains the lost virtual
+    rank (the host, if taken, is given back then) and when the job is at 2 ranks again; either may stay None
+    (a hang) when ``deadline`` (time.monotonic) passes or the job ends."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        now = _at_full_size(job)
+        if now is not None and now[1] >= after_step:
+            break
+        time.sleep(0.02)
+    else:
+        raise RuntimeError(f"the job did not reach step {after_step} at 2 ranks (exit {proc.poll()})")
+    pid, step = now
+    if kind == "host":
+        set_hosts(job.folder, [h for h in HOSTS if h != host_of(pid)])
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    loss = Loss(kind, step)
+    runs_before = len(segments(job.trace(1)))
+    end = min(deadline, killed_at + HANG_SECONDS)
+    while proc.poll() is None and time.monotonic() < end and loss.regrown_s is None:
+        runs = segments(job.trace(1))
+        if loss.recovery_s is None and len(runs) > runs_before and runs[-1][0] != pid and runs[-1][2]:
+            loss.recovery_s = time.monotonic() - killed_at
+            loss.repeated_steps = step - runs[-1][1]
+            if kind == "host":
+                set_hosts(job.folder, HOSTS)  # the host is back
+        if loss.recovery_s is not None and _at_full_size(job) is not None:
+            loss.regrown_s = time.monotonic() - killed_at
+        time.sleep(0.02)
+    return loss
+
+
+def records_lost(job: ElasticJob) -> int:
+    """Records of steps that some virtual rank never trained, plus records read twice within an epoch (0 when
+    every virtual rank's stitched trace covers every step once)."""
+    lost = 0
+    for v in range(VIRTUAL):
+        try:
+            batches = stitched(job.trace(v))
+        except AssertionError:  # a run resumed past a batch nobody read
+            return -1
+        lost += sum(BATCH for step in range(job.total_steps) if step not in batches)
+        for epoch in range(job.epochs):
+            keys = [k for b in range(epoch * job.steps_per_epoch, (epoch + 1) * job.steps_per_epoch)
+                    for k in batches.get(b, [])]
+            lost += len(keys) - len(set(keys))
+    return lost
+
+
+def run_to_end(job: ElasticJob, timeout: float) -> float:
+    """Wall seconds of the job with no loss."""
+    began = time.monotonic()
+    proc = start(job, os.path.join(job.folder, "job.log"))
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if code != 0:
+        raise RuntimeError(f"the job failed (exit {code}); see {job.folder}/job.log")
+    return time.monotonic() - began
+
+
+@dataclass
+class Report:
+    losses: list[Loss] = field(default_factory=list)
+    hangs: int = 0
+    records_lost: int = -1
+    steps: int = 0
+    sizes: list[int] = field(default_factory=list)
+    ranks_agree: bool = False
+    drill_s: float = 0.0
+    uninterrupted_s: float = 0.0
+    exit_code: Optional[int] = None
+
+    @property
+    def goodput(self) -> float:
+        return self.uninterrupted_s / self.drill_s if self.drill_s else float("nan")
+
+    def recovery(self) -> dict[str, float]:
+        seconds = [loss.recovery_s for loss in self.losses if loss.recovery_s is not None]
+        return {"median": statistics.median(seconds), "max": max(seconds)} if seconds else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "goodput": self.goodput, "recovery_s": self.recovery()}
+
+
+def drill(workdir: str, kills: int = 20, seed: int = 0, log: Any = print) -> Report:
+    """The uninterrupted job, then the same job under ``kills`` losses, alternately a rank and a host, spread
+    evenly over the run (loss i at step (i + 1) x steps / (kills + 1), give or take a commit interval, once the
+    job is at 2 ranks): one loss per 400 steps, about the time a new worker needs to join here."""
+    rng = random.Random(seed)
+    epochs = 20 * (kills + 1)
+    baseline = make_job(os.path.join(workdir, "uninterrupted"), epochs)
+    job = make_job(os.path.join(workdir, "drill"), epochs, data=os.path.join(baseline.folder, "data"))
+    report = Report()
+    report.uninterrupted_s = run_to_end(baseline, timeout=3600)
+    log(f"elastic drill: {job.total_steps} steps; uninterrupted {report.uninterrupted_s:.1f}s")
+    began = time.monotonic()
+    proc = start(job, os.path.join(job.folder, "job.log"))
+    try:
+        for i in range(kills):
+            kind = "rank" if i % 2 == 0 else "host"
+            after = (i + 1) * job.total_steps // (kills + 1) + rng.randint(0, EVERY)
+            if after >= job.total_steps - 2 * EVERY:
+                log(f"elastic drill: the job is near its end after {i} losses")
+                break
+            loss = lose(job, proc, kind, after, began + 3600)
+            report.losses.append(loss)
+            log(f"elastic drill: lost a {kind} at step {loss.step}: survivor's next step "
+                f"{_fmt(loss.recovery_s)} later, 2 ranks again after {_fmt(loss.regrown_s)}, "
+                f"{loss.repeated_steps} steps repeated")
+            if loss.recovery_s is None or (loss.regrown_s is None and proc.poll() is None):
+                report.hangs += 1  # the survivor never went on, or the job never grew back
+                break
+            if loss.regrown_s is None:  # the job ended first
+                break
+        report.exit_code = proc.wait(timeout=3600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report.drill_s = time.monotonic() - began
+    if report.exit_code == 0:
+        result = job.result()
+        report.steps, report.sizes, report.ranks_agree = result["steps"], result["sizes"], result["ranks_agree"]
+        report.records_lost = records_lost(job)
+    return report
+
+
+def _fmt(seconds: Optional[float]) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "elastic_drill.json"))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-elastic-drill-") as workdir:
+        report = drill(workdir, args.kills, args.seed)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(report.to_dict(), fh, indent=2)
+    print(json.dumps({k: v for k, v in report.to_dict().items() if k != "losses"}, indent=2))
+    return 0 if report.exit_code == 0 and report.hangs == 0 and report.records_lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
