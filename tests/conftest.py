@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -32,6 +33,13 @@ from tests.support import mp
 from yarn.packaging import PACK_CACHE_ENV
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# A suite started as a background job (`make test &`, nohup, a shell without job control) begins with SIGINT
+# ignored, and every process it starts inherits that: a launcher the tests press Ctrl-C on ignored it and trained
+# on (exit 0, or no exit within the test's wait). Processes started by one with a Python handler begin with the
+# default action instead, as under a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -129,8 +129,7 @@ def test_local_submission_trains_on_two_ranks_with_the_shipped_code(dataset: Pat
 def test_ctrl_c_releases_the_local_job(dataset: Path, tmp_path: Path) -> None:
     import psutil
 
-    # Epochs enough that the job cannot end before the signal, however the machine schedules it: under load a
-    # job of 50 epochs once finished inside a fixed sleep, and the test saw exit 0.
+    # Epochs enough that the job cannot end before the signal, which is sent once the ranks train.
     job = write_job(tmp_path, "yarnstop", str(dataset), str(tmp_path / "run"), epochs=5000)
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:
