@@ -10,10 +10,14 @@ and then the rank is killed (a lost host, which comes back once the survivor tra
 back to the last commit and goes on alone in the same process; Horovod starts a new worker when the host is
 back (and its blacklist cooldown has passed), and the job grows back to 2 ranks (a resize up).
 
-Figures: seconds from each kill to the survivor's first step of the lost virtual rank (``recovery``), seconds
-from the kill to the job being at 2 ranks again (``regrown``), hangs (no recovery within ``HANG_SECONDS``),
-records lost (a step some virtual rank never trained), steps repeated per loss (at most one commit interval),
-and goodput: the same job's wall time with no kill over the drill's wall time.
+Figures: seconds from each kill until the survivor reads its first batch of the lost virtual rank (``recovery``;
+the trace line is written as a batch is read, just before its step), seconds from the kill to the job being
+at 2 ranks again (``regrown``), hangs (the job still running but no recovery or regrowth within
+``HANG_SECONDS``) and failures (the job ended with an error), records lost (a step some virtual rank never
+trained, or an epoch missing or repeating a record), whether every virtual rank trained on exactly the
+uninterrupted run's batches, steps repeated per loss (at most one commit interval), and goodput: the same
+job's wall time with no loss over the drill's wall time. The drill reads the traces incrementally, so that
+its polling costs the job little CPU.
 ``tests/multiprocess/test_elastic_train.py`` runs one kill of each kind with the same functions.
 """
 from __future__ import annotations
@@ -31,7 +35,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from benchmarks.kill_drill import segments, stitched
+from benchmarks import kill_drill
+from benchmarks.kill_drill import Segments, add_trace_line, stitched
+from hvdtrain import config
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
@@ -41,12 +48,38 @@ TRAIN_RECORDS = 320  # 20 steps per epoch at 2 virtual ranks of 8
 HANG_SECONDS = 180.0
 
 
-@dataclass(frozen=True)
+class Trace:
+    """A virtual rank's trace file, read incrementally: the drill polls it every 20 ms while it grows to
+    thousands of lines, and re-reading it whole each time cost the machine about half a core."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset, self.partial, self.runs = path, 0, b"", Segments()
+
+    def poll(self) -> Segments:
+        if os.path.exists(self.path):
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+            self.offset += len(chunk)
+            *lines, self.partial = (self.partial + chunk).split(b"\n")
+            for line in lines:
+                add_trace_line(self.runs, line.decode() + "\n")
+        return self.runs
+
+
+@dataclass
 class ElasticJob:
     folder: str
     config: str
     epochs: int
     steps_per_epoch: int
+    traces: dict[int, Trace] = field(default_factory=dict)
+
+    def runs(self, virtual_rank: int) -> Segments:
+        """The segments of a virtual rank's trace so far (pid, first batch, {batch: keys})."""
+        if virtual_rank not in self.traces:
+            self.traces[virtual_rank] = Trace(self.trace(virtual_rank))
+        return self.traces[virtual_rank].poll()
 
     @property
     def total_steps(self) -> int:
@@ -62,9 +95,6 @@ class ElasticJob:
 
 def make_job(folder: str, epochs: int, data: Optional[str] = None) -> ElasticJob:
     """The drill's job in ``folder`` (its dataset made there unless ``data`` names one already made)."""
-    from hvdtrain import config
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-
     os.makedirs(folder, exist_ok=True)
     if data is None:
         data = os.path.join(folder, "data")
@@ -100,10 +130,8 @@ def set_hosts(folder: str, hosts: Any) -> None:
 
 def start(job: ElasticJob, log_path: str) -> subprocess.Popen:
     """``hvdtrain train CONFIG --np 2``: the command a user runs (horovodrun in elastic mode underneath)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, MLFLOW_DISABLE_TELEMETRY="true")
-    bindir = os.path.dirname(sys.executable)
-    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    env = kill_drill._env()
+    env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
     with open(log_path, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", "train", job.config, "--np", str(VIRTUAL)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -111,7 +139,7 @@ def start(job: ElasticJob, log_path: str) -> subprocess.Popen:
 
 def owner(job: ElasticJob, virtual_rank: int) -> Optional[tuple[int, int]]:
     """(pid, steps read) of the process now running a virtual rank."""
-    runs = segments(job.trace(virtual_rank))
+    runs = job.runs(virtual_rank)
     if not runs:
         return None
     pid, first, batches = runs[-1]
@@ -128,10 +156,13 @@ def host_of(pid: int) -> str:
 @dataclass
 class Loss:
     kind: str  # "rank" or "host"
-    step: int  # the killed rank's steps read
-    recovery_s: Optional[float] = None  # kill -> the survivor's first step of the lost virtual rank
+    step: int  # steps the killed rank had read when it was chosen
+    recovery_s: Optional[float] = None  # kill -> the survivor reads its first batch of the lost virtual rank
     regrown_s: Optional[float] = None  # kill -> 2 ranks again
-    repeated_steps: int = -1  # steps trained again after the rollback
+    repeated_steps: int = -1  # steps read again after the rollback (from the traces, once the job is over)
+    killed_pid: int = 0
+    survivor_pid: int = 0
+    segment: int = 0  # index of the survivor's segment of virtual rank 1 that followed the kill
 
 
 def _at_full_size(job: ElasticJob) -> Optional[tuple[int, int]]:
@@ -144,9 +175,10 @@ def _at_full_size(job: ElasticJob) -> Optional[tuple[int, int]]:
 
 def lose(job: ElasticJob, proc: subprocess.Popen, kind: str, after_step: int, deadline: float) -> Loss:
     """Once the job runs at 2 ranks and virtual rank 1 has read ``after_step`` steps, SIGKILL its process
-    (for ``kind`` "host", its host leaves discovery first). Returns when the survivor trains the lost virtual
-    rank (the host, if taken, is given back then) and when the job is at 2 ranks again; either may stay None
-    (a hang) when ``deadline`` (time.monotonic) passes or the job ends."""
+    (for ``kind`` "host", its host leaves discovery first). Returns when the survivor (virtual rank 0's
+    process) reads the lost virtual rank's next batch (the host, if taken, is given back then) and when the job
+    is at 2 ranks again; either may stay None when ``deadline`` (time.monotonic) or HANG_SECONDS pass or the
+    job ends. Raises RuntimeError when the job never gets there."""
     while proc.poll() is None and time.monotonic() < deadline:
         now = _at_full_size(job)
         if now is not None and now[1] >= after_step:
@@ -155,41 +187,69 @@ def lose(job: ElasticJob, proc: subprocess.Popen, kind: str, after_step: int, de
     else:
         raise RuntimeError(f"the job did not reach step {after_step} at 2 ranks (exit {proc.poll()})")
     pid, step = now
+    survivor = owner(job, 0)
+    assert survivor is not None  # at full size both virtual ranks have a process
+    loss = Loss(kind, step, killed_pid=pid, survivor_pid=survivor[0], segment=len(job.runs(1)))
     if kind == "host":
         set_hosts(job.folder, [h for h in HOSTS if h != host_of(pid)])
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    loss = Loss(kind, step)
-    runs_before = len(segments(job.trace(1)))
     end = min(deadline, killed_at + HANG_SECONDS)
-    while proc.poll() is None and time.monotonic() < end and loss.regrown_s is None:
-        runs = segments(job.trace(1))
-        if loss.recovery_s is None and len(runs) > runs_before and runs[-1][0] != pid and runs[-1][2]:
+    while time.monotonic() < end and loss.regrown_s is None:
+        running = proc.poll() is None  # read the traces once more after the job ended
+        runs = job.runs(1)
+        if loss.recovery_s is None and _survivor_segment(loss, runs) is not None:
             loss.recovery_s = time.monotonic() - killed_at
-            loss.repeated_steps = step - runs[-1][1]
             if kind == "host":
                 set_hosts(job.folder, HOSTS)  # the host is back
         if loss.recovery_s is not None and _at_full_size(job) is not None:
             loss.regrown_s = time.monotonic() - killed_at
+        if not running:
+            break
         time.sleep(0.02)
     return loss
 
 
+def _survivor_segment(loss: Loss, runs: Segments) -> Optional[int]:
+    """Index of the survivor's first segment of virtual rank 1 after the kill that has read a batch."""
+    for i in range(loss.segment, len(runs)):
+        if runs[i][0] == loss.survivor_pid and runs[i][2]:
+            return i
+    return None
+
+
+def repeated_steps(job: ElasticJob, loss: Loss) -> int:
+    """Steps of virtual rank 1 read again after the loss: the killed process's last batch read + 1, minus the
+    batch the survivor resumed from (-1 when the traces do not show both)."""
+    runs = kill_drill.segments(job.trace(1))
+    killed = [r for r in runs[:loss.segment + 1] if r[0] == loss.killed_pid and r[2]]
+    resumed = _survivor_segment(loss, runs)
+    if not killed or resumed is None:
+        return -1
+    return max(killed[-1][2]) + 1 - runs[resumed][1]
+
+
 def records_lost(job: ElasticJob) -> int:
-    """Records of steps that some virtual rank never trained, plus records read twice within an epoch (0 when
-    every virtual rank's stitched trace covers every step once)."""
+    """Records of steps some virtual rank never trained, plus records missing or read twice within an epoch
+    (0 when every virtual rank's stitched trace covers every step, each epoch reading each record once); -1
+    when a run resumed past a batch nobody read."""
     lost = 0
     for v in range(VIRTUAL):
         try:
             batches = stitched(job.trace(v))
-        except AssertionError:  # a run resumed past a batch nobody read
+        except AssertionError:
             return -1
         lost += sum(BATCH for step in range(job.total_steps) if step not in batches)
         for epoch in range(job.epochs):
             keys = [k for b in range(epoch * job.steps_per_epoch, (epoch + 1) * job.steps_per_epoch)
                     for k in batches.get(b, [])]
-            lost += len(keys) - len(set(keys))
+            lost += abs(job.steps_per_epoch * BATCH - len(set(keys))) + len(keys) - len(set(keys))
     return lost
+
+
+def same_batches(job: ElasticJob, reference: ElasticJob) -> bool:
+    """Whether every virtual rank trained on exactly the reference run's batches (same data, seed and plan)."""
+    return all(stitched(job.trace(v)) == stitched(reference.trace(v)) for v in range(VIRTUAL))
 
 
 def run_to_end(job: ElasticJob, timeout: float) -> float:
@@ -209,8 +269,11 @@ def run_to_end(job: ElasticJob, timeout: float) -> float:
 @dataclass
 class Report:
     losses: list[Loss] = field(default_factory=list)
-    hangs: int = 0
+    hangs: int = 0  # losses after which the job kept running but never went on or never grew back
+    failed: int = 0  # losses after which the job ended with an error
+    error: Optional[str] = None
     records_lost: int = -1
+    same_batches: bool = False  # every virtual rank trained on the uninterrupted run's batches
     steps: int = 0
     sizes: list[int] = field(default_factory=list)
     ranks_agree: bool = False
@@ -244,32 +307,46 @@ def drill(workdir: str, kills: int = 20, seed: int = 0, log: Any = print) -> Rep
     began = time.monotonic()
     proc = start(job, os.path.join(job.folder, "job.log"))
     try:
-        for i in range(kills):
-            kind = "rank" if i % 2 == 0 else "host"
-            after = (i + 1) * job.total_steps // (kills + 1) + rng.randint(0, EVERY)
-            if after >= job.total_steps - 2 * EVERY:
-                log(f"elastic drill: the job is near its end after {i} losses")
-                break
-            loss = lose(job, proc, kind, after, began + 3600)
-            report.losses.append(loss)
-            log(f"elastic drill: lost a {kind} at step {loss.step}: survivor's next step "
-                f"{_fmt(loss.recovery_s)} later, 2 ranks again after {_fmt(loss.regrown_s)}, "
-                f"{loss.repeated_steps} steps repeated")
-            if loss.recovery_s is None or (loss.regrown_s is None and proc.poll() is None):
-                report.hangs += 1  # the survivor never went on, or the job never grew back
-                break
-            if loss.regrown_s is None:  # the job ended first
-                break
-        report.exit_code = proc.wait(timeout=3600)
+        _losses(job, proc, kills, rng, report, log)
+        report.exit_code = proc.wait(timeout=3600) if not report.hangs else None
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        report.error = str(exc)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
     report.drill_s = time.monotonic() - began
     if report.exit_code == 0:
         result = job.result()
         report.steps, report.sizes, report.ranks_agree = result["steps"], result["sizes"], result["ranks_agree"]
         report.records_lost = records_lost(job)
+        report.same_batches = same_batches(job, baseline)
+        for loss in report.losses:
+            loss.repeated_steps = repeated_steps(job, loss)
     return report
+
+
+def _losses(job: ElasticJob, proc: subprocess.Popen, kills: int, rng: random.Random, report: Report,
+            log: Any) -> None:
+    """Cause the drill's losses, recording each in ``report``; stops at a hang or failure."""
+    began = time.monotonic()
+    for i in range(kills):
+        kind = "rank" if i % 2 == 0 else "host"
+        after = (i + 1) * job.total_steps // (kills + 1) + rng.randint(0, EVERY)
+        if after >= job.total_steps - 2 * EVERY:
+            log(f"elastic drill: the job is near its end after {i} losses")
+            return
+        loss = lose(job, proc, kind, after, began + 3600)
+        report.losses.append(loss)
+        log(f"elastic drill: lost a {kind} at step {loss.step}: the survivor read the lost rank's next batch "
+            f"{_fmt(loss.recovery_s)} later, 2 ranks again after {_fmt(loss.regrown_s)}")
+        if proc.poll() not in (None, 0):
+            report.failed += 1
+            return
+        if loss.recovery_s is None or loss.regrown_s is None:
+            if proc.poll() is None:
+                report.hangs += 1  # still running, but the survivor never went on or the job never grew back
+            return
 
 
 def _fmt(seconds: Optional[float]) -> str:
@@ -288,7 +365,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(args.out, "w") as fh:
         json.dump(report.to_dict(), fh, indent=2)
     print(json.dumps({k: v for k, v in report.to_dict().items() if k != "losses"}, indent=2))
-    return 0 if report.exit_code == 0 and report.hangs == 0 and report.records_lost == 0 else 1
+    return 0 if report.exit_code == 0 and report.records_lost == 0 and report.same_batches else 1
 
 
 if __name__ == "__main__":

@@ -176,20 +176,29 @@ def trace_path(drill: Drill, name: str, rank: int) -> str:
     return os.path.join(drill.workdir, name, "trace", f"rank{rank}.keys")
 
 
-def segments(path: str) -> list[tuple[int, int, dict[int, list[str]]]]:
+Segments = list[tuple[int, int, dict[int, list[str]]]]
+
+
+def segments(path: str) -> Segments:
     """The trace of each run, in order: (pid, first batch, {batch: keys})."""
-    out: list[tuple[int, int, dict[int, list[str]]]] = []
+    out: Segments = []
     if not os.path.exists(path):
         return out
     with open(path) as fh:
         for line in fh:
-            head = re.match(r"# pid (\d+) from (\d+)", line)
-            if head:
-                out.append((int(head.group(1)), int(head.group(2)), {}))
-            elif "\t" in line and out and line.endswith("\n"):
-                number, keys = line.rstrip("\n").split("\t", 1)
-                out[-1][2][int(number)] = keys.split(",")
+            add_trace_line(out, line)
     return out
+
+
+def add_trace_line(out: Segments, line: str) -> None:
+    """Add one line of a trace file to its segments (a line still being written, without its newline, is not
+    a batch yet)."""
+    head = re.match(r"# pid (\d+) from (\d+)", line)
+    if head:
+        out.append((int(head.group(1)), int(head.group(2)), {}))
+    elif "\t" in line and out and line.endswith("\n"):
+        number, keys = line.rstrip("\n").split("\t", 1)
+        out[-1][2][int(number)] = keys.split(",")
 
 
 def stitched(path: str) -> dict[int, list[str]]:
