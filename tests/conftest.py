@@ -34,8 +34,8 @@ from yarn.packaging import PACK_CACHE_ENV
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# A suite started as a background job (`make test &`, nohup, a shell without job control) begins with SIGINT
-# ignored, and every process it starts inherits that: a launcher the tests press Ctrl-C on ignored it and trained
+# A suite started as a background job by a shell without job control (`make test &` in a script, a CI runner's
+# shell) begins with SIGINT ignored, and every process it starts inherits that: a launcher the tests press Ctrl-C on ignored it and trained
 # on (exit 0, or no exit within the test's wait). Processes started by one with a Python handler begin with the
 # default action instead, as under a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
