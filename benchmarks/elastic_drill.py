@@ -219,14 +219,16 @@ def _survivor_segment(loss: Loss, runs: Segments) -> Optional[int]:
 
 
 def repeated_steps(job: ElasticJob, loss: Loss) -> int:
-    """Steps of virtual rank 1 read again after the loss: the killed process's last batch read + 1, minus the
-    batch the survivor resumed from (-1 when the traces do not show both)."""
+    """Steps of virtual rank 1 read again after the loss: where the killed process had read to (its last
+    batch + 1, or where its segment began when it was killed right after a reset, before reading a batch),
+    minus the batch the survivor resumed from (-1 when the traces do not show both)."""
     runs = kill_drill.segments(job.trace(1))
-    killed = [r for r in runs[:loss.segment + 1] if r[0] == loss.killed_pid and r[2]]
+    killed = [r for r in runs[:loss.segment] if r[0] == loss.killed_pid]
     resumed = _survivor_segment(loss, runs)
     if not killed or resumed is None:
         return -1
-    return max(killed[-1][2]) + 1 - runs[resumed][1]
+    _, first, batches = killed[-1]
+    return (max(batches) + 1 if batches else first) - runs[resumed][1]
 
 
 def records_lost(job: ElasticJob) -> int:
