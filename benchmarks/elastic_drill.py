@@ -142,8 +142,7 @@ def owner(job: ElasticJob, virtual_rank: int) -> Optional[tuple[int, int]]:
     runs = job.runs(virtual_rank)
     if not runs:
         return None
-    pid, first, batches = runs[-1]
-    return pid, (max(batches) + 1 if batches else first)
+    return runs[-1][0], kill_drill.read_to(runs[-1])
 
 
 def host_of(pid: int) -> str:
@@ -227,8 +226,7 @@ def repeated_steps(job: ElasticJob, loss: Loss) -> int:
     resumed = _survivor_segment(loss, runs)
     if not killed or resumed is None:
         return -1
-    _, first, batches = killed[-1]
-    return (max(batches) + 1 if batches else first) - runs[resumed][1]
+    return kill_drill.read_to(killed[-1]) - runs[resumed][1]
 
 
 def records_lost(job: ElasticJob) -> int:

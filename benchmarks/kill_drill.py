@@ -190,6 +190,13 @@ def segments(path: str) -> Segments:
     return out
 
 
+def read_to(segment: tuple[int, int, dict[int, list[str]]]) -> int:
+    """The batch a run's segment had read up to (exclusive): its last batch + 1, or where it began when it read
+    none."""
+    _, first, batches = segment
+    return max(batches) + 1 if batches else first
+
+
 def add_trace_line(out: Segments, line: str) -> None:
     """Add one line of a trace file to its segments (a line still being written, without its newline, is not
     a batch yet)."""
@@ -220,8 +227,7 @@ def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
     runs = segments(path)
     if len(runs) <= runs_before:
         return None
-    pid, first, batches = runs[runs_before]
-    return pid, (max(batches) + 1 if batches else first)
+    return runs[runs_before][0], read_to(runs[runs_before])
 
 
 def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before: int,

@@ -52,8 +52,7 @@ def assert_accounted(job: elastic_drill.ElasticJob, loss: elastic_drill.Loss) ->
     for v in range(VIRTUAL):
         runs = kill_drill.segments(job.trace(v))
         for before, after in zip(runs, runs[1:]):
-            read = max(before[2]) + 1 if before[2] else before[1]
-            assert 0 <= read - after[1] <= EVERY, (v, [(r[0], r[1], len(r[2])) for r in runs])  # redone <= interval
+            assert 0 <= kill_drill.read_to(before) - after[1] <= EVERY, (v, [(r[0], r[1], len(r[2])) for r in runs])  # redone <= interval
     assert loss.step >= KILL_AFTER and 0 <= loss.repeated_steps <= EVERY, loss
 
 
