@@ -253,6 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return console.report_error(exc, "hvdtrain")
     except runtime.CORRUPT_DATA as exc:  # a shard's bytes changed after the ETL: exit 3, never restarted
         return console.report_error(runtime.corrupt_data_error(exc), "hvdtrain")
+    finally:
+        runtime.skip_final_collections()
     if distributed.info().is_chief:
         if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
             console.emit("result", result=result)
