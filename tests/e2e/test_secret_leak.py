@@ -1,4 +1,4 @@
-"""A planted secret never leaks, end to end (#28 item 7): ETL, ``train --np 2``, ``tune`` (2 trials) and a YARN
+"""A planted secret never leaks, end to end (#28 item 7): ETL, ``train --np 2``, ``tune`` (1 trial) and a YARN
 dry-run, run as a user runs them, against a real ``mlflow server`` whose URL carries the secret as its password.
 
 The secret sits in ``tracking.uri`` (a URL password, which every rank and trial needs to reach MLflow),
@@ -101,7 +101,7 @@ def leak_run(tmp_path_factory):
     commands = {
         "etl": [str(HVDTRAIN), "etl", str(job)],
         "train": [str(HVDTRAIN), "train", str(job), "--np", "2"],
-        "tune": [str(HVDTRAIN), "tune", str(job), "--space", str(space), "--trials", "2", "--np", "2",
+        "tune": [str(HVDTRAIN), "tune", str(job), "--space", str(space), "--trials", "1", "--np", "2",
                  "--parallel", "1"],
         "yarn dry-run": [str(HVDTRAIN), "yarn", "submit", str(job), "--num-workers", "2", "--dry-run"],
     }
@@ -135,10 +135,10 @@ def test_no_command_line_carries_the_secret(leak_run):
     seen = leak_run["cmdlines"]
     # the watcher saw the processes that matter, so an empty finding means something
     assert any("horovodrun" in c for c in seen) and any("hvdtrain.train" in c for c in seen), sorted(seen)[:40]
-    assert any("tune.trial=1" in c for c in seen), "no trial process was seen"
+    assert any("tune.trial=0" in c for c in seen), "no trial process was seen"
     assert any("SparkSubmit" in c or "pyspark" in c for c in seen), "no Spark process was seen"
-    # the environment's secret reached every rank (train: 2, each trial: 2) through the sealed file
-    assert len(leak_run["ranks_with_token"]) >= 6, leak_run["ranks_with_token"]
+    # the environment's secret reached every rank (train: 2, the trial: 2) through the sealed file
+    assert len(leak_run["ranks_with_token"]) >= 4, leak_run["ranks_with_token"]
     assert [c[max(0, c.index(SECRET) - 200):c.index(SECRET) + 40] for c in seen if SECRET in c] == []
 
 
@@ -163,5 +163,5 @@ def test_no_file_written_holds_the_secret_but_the_private_yarn_properties(leak_r
 
 def test_mlflow_params_and_tags_hold_no_secret_and_the_runs_reached_the_server(leak_run):
     runs = leak_run["runs"]
-    assert len(runs) >= 4  # the training run, the study's parent run and its two trials
+    assert len(runs) >= 3  # the training run, the study's parent run and its trial
     assert [(k, v) for run in runs for k, v in run.items() if SECRET in v] == []

@@ -55,28 +55,25 @@ def assert_placement(report: dict) -> None:
     assert report["rank_digest"]["agree"] and len({r["sha256"] for r in ranks}) == 1
 
 
-def test_four_ranks_on_two_hosts_train_and_agree(ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
-    manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(
-        n_per_split={"train": 512, "validation": 61, "test": 67}, shards_per_split=4), class_rate=0.35, seed=11))
-    before = sessions_by_host(ssh_hosts)
-    config_path, output = _job(tmp_path, "hosts", tmp_path / "data", epochs=1, batch_size=16)
-    horovodrun_4(ssh_hosts, config_path)
-    result, report = _outputs(output)
-    assert result["world_size"] == 4 and result["ranks_agree"]
-    assert_placement(report)
-    _assert_complete(report, manifest)
-    assert report["training"]["steps_per_epoch"] == 512 // (16 * 4)
-    after = sessions_by_host(ssh_hosts)
-    assert all(after[h] - before[h] >= 2 for h in ssh_hosts.hosts), (before, after)  # both ranks of each host
+def test_four_ranks_on_two_hosts_agree_and_resume_exactly_after_a_kill_on_the_second_host(
+        ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
+    """The drill's uninterrupted run is the 4-rank, 2-host run checked first: every rank started through ssh,
+    placed by host, identical weights, exact evaluation. Then a rank on the second host is killed."""
+    from hvdtrain import manifest as manifest_lib
 
-
-def test_kill_drill_with_the_killed_rank_on_the_second_host(ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
+    before = sessions_by_host(ssh_hosts)
     # `hvdtrain train --max-restarts` launches on this host only: the drill relaunches horovodrun itself
     launch = kill_drill.Launch(np=4, hosts=HOSTS, args=ssh_hosts.horovodrun_args(), kill_ranks=(2, 3),
                                env=ssh_hosts.env({"PATH": os.environ.get("PATH", "")}), timeout=900,
                                supervised=False)
     report = kill_drill.drill_run(str(tmp_path), kills=1, seed=seed, log=lambda msg: None, launch=launch, epochs=2)
+    result, uninterrupted = _outputs(tmp_path / "runs" / "uninterrupted")
+    assert result["world_size"] == 4 and result["ranks_agree"]
+    assert_placement(uninterrupted)
+    _assert_complete(uninterrupted, manifest_lib.read(str(tmp_path / "data")))
+    after = sessions_by_host(ssh_hosts)
+    assert all(after[h] - before[h] >= 2 for h in ssh_hosts.hosts), (before, after)  # both ranks of each host
     kill = report.kills[0]
     where = f"(HVDTRAIN_DRILL_SEED={seed}: {report.to_dict()})"
     assert kill.rank in (2, 3) and kill.exit_code not in (0, None), where
