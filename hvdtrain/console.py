@@ -26,11 +26,12 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional, Sequence, TextIO
 
-from hvdtrain import errors, fs
+from hvdtrain import errors, fs, startup
 from hvdtrain.bar import TerminalBar
 
 TAIL_LINES = 400  # kept for telling a lost rank from a stall or a user error
@@ -231,6 +232,7 @@ def run(cmd: Sequence[str], env: dict[str, str], view: View) -> Outcome:
 
     Ctrl-C reaches the child too (same process group); this waits for it to go.
     """
+    env = {**env, startup.LAUNCHED_AT_ENV: f"{time.time():.3f}"}  # each try's ranks time their start-up from here
     proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: "queue.Queue[Optional[tuple[str, bytes]]]" = queue.Queue()
     pumps = [threading.Thread(target=_pump, args=(pipe, name, lines), daemon=True)

@@ -57,7 +57,7 @@ from typing import Any, Optional, Sequence
 import keras
 
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, fs, resume, secrets, supervise, tracking, watchdog
+from hvdtrain import console, data, distributed, fs, resume, secrets, startup, supervise, tracking, watchdog
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import tasks as tasks_lib
 from hvdtrain.config import JobConfig
@@ -85,6 +85,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank."""
     runtime.set_horovod_env(cfg)
     rank = distributed.init()
+    startup.mark("rendezvous")
     runtime.configure_logging(rank)
     secrets.protect_logging(*secrets.secret_values(cfg.flat()))
     secrets.private_files()  # checkpoints, the MLflow store, outputs: the user's only
@@ -101,6 +102,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
         restore_seconds = time.perf_counter() - looking
+        startup.mark("data plan")
         with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg)},
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
@@ -110,12 +112,14 @@ def run(cfg: JobConfig) -> dict[str, Any]:
             if restarts:  # one MLflow run throughout: this try counts the restarts before it
                 tracker.log_metrics({"restarts": float(len(restarts))})
                 tracker.set_tags({"last_restart_cause": restarts[-1].get("cause", "")})
+            startup.mark("tracking")
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed, Restored(restore_seconds, len(restarts)))
             evaluated = evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, rank_digests(model, rank), stopping)
             report["resumed_from"] = resumed.uri if resumed else None
+            report["startup"] = startup.CLOCK.breakdown()
             report["restarts"] = restarts
             if not rank.is_chief:
                 return result_record(tracker.run_id, report, cfg.train.output)
@@ -163,6 +167,7 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         resume.apply(resumed, model, optimizer, rank, stopper)
         restored = dataclasses.replace(restored, seconds=restored.seconds + time.perf_counter() - applying)
     distributed.broadcast_state(model, optimizer)
+    startup.mark("model build")
     guard = steps_lib.FiniteGuard() if cfg.train.fp16_allreduce else None
     reduction = steps_lib.Reduction(cfg.train.fp16_allreduce, cfg.train.allreduce, _sparse(ctx, model), task_head(ctx))
     per_call = 1 if cfg.monitoring.step_breakdown else cfg.train.steps_per_call  # the breakdown times each step
@@ -247,6 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("config", help="job config YAML")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=2")
     args = parser.parse_intermixed_args(argv)
+    startup.mark("interpreter and imports")  # this module's imports include TensorFlow's
     try:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import keras
 
-from hvdtrain import breakdown, distributed, monitoring, progress, resume, tensorboard, tune
+from hvdtrain import breakdown, distributed, monitoring, progress, resume, startup, tensorboard, tune
 from hvdtrain import config as config_lib
 from hvdtrain import timeline as timeline_lib
 from hvdtrain.errors import ConfigError, EnvironmentProblem
@@ -55,12 +55,14 @@ def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[Earl
                    guard: Optional[steps_lib.FiniteGuard], observed: Observed) -> Iterator[list[hooks.Hook]]:
     """Every hook of the run, in the order the loop calls them; ends the observers when training ends.
 
-    Progress and per-step metrics; validation and early stopping; skipped steps (float16 all-reduce);
-    the study's pruning (a tune trial); the epoch report (after validation, so it includes it); the
-    checkpointer (a pruned or stopped run still saves its last epoch); then the observers.
+    The end of start-up (the first step, :mod:`hvdtrain.startup`); progress and per-step metrics; validation
+    and early stopping; skipped steps (float16 all-reduce); the study's pruning (a tune trial); the epoch
+    report (after validation, so it includes it); the checkpointer (a pruned or stopped run still saves its
+    last epoch); then the observers.
     """
     with _observers(ctx, observed) as observers:
-        yield [*_progress(ctx), *_validation(ctx, model, stopper),
+        yield [hooks.FirstStep(lambda: startup.first_step_done(ctx.rank.is_chief)), *_progress(ctx),
+               *_validation(ctx, model, stopper),
                *([hooks.SkippedSteps(guard.count)] if guard is not None else []), *_pruning(ctx),
                _epoch_report(ctx, observed.optimizer), observed.checkpointer, *observers]
 

@@ -60,6 +60,18 @@ class Hook:
         return False
 
 
+class FirstStep(Hook):
+    """Calls ``done`` after the first optimizer step (call) of this process: the end of its start-up."""
+
+    def __init__(self, done: Callable[[], None]) -> None:
+        self.done: Optional[Callable[[], None]] = done
+
+    def on_step(self, info: StepInfo) -> None:
+        if self.done is not None:
+            done, self.done = self.done, None
+            done()
+
+
 class HookList(Hook):
     """Hooks called in order; training stops when any hook's ``end_epoch`` says so."""
 

@@ -61,6 +61,15 @@ def test_both_ranks_end_with_identical_weights(demo_run):
     assert digests[0]["sha256"] == digests[1]["sha256"] and result["ranks_agree"] is True
 
 
+def test_the_report_times_the_start_up_from_the_launcher(demo_run):
+    _, result, _ = demo_run
+    startup = json.loads(fs.read_bytes(result["report"]))["startup"]
+    assert list(startup) == ["launcher", "interpreter and imports", "rendezvous", "data plan", "tracking",
+                             "model build", "first step", "total"], startup
+    assert all(v >= 0 for v in startup.values())
+    assert startup["total"] == pytest.approx(sum(v for k, v in startup.items() if k != "total"), abs=0.01)
+
+
 def test_record_counts_agree_from_hive_to_evaluation(demo_run):
     import tensorflow as tf
 

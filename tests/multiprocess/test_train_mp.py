@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,8 +91,15 @@ def test_two_ranks_agree_learn_and_export(tmp_path: Path) -> None:
     layout = Layout(n_per_split={"train": 480, "validation": 61, "test": 67}, shards_per_split=4)
     manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=layout, class_rate=0.35, seed=11))
     config_path, output = _job(tmp_path, "mp", tmp_path / "data", tracking=True)
-    _horovodrun(config_path)
+    proc = _horovodrun(config_path)
     result, report = _outputs(output)
+    # where the time to the first step went: plain horovodrun, so the clock starts with the rank's process
+    startup = report["startup"]
+    assert list(startup) == ["interpreter and imports", "rendezvous", "data plan", "tracking", "model build",
+                             "first step", "total"], startup
+    assert all(v >= 0 for v in startup.values()) and startup["total"] > 0
+    assert startup["total"] == pytest.approx(sum(v for k, v in startup.items() if k != "total"), abs=0.01)
+    assert re.search(r"\[rank 0\] INFO start-up: [\d.]+ s to the first step \(interpreter and imports", proc.stderr)
     digests = report["rank_digest"]
     assert [d["rank"] for d in digests["ranks"]] == [0, 1]
     assert digests["agree"] and digests["ranks"][0]["sha256"] == digests["ranks"][1]["sha256"]

@@ -1,0 +1,76 @@
+"""Where a rank's time to its first training step went: every restart, resize and tuning trial pays it.
+
+The clock starts when the hvdtrain launcher started the job (``HVDTRAIN_LAUNCHED_AT``, set by
+:func:`hvdtrain.console.run` for each try) or, without a launcher (plain ``horovodrun``), when this process
+started. Each phase ends at a :func:`mark`; the last one is the first optimizer step (tracing included).
+Rank 0 logs the breakdown once, and the run's report keeps it (``eval_report.json`` ``startup``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional
+
+import psutil
+
+log = logging.getLogger("hvdtrain.train")
+
+LAUNCHED_AT_ENV = "HVDTRAIN_LAUNCHED_AT"  # seconds since the epoch when the launcher started this try
+
+
+def launched_at(env: Optional[dict[str, str]] = None) -> Optional[float]:
+    """The launcher's start time, when one set it (None for a value that is not a number)."""
+    value = (os.environ if env is None else env).get(LAUNCHED_AT_ENV)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class Clock:
+    """Phases of one process's start-up, as (name, end time) marks after its start."""
+
+    def __init__(self, process_start: float, launcher_start: Optional[float]) -> None:
+        self.marks: list[tuple[str, float]] = []
+        # a launcher's clock after this process started is another try's or another host's: left out
+        self.start = launcher_start if launcher_start is not None and launcher_start <= process_start \
+            else process_start
+        if self.start < process_start:
+            self.marks.append(("launcher", process_start))
+        self.logged = False
+
+    def mark(self, phase: str, at: Optional[float] = None) -> None:
+        """``phase`` ended now (or at ``at``); a phase marked twice keeps its first end."""
+        if all(name != phase for name, _ in self.marks):
+            self.marks.append((phase, time.time() if at is None else at))
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per phase, in order, and ``total`` from the clock's start to the last mark (pure)."""
+        out, before = {}, self.start
+        for name, end in self.marks:
+            out[name] = round(max(0.0, end - before), 3)
+            before = max(before, end)
+        out["total"] = round(before - self.start, 3)
+        return out
+
+
+def describe(breakdown: dict[str, float]) -> str:
+    """One line: ``11.2 s to the first step (launcher 0.4 s, ...)`` (pure)."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in breakdown.items() if name != "total")
+    return f"{breakdown.get('total', 0.0):.1f} s to the first step ({parts})"
+
+
+CLOCK = Clock(psutil.Process().create_time(), launched_at())
+
+
+def mark(phase: str) -> None:
+    CLOCK.mark(phase)
+
+
+def first_step_done(is_chief: bool) -> None:
+    """The first optimizer step (with its tracing) ended: the breakdown is complete; rank 0 logs it once."""
+    CLOCK.mark("first step")
+    if is_chief and not CLOCK.logged:
+        CLOCK.logged = True
+        log.info("start-up: %s", describe(CLOCK.breakdown()))

@@ -1,0 +1,48 @@
+"""hvdtrain.startup: where a rank's time to its first step went (pure parts, and the first-step hook)."""
+from __future__ import annotations
+
+from hvdtrain import startup
+from hvdtrain.training.events import StepInfo
+from hvdtrain.training.hooks import FirstStep
+
+PHASES = ["interpreter and imports", "rendezvous", "data plan", "tracking", "model build", "first step"]
+
+
+def test_phases_are_the_gaps_between_marks_from_the_launcher_on() -> None:
+    clock = startup.Clock(process_start=100.0, launcher_start=99.5)
+    for name, at in zip(PHASES, (103.0, 103.2, 103.3, 105.5, 106.0, 108.5)):
+        clock.mark(name, at)
+    assert clock.breakdown() == {"launcher": 0.5, "interpreter and imports": 3.0, "rendezvous": 0.2,
+                                 "data plan": 0.1, "tracking": 2.2, "model build": 0.5, "first step": 2.5,
+                                 "total": 9.0}
+    assert startup.describe(clock.breakdown()) == (
+        "9.0 s to the first step (launcher 0.5 s, interpreter and imports 3.0 s, rendezvous 0.2 s, data plan "
+        "0.1 s, tracking 2.2 s, model build 0.5 s, first step 2.5 s)")
+
+
+def test_without_a_launcher_or_with_a_later_one_the_clock_starts_with_the_process() -> None:
+    for launcher in (None, 100.5):  # 100.5: another try's or another host's clock, after this process started
+        clock = startup.Clock(process_start=100.0, launcher_start=launcher)
+        clock.mark("interpreter and imports", 103.0)
+        assert clock.breakdown() == {"interpreter and imports": 3.0, "total": 3.0}
+
+
+def test_a_phase_marked_twice_keeps_its_first_end() -> None:
+    clock = startup.Clock(process_start=0.0, launcher_start=None)
+    clock.mark("first step", 2.0)
+    clock.mark("first step", 50.0)  # a second call of the loop, an elastic reset
+    assert clock.breakdown() == {"first step": 2.0, "total": 2.0}
+
+
+def test_the_launchers_time_is_read_from_the_environment() -> None:
+    assert startup.launched_at({startup.LAUNCHED_AT_ENV: "1795663000.25"}) == 1795663000.25
+    assert startup.launched_at({}) is None
+    assert startup.launched_at({startup.LAUNCHED_AT_ENV: "soon"}) is None
+
+
+def test_the_first_step_hook_fires_once() -> None:
+    calls = []
+    hook = FirstStep(lambda: calls.append(1))
+    for step in (1, 2, 3):
+        hook.on_step(StepInfo(epoch=1, step=step, global_step=step, data_seconds=0.0, loss_sum=0.0, examples=8))
+    assert calls == [1]
