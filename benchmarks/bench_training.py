@@ -1,4 +1,4 @@
-"""hvd_overhead, scaling_np2, launch_overhead: training throughput under horovodrun.
+"""hvd_overhead, scaling_np2: training throughput under horovodrun (launch_overhead: bench_launch).
 
 hvd_overhead (and hvd_overhead_large, a model of about 10x the parameters): hvdtrain's loop with its
 per-step hooks under ``horovodrun -np 1`` at the default ``train.steps_per_call``, against plain Keras
@@ -12,7 +12,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 
 from benchmarks.common import Entry
 from benchmarks.launch import horovodrun, plain, plain_many
@@ -45,15 +44,8 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         # the 2 cores' caches and memory bandwidth, and neither has a spare core for tf.data).
         at_once = median_of(lambda: {"samples_per_sec": sum(r["samples_per_sec"] for r in plain_many(
             2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]))}, reps)
-        launch_hvd, launch_plain = [], []
-        for _ in range(reps):
-            start = time.time()
-            launch_hvd.append(horovodrun(2, "benchmarks.train_worker", [root, "hvd", "1"])["first_step_at"] - start)
-            start = time.time()
-            launch_plain.append(plain("benchmarks.train_worker", [root, "hvd", "1"])["first_step_at"] - start)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    hvd_s, plain_s = sorted(launch_hvd)[len(launch_hvd) // 2], sorted(launch_plain)[len(launch_plain) // 2]
     return [
         *overhead,
         Entry("scaling_np2", two["samples_per_sec"], "samples/s", "2 x (-np 1), 1 intra/inter-op/tf.data thread each",
@@ -62,8 +54,6 @@ def run(quick: bool, extra: dict) -> list[Entry]:
                      "two_plain_at_once_samples_per_sec": at_once["samples_per_sec"],
                      "host_ceiling": round(at_once["samples_per_sec"] / (2 * one_thread["samples_per_sec"]), 3),
                      "vs_two_plain_at_once": round(two["samples_per_sec"] / at_once["samples_per_sec"], 3)}),
-        Entry("launch_overhead", hvd_s, "s", "plain process to first step", plain_s, None,
-              lower_is_better=True, notes={"overhead_s": round(hvd_s - plain_s, 2), "np": 2}),
     ]
 
 

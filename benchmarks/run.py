@@ -26,6 +26,7 @@ GROUPS = {
     "input": "benchmarks.bench_input",
     "allreduce": "benchmarks.bench_allreduce",
     "training": "benchmarks.bench_training",
+    "launch": "benchmarks.bench_launch",
     "checkpoint": "benchmarks.bench_checkpoint",
     "monitoring": "benchmarks.bench_monitoring",
     "score": "benchmarks.bench_score",

@@ -1,9 +1,10 @@
 """Horovod's own TensorFlow tests against the Horovod this project builds (tier `horovod_upstream`).
 
 Horovod v0.28.1's `test/parallel/test_tensorflow.py` and `test_tensorflow2_keras.py`, unmodified,
-live in `../shared/horovod-upstream-tests/` (or wherever HVDTRAIN_HOROVOD_TESTS points). Each file
-runs from a temporary copy under `horovodrun -np 2 -H localhost:2 --gloo`, every rank writes a
-JUnit report, and the test fails on any failed or erroring upstream test except those in
+live in `../shared/horovod-upstream-tests/` (or wherever HVDTRAIN_HOROVOD_TESTS points). The files
+run from a temporary copy, together in one `horovodrun -np 2 -H localhost:2 --gloo` (one TensorFlow
+start per rank), every rank writes a JUnit report, and the test fails on any failed or erroring upstream test,
+or on a file whose count of passed tests differs from EXPECTED_PASSED, except those in
 NOT_APPLICABLE: tests whose own code uses Keras 2 API that Keras 3 removed. Those are ported to
 Keras 3 in tests/support/horovod_keras3_ports.py, which runs here the same way.
 """
@@ -73,14 +74,16 @@ def upstream_tests_folder() -> Path:
     return folder
 
 
-def read_junit(path: Path, file_name: str) -> dict[str, str]:
-    """{test id: passed|failed|skipped} from one rank's JUnit XML.
+def read_junit(path: Path) -> dict[str, str]:
+    """{test id: passed|failed|skipped} from one rank's JUnit XML; the id starts with the test's file, from its
+    class's module (``test_tensorflow.TensorFlowTests`` -> ``test_tensorflow.py``).
 
     A test whose subtests (graph/eager mode) fail or error in any mode is failed.
     """
     outcomes = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        test_id = f"{file_name}::{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+        module, _, cls = case.get("classname", "").rpartition(".")
+        test_id = f"{module.rsplit('.', 1)[-1]}.py::{cls}::{case.get('name')}"
         tags = {child.tag for child in case}
         outcomes[test_id] = ("failed" if tags & {"failure", "error"}
                              else "skipped" if "skipped" in tags else "passed")
@@ -101,24 +104,27 @@ def judge(file_name: str, per_rank: list[dict[str, str]]) -> list[str]:
     return problems
 
 
-def run_file(workdir: Path, file_name: str) -> list[dict[str, str]]:
-    """Run one test file under horovodrun -np 2 --gloo; each rank's outcomes."""
+def run_files(workdir: Path, file_names: list[str]) -> dict[str, list[dict[str, str]]]:
+    """Run the test files in one ``horovodrun -np 2 --gloo`` (one TensorFlow start per rank, not one per file);
+    each file's outcomes per rank."""
     parallel = workdir / "parallel"
     reports = workdir / "reports"
     reports.mkdir(exist_ok=True)
     bindir = Path(sys.executable).parent
-    rank_cmd = (f"exec {sys.executable} -m pytest -q -p no:cacheprovider -o addopts= {file_name} "
-                f"--junitxml={reports}/{file_name}.rank${{HOROVOD_RANK}}.xml")
+    rank_cmd = (f"exec {sys.executable} -m pytest -q -p no:cacheprovider -o addopts= {' '.join(file_names)} "
+                f"--junitxml={reports}/upstream.rank${{HOROVOD_RANK}}.xml")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(workdir / "utils"), str(REPO)]),
                PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     proc = subprocess.run([str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
                            "sh", "-c", rank_cmd], cwd=parallel, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S[file_name])
-    paths = [reports / f"{file_name}.rank{rank}.xml" for rank in range(2)]
+                          text=True, timeout=sum(TIMEOUT_S[f] for f in file_names))
+    paths = [reports / f"upstream.rank{rank}.xml" for rank in range(2)]
     if not all(p.is_file() for p in paths):
-        pytest.fail(f"{file_name}: horovodrun exited {proc.returncode} without both ranks' reports; "
+        pytest.fail(f"{' '.join(file_names)}: horovodrun exited {proc.returncode} without both ranks' reports; "
                     f"output tail:\n{(proc.stdout + proc.stderr)[-4000:]}", pytrace=False)
-    return [read_junit(p, file_name) for p in paths]
+    per_rank = [read_junit(p) for p in paths]
+    return {f: [{t: o for t, o in outcomes.items() if t.startswith(f"{f}::")} for outcomes in per_rank]
+            for f in file_names}
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +137,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.horovod_upstream
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("file_name", ["test_tensorflow.py", "test_tensorflow2_keras.py",
-                                       "horovod_keras3_ports.py"])
-def test_horovod_upstream_file(workdir: Path, file_name: str) -> None:
-    problems = judge(file_name, run_file(workdir, file_name))
-    assert not problems, f"{file_name} under horovodrun -np 2 --gloo:\n" + "\n".join(problems)
+@pytest.mark.timeout(3000)
+def test_horovod_upstream_files(workdir: Path) -> None:
+    outcomes = run_files(workdir, list(EXPECTED_PASSED))
+    problems = [f"{f}: {p}" for f, per_rank in outcomes.items() for p in judge(f, per_rank)]
+    assert not problems, "under horovodrun -np 2 --gloo:\n" + "\n".join(problems)
 
 
 def test_judge_reports_unlisted_failures_stale_entries_and_lost_tests() -> None:

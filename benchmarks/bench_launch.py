@@ -1,0 +1,70 @@
+"""launch_overhead: seconds from starting a 2-rank job to its first training step, against a plain process.
+
+The job is ``horovodrun -np 2`` of the benchmark worker; the baseline is the same worker as one plain process
+(no launcher, no Horovod), in interleaved pairs. Beside it, ``hvdtrain train --np 2`` of a tiny job is run
+``reps`` times and its ranks' start-up breakdown (:mod:`hvdtrain.startup`: launcher, interpreter and imports,
+rendezvous, data plan, tracking, model build, first step) is reported, phase by phase, as the median over
+the runs: where the time to the first step goes in the product's own path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import Entry
+from benchmarks.launch import ROOT, horovodrun, plain
+
+
+def run(quick: bool, extra: dict) -> list[Entry]:
+    from hvdtrain import config
+    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+
+    reps = 1 if quick else 5
+    root = tempfile.mkdtemp(prefix="bench-launch-")
+    try:
+        make_text_dataset(os.path.join(root, "data"), TextSpec(layout=Layout(
+            n_per_split={"train": 2048, "validation": 64, "test": 64}, shards_per_split=4), num_classes=4,
+            max_length=64, vocab_size=2000, seed=3))
+        data = os.path.join(root, "data")
+        launch_hvd, launch_plain, loads = [], [], []
+        for _ in range(reps):
+            loads.append(round(os.getloadavg()[0], 1))
+            start = time.time()
+            launch_hvd.append(horovodrun(2, "benchmarks.train_worker", [data, "hvd", "1"])["first_step_at"] - start)
+            start = time.time()
+            launch_plain.append(plain("benchmarks.train_worker", [data, "hvd", "1"])["first_step_at"] - start)
+        job = os.path.join(root, "job.yaml")
+        with open(job, "w") as fh:
+            fh.write(config.from_dict({
+                "name": "launch", "workdir": os.path.join(root, "work"), "source": {"table": "demo.reviews"},
+                "etl": {"output": data}, "train": {"epochs": 1, "batch_size": 64, "progress": "log"},
+                "monitoring": {"enabled": False},
+            }, base_dir=root).to_yaml())
+        breakdowns = [hvdtrain_startup(job, os.path.join(root, "work", "runs", "launch"), i) for i in range(reps)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    hvd_s, plain_s = statistics.median(launch_hvd), statistics.median(launch_plain)
+    phases = {name: round(statistics.median(b[name] for b in breakdowns), 2) for name in breakdowns[0]}
+    return [Entry("launch_overhead", hvd_s, "s", "plain process to first step", plain_s, 1.5, lower_is_better=True,
+                  notes={"overhead_s": round(hvd_s - plain_s, 2), "np": 2, "reps": reps, "load_before": loads,
+                         "hvd_s_min_max": [round(min(launch_hvd), 2), round(max(launch_hvd), 2)],
+                         "plain_s_min_max": [round(min(launch_plain), 2), round(max(launch_plain), 2)],
+                         "hvdtrain_train_np2_startup_median_s": phases})]
+
+
+def hvdtrain_startup(job: str, output: str, attempt: int) -> dict[str, float]:
+    """``hvdtrain train JOB --np 2`` (a new output each time, MLflow's store created once); its start-up."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
+    cmd = [os.path.join(os.path.dirname(sys.executable), "hvdtrain"), "train", job, "--np", "2",
+           f"train.output={output}-{attempt}", f"checkpoint.dir={output}-{attempt}-ckpt"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(f"{output}-{attempt}", "eval_report.json")) as fh:
+        return json.load(fh)["startup"]
