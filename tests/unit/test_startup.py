@@ -1,6 +1,8 @@
 """hvdtrain.startup: where a rank's time to its first step went (pure parts, and the first-step hook)."""
 from __future__ import annotations
 
+import time
+
 from hvdtrain import startup
 from hvdtrain.training.events import StepInfo
 from hvdtrain.training.hooks import FirstStep
@@ -46,3 +48,16 @@ def test_the_first_step_hook_fires_once() -> None:
     for step in (1, 2, 3):
         hook.on_step(StepInfo(epoch=1, step=step, global_step=step, data_seconds=0.0, loss_sum=0.0, examples=8))
     assert calls == [1]
+
+
+def test_a_process_knows_when_it_started_to_the_clock_tick() -> None:
+    """Between the parent's clock just before it started the child and the child's clock when it asked (psutil's
+    create_time, with the boot time in whole seconds, is up to a second early)."""
+    import subprocess
+    import sys
+
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", "import time; from hvdtrain import startup; "
+                          "print(startup.process_start(), time.time())"], capture_output=True, text=True, check=True)
+    started, asked = map(float, out.stdout.split())
+    assert before - 0.02 <= started <= asked, (before, started, asked)
