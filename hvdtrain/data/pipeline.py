@@ -97,6 +97,14 @@ class Parser:
 CHUNK = 256  # records a reader hands on at once: tf.data's per-element cost is paid per chunk, not per record
 
 
+def as_written(fn: Any) -> Any:
+    """A tf.data function traced as written, without AutoGraph's source conversion: these functions have no
+    Python control flow on tensors, and the conversion cost each process most of a second of start-up."""
+    import tensorflow as tf
+
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def _ranges(source: FileSource, mine: Share, order: Iterator[int]) -> Iterator[tuple[str, int, int]]:
     """(local path, first record, record count) of each of ``mine``'s ranges in ``order``; the source yields
     the paths of the same shards in the same order."""
@@ -139,14 +147,15 @@ def _chunks(manifest: Manifest, source: FileSource, cycle_length: int, files: "t
         if source.release is None:
             return chunks
         # After the range's last record: release (delete) the staged copy; the marker itself is dropped.
-        done = tf.data.Dataset.from_tensors(path).map(
-            lambda p: tf.py_function(lambda q: source.release(q.numpy().decode()) or q, [p], tf.string))
+        done = tf.data.Dataset.from_tensors(path).map(as_written(
+            lambda p: tf.py_function(lambda q: source.release(q.numpy().decode()) or q, [p], tf.string)))
         zero = tf.constant(0, tf.int64)
-        return chunks.concatenate(done.map(lambda p: (tf.reshape(p, [1]), zero, zero)).filter(lambda *_: False))
+        return chunks.concatenate(done.map(as_written(lambda p: (tf.reshape(p, [1]), zero, zero)))
+                                  .filter(as_written(lambda *_: False)))
 
     # Sequential interleave: every file read here is on local disk (in place or staged), and a parallel
     # interleave's hand-off between threads costs more than the reads on 2 cores.
-    return files.interleave(read, cycle_length=max(1, cycle_length), block_length=1)
+    return files.interleave(as_written(read), cycle_length=max(1, cycle_length), block_length=1)
 
 
 def _parsed(chunks: "tf.data.Dataset", parser: Parser) -> "tf.data.Dataset":
@@ -154,7 +163,7 @@ def _parsed(chunks: "tf.data.Dataset", parser: Parser) -> "tf.data.Dataset":
     range's part of each chunk in one vectorized ``parse_example``, in parallel and in order."""
     import tensorflow as tf
 
-    return chunks.map(lambda records, lo, hi: parser.narrow(records[lo:hi]), num_parallel_calls=tf.data.AUTOTUNE,
+    return chunks.map(as_written(lambda records, lo, hi: parser.narrow(records[lo:hi])), num_parallel_calls=tf.data.AUTOTUNE,
                       deterministic=True)
 
 
@@ -164,7 +173,7 @@ def _batches(records: "tf.data.Dataset", parser: Parser, batch_size: int,
     import tensorflow as tf
 
     return (records.rebatch(batch_size, drop_remainder=drop_remainder)
-            .map(parser.widen, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .map(as_written(parser.widen), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .prefetch(tf.data.AUTOTUNE))
 
 
@@ -217,7 +226,7 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
         order = order[tf.clip_by_value(skip - start, 0, n):tf.clip_by_value(limit - start, 0, n)]
         return {name: tf.gather(t, order) for name, t in w.items()}
 
-    return windows.enumerate().map(shuffle).filter(lambda w: _length(w) > 0)
+    return windows.enumerate().map(as_written(shuffle)).filter(as_written(lambda w: _length(w) > 0))
 
 
 @dataclass(frozen=True)
@@ -274,7 +283,7 @@ def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional
                                 seed=tf.random.experimental.stateless_fold_in(tf.constant([base_seed, 0], tf.int64), p),
                                 skip=tf.where(tf.equal(p, first_pass), skip, 0), limit=per_epoch)
 
-    windows = tf.data.Dataset.counter(first_pass).flat_map(one_pass)
+    windows = tf.data.Dataset.counter(first_pass).flat_map(as_written(one_pass))
     return _batches(windows, parser, stream.batch_size, drop_remainder=True)
 
 

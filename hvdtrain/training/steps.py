@@ -168,7 +168,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
                     inputs: Optional[Sequence[str]] = None, allreduce: Allreduce = distributed.allreduce_grads,
                     guard: Optional[FiniteGuard] = None) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """A compiled step on one batch: gradients, one all-reduce, update; returns (loss sum, correct)."""
-    return tf.function(train_step_body(model, optimizer, label_feature, inputs, allreduce, guard))
+    return tf.function(train_step_body(model, optimizer, label_feature, inputs, allreduce, guard), autograph=False)
 
 
 def make_multi_step(body: Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor]],
@@ -180,7 +180,7 @@ def make_multi_step(body: Callable[[Sequence[Batch]], tuple[tf.Tensor, tf.Tensor
     one step per call, in the same order (automatic control dependencies keep step i's update before step
     i+1 reads the weights); each n is traced once.
     """
-    @tf.function
+    @tf.function(autograph=False)
     def multi_step(batches: Sequence[Batch]) -> tuple[tf.Tensor, tf.Tensor]:
         if len(batches) % accum_steps:
             raise ValueError(f"a call takes whole optimizer steps of {accum_steps} batches (got {len(batches)})")
@@ -204,8 +204,8 @@ class AccumulatingStep:
         self._label, self._head = label_feature, _head(allreduce)
         self._sums = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False, name="grad_accum")
                       for v in model.trainable_variables]
-        self._micro = tf.function(self._micro_step)
-        self._apply = tf.function(self._apply_step)
+        self._micro = tf.function(self._micro_step, autograph=False)
+        self._apply = tf.function(self._apply_step, autograph=False)
 
     def _micro_step(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         grads, loss_sum, correct = _gradients(self._model, self._optimizer, self._head, batch, self._names,
@@ -267,9 +267,9 @@ class TimedStep:
         self._names, self._label, self._head = tuple(inputs), label_feature, _head(allreduce)
         self._accumulate = AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs,
                                             allreduce) if accum_steps > 1 else None
-        self._gradients = tf.function(self._gradients_step, reduce_retracing=True)
-        self._reduce = tf.function(lambda grads: self._allreduce(grads), reduce_retracing=True)
-        self._apply = tf.function(self._apply_step, reduce_retracing=True)
+        self._gradients = tf.function(self._gradients_step, reduce_retracing=True, autograph=False)
+        self._reduce = tf.function(lambda grads: self._allreduce(grads), reduce_retracing=True, autograph=False)
+        self._apply = tf.function(self._apply_step, reduce_retracing=True, autograph=False)
         self.allreduce_seconds: Optional[float] = None
 
     def _gradients_step(self, batch: Batch) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
@@ -305,7 +305,7 @@ def make_optimizer_step(model: keras.Model, optimizer: keras.optimizers.Optimize
     """The step the training loop calls with ``accum_steps`` batches at a time; pass a ``guard`` with
     ``reduction.fp16`` so that a step whose float16 all-reduce overflowed is skipped on every rank."""
     if accum_steps == 1:
-        fused = tf.function(train_step_body(model, optimizer, label_feature, inputs, reduction, guard))
+        fused = tf.function(train_step_body(model, optimizer, label_feature, inputs, reduction, guard), autograph=False)
         return lambda batches: fused(batches[0])
     return AccumulatingStep(model, optimizer, label_feature, accum_steps, inputs, reduction, guard)
 
@@ -334,7 +334,7 @@ def make_eval_step(model: keras.Model, label_feature: str, inputs: Optional[Sequ
     """A compiled inference step: per-example loss and the scores evaluation counts (:meth:`Head.eval_outputs`)."""
     names = tuple(inputs) if inputs is not None else input_names(model)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def eval_step(batch: Batch) -> dict[str, tf.Tensor]:
         return head.eval_outputs(batch[label_feature], model({k: batch[k] for k in names}, training=False))
 
