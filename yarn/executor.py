@@ -94,8 +94,9 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
-    from hvdtrain import train  # deferred: TensorFlow, after GPU pinning
+    from hvdtrain import startup, train  # deferred: TensorFlow, after GPU pinning
 
+    startup.mark("interpreter and imports")  # this Python worker's start, the task's arrival, TensorFlow's import
     result, error, code = None, None, 0
     try:
         result = train.run(config.from_dict(cfg_dict))

@@ -123,6 +123,10 @@ def run_files(workdir: Path, file_names: list[str]) -> dict[str, list[dict[str, 
         pytest.fail(f"{' '.join(file_names)}: horovodrun exited {proc.returncode} without both ranks' reports; "
                     f"output tail:\n{(proc.stdout + proc.stderr)[-4000:]}", pytrace=False)
     per_rank = [read_junit(p) for p in paths]
+    outside = sorted({t for outcomes in per_rank for t in outcomes if not t.startswith(tuple(f"{f}::" for f in file_names))})
+    if outside:  # e.g. a file that failed to import: pytest reports it under no test file
+        pytest.fail(f"outcomes outside the test files (a collection error?): {outside}; output tail:\n"
+                    f"{(proc.stdout + proc.stderr)[-4000:]}", pytrace=False)
     return {f: [{t: o for t, o in outcomes.items() if t.startswith(f"{f}::")} for outcomes in per_rank]
             for f in file_names}
 
