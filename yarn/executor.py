@@ -31,7 +31,7 @@ import zipfile
 from typing import IO, Any, Mapping, Optional, Sequence
 
 import hvdtrain
-from hvdtrain import config, cpus, distributed, fs  # no TensorFlow import either
+from hvdtrain import config, cpus, distributed, fs, startup  # no TensorFlow import either
 from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 from hvdtrain.errors import ANY_ERROR, HvdtrainError
 
@@ -94,7 +94,7 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
-    from hvdtrain import startup, train  # deferred: TensorFlow, after GPU pinning
+    from hvdtrain import train  # deferred: TensorFlow, after GPU pinning
 
     startup.mark("interpreter and imports")  # this Python worker's start, the task's arrival, TensorFlow's import
     result, error, code = None, None, 0
