@@ -748,6 +748,15 @@ class JobConfig:
         self._check_task_metrics()
         self._resolve_best_metric()
         self._check_hashed_columns()
+        self._check_output_folders()
+
+    def _check_output_folders(self) -> None:
+        """``train.output`` is replaced whole when a run publishes: checkpoints inside it would be refused at the
+        end of training (or lost), so refuse them before anything runs."""
+        if self.checkpoint.enabled and is_within(self.checkpoint.dir, self.train.output):
+            raise ConfigError("checkpoint.dir", self.checkpoint.dir,
+                              f"is inside train.output ({self.train.output}), which each run replaces whole: put "
+                              "the checkpoints beside it, e.g. in a sibling folder")
 
     def _check_task_metrics(self) -> None:
         """Early stopping and tuning name a metric this task's evaluation produces."""
@@ -807,6 +816,12 @@ class JobConfig:
 
 
 # -- loading ------------------------------------------------------------
+
+def is_within(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or below it (pure; paths and URIs as written, trailing slashes ignored)."""
+    path, folder = path.rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(folder + "/")
+
 
 def path_fields(cls: Optional[type] = None, prefix: str = "") -> list[str]:
     """Dotted names of every field marked with :func:`path_field`, derived from the dataclasses."""

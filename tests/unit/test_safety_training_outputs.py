@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import checkpoint, config, distributed, resume
-from hvdtrain.errors import DataError
+from hvdtrain.errors import ConfigError, DataError
 
 
 def _cfg(tmp_path, **ckpt) -> config.JobConfig:
@@ -25,6 +25,23 @@ def test_resume_never_over_committed_checkpoints_is_refused_and_they_stay(tmp_pa
     assert [i.step for i in checkpoint.scan(cfg.checkpoint.dir)] == [10]
     fresh = _cfg(tmp_path / "other", resume="never")
     assert resume.find(fresh.checkpoint, rank, {}) is None  # a new folder starts fresh
+
+
+def test_checkpoints_inside_train_output_are_refused_before_anything_runs(tmp_path):
+    """train.output is replaced whole at the end of a run: checkpoints inside it would be refused then (after
+    the training) or lost, so the config refuses them, naming both folders."""
+    def job(out: str, ckpt: str, **extra) -> config.JobConfig:
+        return config.from_dict({"name": "s", "workdir": str(tmp_path), "source": {"table": "demo.t"},
+                                 "train": {"output": out}, "checkpoint": {"dir": ckpt, **extra}},
+                                base_dir=str(tmp_path))
+
+    with pytest.raises(ConfigError, match=r"checkpoint.dir is inside train.output \(hdfs://nn:8020/u/run/\).*"
+                                          r"got 'hdfs://nn:8020/u/run/ckpt'"):
+        job("hdfs://nn:8020/u/run/", "hdfs://nn:8020/u/run/ckpt")
+    with pytest.raises(ConfigError, match="checkpoint.dir"):
+        job("out", "out")
+    assert job("hdfs://nn:8020/u/run", "hdfs://nn:8020/u/run-ckpt").checkpoint.dir.endswith("run-ckpt")  # a sibling
+    assert job("out", "out/ckpt", enabled=False).train.output.endswith("out")  # no checkpoints: nothing at risk
 
 
 def test_train_output_replaces_only_an_empty_folder_or_a_previous_hvdtrain_output(tmp_path):
