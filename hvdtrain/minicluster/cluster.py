@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Optional, TextIO
+from typing import Any, Callable, Iterable, Optional, TextIO
 
 from hvdtrain.errors import EnvironmentProblem
 
@@ -133,6 +133,17 @@ def pyspark_jars_dir() -> str:
         raise EnvironmentProblem("pyspark is not installed in this environment: the cluster's Hadoop version "
                                  "follows pyspark's hadoop-client jars; run `make env`")
     return os.path.join(list(spec.submodule_search_locations)[0], "jars")
+
+
+def yarn_settings(env_cache: str, jars_dir: str, **extra: Any) -> dict[str, Any]:
+    """A job config's ``yarn:`` block that fits this cluster (pure): one core and a 1 GB heap per executor (an
+    application master and two executors fit two NodeManagers), the env cache (a folder on its HDFS),
+    everything bound to loopback, and Spark's jars from this host (``local:``, as on a cluster with Spark on
+    every node)."""
+    return {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g", "start_timeout": 600,
+            "env_cache": env_cache, "env": {"SPARK_LOCAL_IP": "127.0.0.1"},
+            "spark_conf": {"spark.yarn.jars": f"local:{jars_dir}/*", "spark.yarn.am.memory": "512m",
+                           "spark.yarn.appMasterEnv.SPARK_LOCAL_IP": "127.0.0.1"}, **extra}
 
 
 def pyspark_hadoop_version() -> str:
