@@ -27,6 +27,7 @@ from hvdtrain import (
     keras3_check,
     manifest,
     secrets,
+    startup,
     supervise,
     tasks,
     tensorboard,
@@ -334,7 +335,8 @@ def cmd_yarn(args: argparse.Namespace) -> int:
                          "hvdtrain yarn etl CONFIG [--num-executors N] [--executor-cores C] [--queue Q] "
                          "[--overwrite] [--dry-run], or hvdtrain yarn run --num-workers N [--config CONFIG] "
                          "[--master M] [--dry-run] SCRIPT [ARGS...]")
-    return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env=child_env())
+    clock = {startup.LAUNCHED_AT_ENV: f"{startup.CLOCK.start:.3f}"}  # a YARN job's ranks time their start from here
+    return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env={**child_env(), **clock})
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -27,9 +27,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import time  # noqa: E402
 from typing import Any, Mapping, Optional, Sequence  # noqa: E402
 
-from hvdtrain import checkpoint, console, fs, supervise  # noqa: E402
+from hvdtrain import checkpoint, console, fs, startup, supervise  # noqa: E402
 from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
@@ -41,6 +42,15 @@ RESULT_MARK = "hvdtrain: rank 0 result:"
 def horovod_env(cfg: JobConfig) -> dict[str, str]:
     """Extra environment for every rank process (pure): yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...)."""
     return {"PYTHONUNBUFFERED": "1", **cfg.yarn.env}
+
+
+def try_clock(env: Mapping[str, str], submitted_at: Optional[float], now: float) -> dict[str, str]:
+    """When a try's ranks start their start-up clock (pure): the first try, at the submission (``hvdtrain yarn
+    submit`` sets it for a client-mode driver, so spark-submit, the application master, the containers and the
+    env archive's localization show as the ranks' ``launcher`` phase); a relaunch, or a driver that was not
+    given it (cluster mode), at this try's start."""
+    first = supervise.RESTARTS_ENV not in env
+    return {startup.LAUNCHED_AT_ENV: f"{submitted_at if first and submitted_at is not None else now:.3f}"}
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -100,11 +110,14 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     last: dict[str, list[dict[str, Any]]] = {"records": []}
     fn, fn_args = rank_job(cfg, args)
 
+    submitted_at = startup.launched_at()
+
     def once(env: Mapping[str, str]) -> tuple[int, str]:
+        rank_env = {**horovod_env(cfg), **env, **try_clock(env, submitted_at, time.time())}
         try:
             last["records"] = horovod.spark.run(
                 fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,
-                use_gloo=True, env={**horovod_env(cfg), **env}, verbose=args.verbose, executable=args.executable)
+                use_gloo=True, env=rank_env, verbose=args.verbose, executable=args.executable)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
             print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
             return 1, str(exc)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs, hadoop_conf, secrets
+from hvdtrain import console, envcheck, fs, hadoop_conf, secrets, startup
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
@@ -447,7 +447,9 @@ class Submission:
 
     def __enter__(self) -> "Submission":
         # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
-        self.proc = self._popen(self.plan.argv, env={**os.environ, **self.plan.env}, cwd=self.plan.cwd,
+        # The ranks time their start-up from this command's start: the env archive's check or upload counts too.
+        env = {**os.environ, **self.plan.env, startup.LAUNCHED_AT_ENV: f"{startup.CLOCK.start:.3f}"}
+        self.proc = self._popen(self.plan.argv, env=env, cwd=self.plan.cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                 start_new_session=True)
         for stream, sink in ((self.proc.stdout, self._out), (self.proc.stderr, self._err)):
