@@ -7,19 +7,29 @@ cluster_start            seconds from ``hvdtrain cluster up`` to NodeManagers re
                          against the 300 s ``up`` waits by default (information).
 cluster_jvm_peak_memory  the cluster JVM's peak resident memory (VmHWM) at the end, against the 3 GB bound.
 
-Not measured yet: ``yarn_submit_overhead`` (seconds from ``hvdtrain yarn submit`` to the first step, cold and warm
-env cache, against ``hvdtrain train --np 2``): see docs/hadoop.md.
+yarn_submit_overhead     seconds from ``hvdtrain yarn submit --master yarn --num-workers 2`` to the first training step
+                         with the env archive already on HDFS (warm), against ``hvdtrain train --np 2`` of the same
+                         job on this host, in interleaved pairs (target <= 3x); the cold submission (the archive
+                         uploaded to the fresh cluster's env cache and localized) in its notes. Both read the
+                         ranks' start-up breakdown (:mod:`hvdtrain.startup`; on YARN its clock starts at the
+                         command, so spark-submit, the application master and the containers are its launcher).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from benchmarks.bench_input import make_dataset
+from benchmarks.bench_launch import hvdtrain_startup, median_phases, tiny_job
 from benchmarks.common import Entry, interleaved
+from benchmarks.launch import ROOT
 from hvdtrain import fs
 from hvdtrain.minicluster import cluster
+from yarn.packaging import PACK_CACHE_ENV
 
 JVM_BOUND_MB = 3072.0
 
@@ -31,7 +41,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     try:
         details = cluster.up(spec)
         os.environ["HADOOP_CONF_DIR"] = spec.conf_dir
-        entries = [_input_throughput(details["fs_default"], quick)]
+        entries = [_input_throughput(details["fs_default"], quick), _submit_overhead(details["fs_default"], quick)]
         peak = _peak_rss_mb(details["pid"])
     finally:
         cluster.down(spec, quiet=True)
@@ -84,6 +94,48 @@ def _input_throughput(fs_default: str, quick: bool) -> Entry:
                         "the same shards on local disk", [n / t for t in times["local"]], 0.5,
                         notes={"records": n, "batch_size": batch, "shards": len(m.split("train").shards),
                                "path": "hdfs:// -> WebHDFS (no libhdfs), staged to local disk"})
+
+
+def _submit_overhead(fs_default: str, quick: bool) -> Entry:
+    root = tempfile.mkdtemp(prefix="bench-yarn-")
+    try:
+        yarn = cluster.yarn_settings(f"{fs_default}/bench/envs", cluster.pyspark_jars_dir())
+        job, _ = tiny_job(root, yarn=yarn)  # a local dataset: the executors share this host's disk
+        out = os.path.join(root, "work", "runs", "launch")
+        packed_before = _pack_cached()
+        cold = _yarn_startup(job, f"{out}-yarn", 0)
+        warm, local, loads = [], [], []
+        for i in range(2 if quick else 3):
+            loads.append(round(os.getloadavg()[0], 1))
+            warm.append(_yarn_startup(job, f"{out}-yarn", i + 1))
+            local.append(hvdtrain_startup(job, out, i))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return Entry.paired("yarn_submit_overhead", [w["total"] for w in warm], "s",
+                        "hvdtrain train --np 2 to the first step", [b["total"] for b in local], 3.0,
+                        lower_is_better=True,
+                        notes={"cold_s": cold["total"], "cold_phases_s": cold, "cold_packed": not packed_before,
+                               "warm_phases_median_s": median_phases(warm),
+                               "local_phases_median_s": median_phases(local), "load_before": loads,
+                               "workers": 2, "cluster": "hvdtrain cluster (one host, two NodeManagers)"})
+
+
+def _pack_cached() -> bool:
+    """Whether $HVDTRAIN_PACK_CACHE already holds a packed archive (so the cold submission only uploads)."""
+    folder = os.environ.get(PACK_CACHE_ENV)
+    return bool(folder and os.path.isdir(folder) and os.listdir(folder))
+
+
+def _yarn_startup(job: str, output: str, attempt: int) -> dict[str, float]:
+    """``hvdtrain yarn submit JOB --master yarn --num-workers 2`` (client mode); its ranks' start-up breakdown."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, "SPARK_LOCAL_IP": "127.0.0.1"}
+    cmd = [os.path.join(os.path.dirname(sys.executable), "hvdtrain"), "yarn", "submit", job, "--master", "yarn",
+           "--num-workers", "2", f"train.output={output}-{attempt}", f"checkpoint.dir={output}-{attempt}-ckpt"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(f"{output}-{attempt}", "eval_report.json")) as fh:
+        return json.load(fh)["startup"]
 
 
 def _peak_rss_mb(pid: int) -> float:
