@@ -379,6 +379,18 @@ def size(uri: str) -> int:
     return info.size
 
 
+def storage_checksum(uri: str) -> Optional[str]:
+    """The storage's own checksum of a file, when it keeps one: HDFS's (over WebHDFS, ``GETFILECHECKSUM``: the
+    DataNodes combine the CRCs they store beside each block, so the file's bytes are not read). None where there
+    is none (a local disk, libhdfs: pyarrow exposes no checksum). It changes with the content, or with the
+    block or checksum chunk size: use it as a fast "unchanged" check, with a full read behind it."""
+    fs, path = resolve(uri)
+    handler = getattr(fs, "handler", None)
+    if not isinstance(handler, WebHdfsHandler):
+        return None
+    return with_retries(lambda: handler.checksum(path), f"read the checksum of {uri}")
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = resolve(uri)
 

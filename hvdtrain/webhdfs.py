@@ -129,6 +129,12 @@ class WebHdfsHandler(pafs.FileSystemHandler):
             self.client.write(dest, reader, overwrite=True)
 
     @_builtin_errors
+    def checksum(self, path: str) -> str:
+        """HDFS's checksum of a file (``GETFILECHECKSUM``), as ``algorithm:hex``; not part of pyarrow's API."""
+        doc = self.client.checksum(path)
+        return f"{doc['algorithm']}:{doc['bytes']}"
+
+    @_builtin_errors
     def open_input_stream(self, path: str) -> pa.PythonFile:
         """Streams the file (DataNode response read as it comes): staging a shard holds one chunk in memory."""
         return pa.PythonFile(_Download(self.client, path), mode="r")

@@ -209,10 +209,17 @@ def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Option
         upload_once(local, planned.uri)
     fs.write_bytes_atomic(planned.uri + ".txt", ("\n".join(identity) + "\n").encode())
     fs.write_bytes_atomic(planned.uri + SHA_SUFFIX, (content + "\n").encode())
+    stored = fs.storage_checksum(planned.uri)
+    if stored is not None:
+        fs.write_bytes_atomic(planned.uri + STORAGE_SUFFIX, (stored + "\n").encode())
     return EnvArchive(planned.uri, planned.digest, True)
 
 
 SHA_SUFFIX = ".sha256"  # beside a cached archive: the SHA-256 of its bytes, checked before every reuse
+# Beside it on HDFS: HDFS's own checksum of the uploaded archive. When it still matches, the archive is unchanged
+# without reading its gigabytes back (4 s per submission for 1.1 GB on the one-machine cluster); when it does not
+# (or the storage has none), the SHA-256 decides.
+STORAGE_SUFFIX = ".checksum"
 
 
 def file_sha256(local: str, chunk: int = 8 << 20) -> str:
@@ -225,9 +232,14 @@ def file_sha256(local: str, chunk: int = 8 << 20) -> str:
 
 def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
     """None when the cached archive's bytes match its recorded SHA-256, else what is wrong (its name is
-    only the environment's hash: a truncated, replaced or tampered file must not be shipped)."""
+    only the environment's hash: a truncated, replaced or corrupted file must not be shipped). The storage's
+    own checksum, recorded at upload, vouches for it without a read when it still matches."""
     if not fs.exists(uri + SHA_SUFFIX):
         return f"no {SHA_SUFFIX} beside it to verify its content"
+    if fs.exists(uri + STORAGE_SUFFIX):
+        stored = fs.storage_checksum(uri)
+        if stored is not None and stored == fs.read_bytes(uri + STORAGE_SUFFIX).decode().strip():
+            return None
     expected = fs.read_bytes(uri + SHA_SUFFIX).decode().strip()
     digest = hashlib.sha256()
     with fs.open_input(uri) as fh:

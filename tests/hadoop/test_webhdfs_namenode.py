@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from hvdtrain import checkpoint as ck
-from hvdtrain import data, fs
+from hvdtrain import config, data, fs
 from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from yarn import packaging
 
 pytestmark = pytest.mark.hadoop
 
@@ -135,3 +136,26 @@ def test_etl_publishes_to_hdfs_byte_identical_to_a_local_run(hadoop_cluster, bas
         for s in remote.split(sp).shards:
             assert fs.read_bytes(remote.shard_uri(s)) == open(here.shard_uri(s), "rb").read()
     assert not fs.exists(fs.join(out, "_staging"))
+
+
+def test_a_cached_env_archive_is_vouched_for_by_hdfss_checksum_without_a_read(hadoop_cluster, base, tmp_path):
+    """The archive's HDFS checksum, kept at upload, stands in for reading it back on reuse; a changed archive
+    fails it and the SHA-256 decides."""
+    yarn_cfg = config.YarnConfig(env_cache=fs.join(base, "envs"))
+
+    def pack(prefix, local):
+        with open(local, "wb") as fh:
+            fh.write(b"environment archive " * 5000)
+
+    first = packaging.ensure_env_archive(yarn_cfg, ["python 3.11"], prefix="/venv", pack=pack, log=lambda m: None)
+    stored = fs.storage_checksum(first.uri)
+    assert stored and stored.startswith("MD5-of-") and \
+        fs.read_bytes(first.uri + packaging.STORAGE_SUFFIX).decode().strip() == stored
+    sha = fs.read_bytes(first.uri + packaging.SHA_SUFFIX)
+    fs.write_bytes_atomic(first.uri + packaging.SHA_SUFFIX, b"0" * 64 + b"\n")  # a SHA-256 read would now fail
+    assert packaging.cached_archive_problem(first.uri) is None  # HDFS's checksum vouched: the bytes were not read
+    fs.write_bytes_atomic(first.uri + packaging.SHA_SUFFIX, sha)
+    fs.write_bytes_atomic(first.uri, b"environment archivX " * 5000)  # same size, other bytes
+    assert fs.storage_checksum(first.uri) != stored
+    assert "is not the recorded" in (packaging.cached_archive_problem(first.uri) or "")
+    assert fs.storage_checksum(str(tmp_path / "local.bin")) is None  # a local disk keeps none: SHA-256 only
