@@ -1,7 +1,7 @@
 """Training throughput worker; rank 0 prints 'BENCH {json}'.
 
     [horovodrun -np N ... ] python -m benchmarks.train_worker DATASET MODE STEPS [--threads 1]
-        [--model demo|large] [--steps-per-call K] [--loop]
+        [--model demo|large] [--steps-per-call K] [--loop] [--allreduce grouped|overlap] [--fp16]
 
 --threads T limits TensorFlow's intra-op and inter-op pools and the input
 pipeline's private pool to T threads. --pin pins the process (every thread it
@@ -19,7 +19,8 @@ parameters). --steps-per-call K: hvdtrain's step runs K optimizer steps per
 compiled call (``train.steps_per_call``). --loop: the hvd step runs inside
 hvdtrain's own loop (:func:`hvdtrain.training.loop.fit` with the per-step hooks a run
 has: progress lines, per-step metrics, the stall watchdog's phases), two
-epochs of STEPS steps, the second timed, as ``model.fit``'s is.
+epochs of STEPS steps, the second timed, as ``model.fit``'s is. --allreduce and --fp16: how the hvd step
+averages gradients (``train.allreduce``, ``train.fp16_allreduce``).
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="demo")
     p.add_argument("--steps-per-call", type=int, default=1)
     p.add_argument("--loop", action="store_true")
+    p.add_argument("--allreduce", choices=["grouped", "overlap"], default="grouped")
+    p.add_argument("--fp16", action="store_true", help="float16 all-reduce (train.fp16_allreduce, with its guard)")
     args = p.parse_args()
     if args.steps % args.steps_per_call:
         p.error(f"STEPS ({args.steps}) must be a multiple of --steps-per-call ({args.steps_per_call})")
@@ -107,7 +110,9 @@ def main() -> None:
     if args.mode == "hvd":
         distributed.broadcast_state(model, optimizer)
         make = steps_lib.make_unrolled_step if per_call > 1 else steps_lib.make_optimizer_step
-        step = make(model, optimizer, "label", shape.inputs)
+        reduction = steps_lib.Reduction(fp16=args.fp16, mode=args.allreduce)
+        step = make(model, optimizer, "label", shape.inputs, reduction=reduction,
+                    guard=steps_lib.FiniteGuard() if args.fp16 else None)
         batches = iter(ds)
         if args.loop:
             first_step_at, seconds = timed_in_loop(step, batches, args.steps, per_call, rank)
