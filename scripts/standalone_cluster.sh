@@ -6,9 +6,10 @@
 #   scripts/standalone_cluster.sh stop DIR
 #
 # start: the master listens on 127.0.0.1; worker host-a on 127.0.0.2 and worker host-b on
-# 127.0.0.3, each started inside its own UTS namespace (`unshare --uts`, needs root or
-# user namespaces) with its own hostname, so its executors and the Python processes they
-# start report host-a / host-b (socket.gethostname()). Every service and web UI binds its
+# 127.0.0.3, each started inside its own UTS and mount namespaces (`unshare --uts --mount`, needs
+# root or user namespaces) with its own hostname, so its executors and the Python processes they
+# start report host-a / host-b (socket.gethostname()), and with DIR/hosts bind-mounted on /etc/hosts
+# so that both names resolve there, as DNS resolves a cluster's hosts. Every service and web UI binds its
 # own loopback address (SPARK_LOCAL_IP): nothing listens on another interface. Each worker
 # has one core (one executor, so one rank, per host) and its own local disk, DIR/host-X/
 # (work/ for executors, tmp/ as TMPDIR). PYTHON (default: python3 on PATH) is the
@@ -34,7 +35,8 @@ daemon() {  # NAME IP HOSTNAME CLASS ARGS...: start one daemon in its own UTS na
   env SPARK_HOME="$SPARK_HOME" SPARK_LOCAL_IP="$ip" SPARK_LOCAL_HOSTNAME="$host" SPARK_LOG_DIR="$disk" \
     SPARK_WORKER_DIR="$disk/work" SPARK_LOCAL_DIRS="$disk/tmp" TMPDIR="$disk/tmp" \
     SPARK_NO_DAEMONIZE=1 PYSPARK_PYTHON="$PY" \
-    setsid unshare --uts bash -c 'hostname "$0"; exec "$@"' "$host" \
+    setsid unshare --uts --mount bash -c 'hostname "$0"; mount --bind "$1" /etc/hosts; shift; exec "$@"' \
+    "$host" "$DIR/hosts" \
     "$SPARK_HOME/bin/spark-class" "$class" "$@" > "$DIR/$name.log" 2>&1 < /dev/null &
   echo $! > "$DIR/$name.pid"
 }
@@ -52,13 +54,18 @@ start() {
   DIR=$1 PY=${2:-python3}
   [ -d "$DIR" ] || die "no folder $DIR"
   command -v unshare >/dev/null || die "unshare not found (util-linux)"
-  unshare --uts true 2>/dev/null || die "cannot create a UTS namespace here (unshare --uts needs root or user namespaces)"
+  unshare --uts --mount true 2>/dev/null \
+    || die "cannot create UTS and mount namespaces here (unshare --uts --mount needs root or user namespaces)"
   command -v java >/dev/null || die "java not found: Spark needs Java 17 on PATH"
   SPARK_HOME=$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null) \
     || die "$PY cannot import pyspark (pip install pyspark, or pass the venv's python)"
   local port ui
   port=$(free_port 127.0.0.1)
   ui=$(free_port 127.0.0.1)
+  # The names resolve inside every daemon's namespaces as a cluster's DNS would resolve them (Gloo binds the
+  # address of its own host name): a private /etc/hosts, bind-mounted in each daemon's mount namespace; the
+  # machine's own /etc/hosts is not touched.
+  { cat /etc/hosts; printf '127.0.0.2 host-a\n127.0.0.3 host-b\n'; } > "$DIR/hosts"
   daemon master 127.0.0.1 "$(hostname)" org.apache.spark.deploy.master.Master \
     --host 127.0.0.1 --port "$port" --webui-port "$ui"
   wait_for "$DIR/master.log" "I have been elected leader" "the master"

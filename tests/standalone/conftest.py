@@ -40,10 +40,10 @@ def cannot_create_namespaces() -> str:
     """Why this machine cannot run the standalone tier ('' when it can)."""
     if shutil.which("unshare") is None:
         return "standalone tier: unshare (util-linux) not found, so the workers cannot get their own hostnames"
-    proc = subprocess.run(["unshare", "--uts", "true"], capture_output=True, text=True)
+    proc = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
     if proc.returncode != 0:
-        return (f"standalone tier: cannot create a UTS namespace here ({proc.stderr.strip()}); it needs root or "
-                "user namespaces")
+        return (f"standalone tier: cannot create UTS and mount namespaces here ({proc.stderr.strip()}); it needs "
+                "root or user namespaces")
     return ""
 
 
