@@ -12,6 +12,10 @@ from typing import Mapping, Optional, Sequence
 
 from hvdtrain import secrets
 
+# Where a Spark/YARN launch writes every rank's record: train.output/<this> (it is hvdtrain's own: a later run may
+# replace a folder holding only it, e.g. after a failed try)
+LAUNCHER_RECORD = "yarn_result.json"
+
 
 def _bin(name: str) -> str:
     """A console script installed beside this interpreter (the project venv)."""

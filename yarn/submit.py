@@ -54,6 +54,7 @@ from hvdtrain import console, envcheck, fs, hadoop_conf, secrets, startup
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
+from hvdtrain.launch import LAUNCHER_RECORD
 from yarn import packaging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +65,7 @@ SHIPPED_PYTHON = f"./{ENV_ALIAS}/bin/python"
 CODE_ZIP = "hvdtrain-code.zip"
 JOB_YAML = "hvdtrain-job.yaml"
 SECRET_PROPERTIES = "hvdtrain-secret.properties"  # 0600, beside the code zip in the staging folder
-RESULT_NAME = "yarn_result.json"
+RESULT_NAME = LAUNCHER_RECORD
 APP_ID = re.compile(r"application_\d+_\d+")
 # spark://host:port, or a comma-separated list of masters (standalone high availability)
 STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, plots, secrets, tensorboard
+from hvdtrain import data, fs, launch, plots, secrets, tensorboard
 from hvdtrain import timeline as timeline_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, StorageError
@@ -141,8 +141,10 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
 def check_replaceable(output: str) -> None:
     """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
     (it holds ``result.json``), may be; anything else raises DataError before it is touched. The TensorBoard
-    folder that this run publishes into ``train.output`` while it trains counts as hvdtrain's own."""
-    names = [n for n in (fs.listdir(output) if fs.exists(output) else []) if n != tensorboard.FOLDER]
+    folder that this run publishes into ``train.output`` while it trains, and the record a Spark/YARN launch left
+    there (a failed try's), count as hvdtrain's own."""
+    own = (tensorboard.FOLDER, launch.LAUNCHER_RECORD)
+    names = [n for n in (fs.listdir(output) if fs.exists(output) else []) if n not in own]
     if names and RESULT_NAME not in names:
         raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
                         f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "
