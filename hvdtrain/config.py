@@ -18,9 +18,11 @@ import hashlib
 import ipaddress
 import json
 import os
+import posixpath
 import re
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -748,11 +750,10 @@ class JobConfig:
         self._check_task_metrics()
         self._resolve_best_metric()
         self._check_hashed_columns()
-        self._check_output_folders()
 
-    def _check_output_folders(self) -> None:
+    def check_output_folders(self) -> None:
         """``train.output`` is replaced whole when a run publishes: checkpoints inside it would be refused at the
-        end of training (or lost), so refuse them before anything runs."""
+        end of training (or lost), so refuse them before anything runs (paths resolved first: see from_dict)."""
         if self.checkpoint.enabled and is_within(self.checkpoint.dir, self.train.output):
             raise ConfigError("checkpoint.dir", self.checkpoint.dir,
                               f"is inside train.output ({self.train.output}), which each run replaces whole: put "
@@ -817,10 +818,29 @@ class JobConfig:
 
 # -- loading ------------------------------------------------------------
 
+HDFS_SCHEMES = ("hdfs", "webhdfs", "swebhdfs", "viewfs")  # one namespace, several ways to write its paths
+
+
+def _place(uri: str) -> tuple[str, str]:
+    """(the filesystem, the normalized path) a path or URI names, to compare folders (pure). The HDFS schemes
+    count as one filesystem per NameNode host (``hdfs://nn:8020`` and ``webhdfs://nn:9870`` are one namespace;
+    ``hdfs:///`` names the default one, whatever its host)."""
+    if uri.startswith("file:"):
+        uri = "/" + uri[len("file:"):].lstrip("/")
+    if "://" not in uri:
+        return "local", posixpath.normpath(uri)
+    parsed = urllib.parse.urlparse(uri)
+    where = f"hdfs:{parsed.hostname or ''}" if parsed.scheme in HDFS_SCHEMES else f"{parsed.scheme}:{parsed.netloc}"
+    return where, posixpath.normpath(parsed.path or "/")
+
+
 def is_within(path: str, folder: str) -> bool:
-    """``path`` is ``folder`` or below it (pure; paths and URIs as written, trailing slashes ignored)."""
-    path, folder = path.rstrip("/"), folder.rstrip("/")
-    return path == folder or path.startswith(folder + "/")
+    """``path`` is ``folder`` or below it, on the same filesystem (pure; see :func:`_place`)."""
+    (where, inner), (where_folder, outer) = _place(path), _place(folder)
+    both_hdfs = where.startswith("hdfs:") and where_folder.startswith("hdfs:")
+    if where != where_folder and not (both_hdfs and "hdfs:" in (where, where_folder)):  # hdfs:/// is any host's
+        return False
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def path_fields(cls: Optional[type] = None, prefix: str = "") -> list[str]:
@@ -857,8 +877,9 @@ def load(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -
 def from_dict(data: dict[str, Any], base_dir: str = ".") -> JobConfig:
     if isinstance(data.get("task"), str):  # ``task: binary`` is short for ``task: {kind: binary}``
         data = {**data, "task": {"kind": data["task"]}}
-    cfg = _build(JobConfig, data, "")
-    return _resolve_paths(cfg, base_dir)
+    cfg = _resolve_paths(_build(JobConfig, data, ""), base_dir)
+    cfg.check_output_folders()
+    return cfg
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

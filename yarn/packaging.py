@@ -205,13 +205,12 @@ def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Option
     with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
         local = _packed(planned.digest, prefix, pack, log, tmp)
         log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {planned.uri}")
-        content = file_sha256(local)
-        upload_once(local, planned.uri)
+        content, length = file_sha256(local), os.path.getsize(local)
+        ours = upload_once(local, planned.uri)
     fs.write_bytes_atomic(planned.uri + ".txt", ("\n".join(identity) + "\n").encode())
     fs.write_bytes_atomic(planned.uri + SHA_SUFFIX, (content + "\n").encode())
-    stored = fs.storage_checksum(planned.uri)
-    if stored is not None:
-        fs.write_bytes_atomic(planned.uri + STORAGE_SUFFIX, (stored + "\n").encode())
+    if ours and fs.size(planned.uri) == length:  # our bytes, whole: the storage's checksum may vouch for them
+        record_storage_checksum(planned.uri)
     return EnvArchive(planned.uri, planned.digest, True)
 
 
@@ -236,10 +235,10 @@ def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
     own checksum, recorded at upload, vouches for it without a read when it still matches."""
     if not fs.exists(uri + SHA_SUFFIX):
         return f"no {SHA_SUFFIX} beside it to verify its content"
-    if fs.exists(uri + STORAGE_SUFFIX):
-        stored = fs.storage_checksum(uri)
-        if stored is not None and stored == fs.read_bytes(uri + STORAGE_SUFFIX).decode().strip():
-            return None
+    stored = _storage_checksum(uri)
+    if stored is not None and fs.exists(uri + STORAGE_SUFFIX) and \
+            stored == fs.read_bytes(uri + STORAGE_SUFFIX).decode().strip():
+        return None
     expected = fs.read_bytes(uri + SHA_SUFFIX).decode().strip()
     digest = hashlib.sha256()
     with fs.open_input(uri) as fh:
@@ -247,7 +246,24 @@ def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
             digest.update(block)
     if digest.hexdigest() != expected:
         return f"its content hash {digest.hexdigest()[:16]} is not the recorded {expected[:16]}"
+    if stored is not None:  # verified by a full read: the storage's checksum vouches for it from now on
+        fs.write_bytes_atomic(uri + STORAGE_SUFFIX, (stored + "\n").encode())
     return None
+
+
+def record_storage_checksum(uri: str) -> None:
+    """Keep the storage's checksum of a verified archive beside it (nothing where the storage has none)."""
+    stored = _storage_checksum(uri)
+    if stored is not None:
+        fs.write_bytes_atomic(uri + STORAGE_SUFFIX, (stored + "\n").encode())
+
+
+def _storage_checksum(uri: str) -> Optional[str]:
+    """The storage's checksum, or None when it has none or refuses to tell (the SHA-256 then decides)."""
+    try:
+        return fs.storage_checksum(uri)
+    except ANY_ERROR:
+        return None
 
 
 def _packed(digest: str, prefix: Optional[str], pack: PackFn, log: Callable[[str], None], tmp: str) -> str:
@@ -270,17 +286,18 @@ def _packed(digest: str, prefix: Optional[str], pack: PackFn, log: Callable[[str
     return local
 
 
-def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> None:
+def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> bool:
     """Copy a local file to ``uri`` under a temporary name, then rename; a concurrent upload of the
-    same content that lands first wins, and ours is dropped."""
+    same content that lands first wins, and ours is dropped. True when ours landed."""
     tmp = f"{uri}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         with open(local, "rb") as src, fs.open_output(tmp) as dst:
             shutil.copyfileobj(src, dst, chunk)
         if fs.exists(uri):  # someone uploaded the same hash meanwhile
             fs.delete(tmp)
-            return
+            return False
         fs.move(tmp, uri)
+        return True
     except BaseException:
         try:
             fs.delete(tmp)

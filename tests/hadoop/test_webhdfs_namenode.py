@@ -138,9 +138,13 @@ def test_etl_publishes_to_hdfs_byte_identical_to_a_local_run(hadoop_cluster, bas
     assert not fs.exists(fs.join(out, "_staging"))
 
 
-def test_a_cached_env_archive_is_vouched_for_by_hdfss_checksum_without_a_read(hadoop_cluster, base, tmp_path):
+@pytest.mark.skipif(fs.libhdfs_dir(os.environ) is not None, reason="hdfs:// goes through libhdfs on this host, "
+                    "which has no checksum call (the SHA-256 decides alone)")
+def test_a_cached_env_archive_is_vouched_for_by_hdfss_checksum_without_a_read(hadoop_cluster, base, tmp_path,
+                                                                          monkeypatch):
     """The archive's HDFS checksum, kept at upload, stands in for reading it back on reuse; a changed archive
     fails it and the SHA-256 decides."""
+    monkeypatch.setenv(packaging.PACK_CACHE_ENV, "")  # not the user's pack cache: this archive is a stand-in
     yarn_cfg = config.YarnConfig(env_cache=fs.join(base, "envs"))
 
     def pack(prefix, local):
@@ -155,6 +159,9 @@ def test_a_cached_env_archive_is_vouched_for_by_hdfss_checksum_without_a_read(ha
     fs.write_bytes_atomic(first.uri + packaging.SHA_SUFFIX, b"0" * 64 + b"\n")  # a SHA-256 read would now fail
     assert packaging.cached_archive_problem(first.uri) is None  # HDFS's checksum vouched: the bytes were not read
     fs.write_bytes_atomic(first.uri + packaging.SHA_SUFFIX, sha)
+    fs.delete(first.uri + packaging.STORAGE_SUFFIX)  # e.g. cached before the checksum was kept: a full read
+    assert packaging.cached_archive_problem(first.uri) is None
+    assert fs.read_bytes(first.uri + packaging.STORAGE_SUFFIX).decode().strip() == stored  # kept from now on
     fs.write_bytes_atomic(first.uri, b"environment archivX " * 5000)  # same size, other bytes
     assert fs.storage_checksum(first.uri) != stored
     assert "is not the recorded" in (packaging.cached_archive_problem(first.uri) or "")

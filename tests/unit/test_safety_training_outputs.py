@@ -40,7 +40,13 @@ def test_checkpoints_inside_train_output_are_refused_before_anything_runs(tmp_pa
         job("hdfs://nn:8020/u/run/", "hdfs://nn:8020/u/run/ckpt")
     with pytest.raises(ConfigError, match="checkpoint.dir"):
         job("out", "out")
+    for out, ckpt in (("out", "./out/ckpt"), ("out", str(tmp_path / "out" / "ckpt")), ("out", "x/../out/ckpt"),
+                      (f"file:{tmp_path}/out", "out/ckpt"), ("{workdir}/runs/{name}", f"{tmp_path}/runs/s/c"),
+                      ("hdfs://nn:8020/u/run", "hdfs:///u/run/ckpt"), ("hdfs://nn/u/run", "webhdfs://nn:9870/u/run/c")):
+        with pytest.raises(ConfigError, match="checkpoint.dir"):  # the same folder, written another way
+            job(out, ckpt)
     assert job("hdfs://nn:8020/u/run", "hdfs://nn:8020/u/run-ckpt").checkpoint.dir.endswith("run-ckpt")  # a sibling
+    assert job("hdfs://a/u/run", "hdfs://b/u/run/ckpt").checkpoint.dir  # another cluster's namespace
     assert job("out", "out/ckpt", enabled=False).train.output.endswith("out")  # no checkpoints: nothing at risk
 
 
