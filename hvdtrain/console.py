@@ -33,6 +33,7 @@ from typing import IO, Any, Optional, Sequence, TextIO
 
 from hvdtrain import errors, fs, startup
 from hvdtrain.bar import TerminalBar
+from hvdtrain.supervise import RESTARTS_ENV
 
 TAIL_LINES = 400  # kept for telling a lost rank from a stall or a user error
 CONSOLE_ENV = "HVDTRAIN_CONSOLE"  # set by the launcher for its children: "tty" or "pipe"
@@ -232,7 +233,9 @@ def run(cmd: Sequence[str], env: dict[str, str], view: View) -> Outcome:
 
     Ctrl-C reaches the child too (same process group); this waits for it to go.
     """
-    env = {**env, startup.LAUNCHED_AT_ENV: f"{time.time():.3f}"}  # each try's ranks time their start-up from here
+    # The first try's ranks time their start-up from the command's start (its checks and config load count), a
+    # relaunch's from here.
+    env = {**env, **startup.try_clock(RESTARTS_ENV not in env, startup.CLOCK.start, time.time())}
     proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: "queue.Queue[Optional[tuple[str, bytes]]]" = queue.Queue()
     pumps = [threading.Thread(target=_pump, args=(pipe, name, lines), daemon=True)

@@ -1,9 +1,11 @@
 """Where a rank's time to its first training step went: every restart, resize and tuning trial pays it.
 
-The clock starts when the hvdtrain launcher started the job (``HVDTRAIN_LAUNCHED_AT``, set by
-:func:`hvdtrain.console.run` for each try) or, without a launcher (plain ``horovodrun``), when this process
-started. Each phase ends at a :func:`mark`; the last one is the first optimizer step (tracing included).
-Rank 0 logs the breakdown once, and the run's report keeps it (``eval_report.json`` ``startup``).
+The clock starts when the hvdtrain command started the job (``HVDTRAIN_LAUNCHED_AT``: for the first try the
+command's own start, for a relaunch the relaunch; set by :func:`hvdtrain.console.run` for ``hvdtrain train`` and
+by the YARN driver, :mod:`yarn.driver`, for ``hvdtrain yarn submit``, so there spark-submit, the containers
+and the env archive count too) or, without a launcher (plain ``horovodrun``), when this process started. Each
+phase ends at a :func:`mark`; the last one is the first optimizer step (tracing included). Rank 0 logs the
+breakdown once, and the run's report keeps it (``eval_report.json`` ``startup``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,12 @@ def launched_at(env: Optional[dict[str, str]] = None) -> Optional[float]:
         return float(value) if value else None
     except ValueError:
         return None
+
+
+def try_clock(first_try: bool, command_start: Optional[float], now: float) -> dict[str, str]:
+    """The environment that starts a try's ranks' clock (pure): the first try's at the command's start (when
+    known), a relaunch's at its own start."""
+    return {LAUNCHED_AT_ENV: f"{command_start if first_try and command_start is not None else now:.3f}"}
 
 
 def process_start() -> float:

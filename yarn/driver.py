@@ -44,15 +44,6 @@ def horovod_env(cfg: JobConfig) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", **cfg.yarn.env}
 
 
-def try_clock(env: Mapping[str, str], submitted_at: Optional[float], now: float) -> dict[str, str]:
-    """When a try's ranks start their start-up clock (pure): the first try, at the submission (``hvdtrain yarn
-    submit`` sets it for a client-mode driver, so spark-submit, the application master, the containers and the
-    env archive's localization show as the ranks' ``launcher`` phase); a relaunch, or a driver that was not
-    given it (cluster mode), at this try's start."""
-    first = supervise.RESTARTS_ENV not in env
-    return {startup.LAUNCHED_AT_ENV: f"{submitted_at if first and submitted_at is not None else now:.3f}"}
-
-
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The job's result document from every rank's record, in rank order (pure)."""
     errors = [f"rank {r['rank']}: {r['error']}" for r in records if r.get("error")]
@@ -113,7 +104,11 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     submitted_at = startup.launched_at()
 
     def once(env: Mapping[str, str]) -> tuple[int, str]:
-        rank_env = {**horovod_env(cfg), **env, **try_clock(env, submitted_at, time.time())}
+        # The first try's ranks time their start-up from the command (hvdtrain yarn submit passes its start: in
+        # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
+        # are their launcher phase; a relaunch, or cluster mode, from the try's start.
+        first = supervise.RESTARTS_ENV not in env
+        rank_env = {**horovod_env(cfg), **env, **startup.try_clock(first, submitted_at, time.time())}
         try:
             last["records"] = horovod.spark.run(
                 fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,

@@ -4,10 +4,8 @@ from __future__ import annotations
 import time
 
 from hvdtrain import startup
-from hvdtrain.supervise import RESTARTS_ENV
 from hvdtrain.training.events import StepInfo
 from hvdtrain.training.hooks import FirstStep
-from yarn.driver import try_clock
 
 PHASES = ["interpreter and imports", "rendezvous", "data plan", "tracking", "model build", "first step"]
 
@@ -65,7 +63,7 @@ def test_a_process_knows_when_it_started_to_the_clock_tick() -> None:
     assert before - 0.02 <= started <= asked, (before, started, asked)
 
 
-def test_a_yarn_jobs_first_try_times_its_ranks_from_the_submission_and_a_relaunch_from_its_own_start() -> None:
-    assert try_clock({}, 1000.0, 1090.5) == {startup.LAUNCHED_AT_ENV: "1000.000"}  # spark-submit, AM, containers
-    assert try_clock({RESTARTS_ENV: "[]"}, 1000.0, 1200.25) == {startup.LAUNCHED_AT_ENV: "1200.250"}
-    assert try_clock({}, None, 1090.5) == {startup.LAUNCHED_AT_ENV: "1090.500"}  # cluster mode: not given
+def test_a_jobs_first_try_times_its_ranks_from_the_command_and_a_relaunch_from_its_own_start() -> None:
+    assert startup.try_clock(True, 1000.0, 1090.5) == {startup.LAUNCHED_AT_ENV: "1000.000"}  # e.g. spark-submit, AM
+    assert startup.try_clock(False, 1000.0, 1200.25) == {startup.LAUNCHED_AT_ENV: "1200.250"}  # a relaunch
+    assert startup.try_clock(True, None, 1090.5) == {startup.LAUNCHED_AT_ENV: "1090.500"}  # a driver not given it
