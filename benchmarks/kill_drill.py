@@ -222,6 +222,22 @@ def stitched(path: str) -> dict[int, list[str]]:
     return out
 
 
+def assert_resumed_once_exactly(trace_dir: str, ranks: int, epochs: int, steps: int, batch: int,
+                                every: int) -> None:
+    """Each rank's trace holds two runs, the second resumed at a checkpoint (at least ``every`` steps in, and no
+    further than the first had read); stitched, they cover every batch of ``epochs`` epochs of ``steps``, each
+    record of an epoch read once. Raises AssertionError naming what is wrong."""
+    for rank in range(ranks):
+        path = os.path.join(trace_dir, f"rank{rank}.keys")
+        runs = segments(path)
+        assert len(runs) == 2 and every <= runs[1][1] <= read_to(runs[0]), (path, [r[:2] for r in runs])
+        batches = stitched(path)  # raises on a batch never read between the two runs
+        assert sorted(batches) == list(range(epochs * steps)), (path, sorted(batches)[-3:])
+        for epoch in range(epochs):
+            keys = [k for b in range(epoch * steps, (epoch + 1) * steps) for k in batches[b]]
+            assert len(keys) == len(set(keys)) == steps * batch, (path, epoch, len(keys), len(set(keys)))
+
+
 def _current_pid(path: str, runs_before: int) -> Optional[tuple[int, int]]:
     """(pid, batches traced) of the run after the first ``runs_before`` ones, once it has started."""
     runs = segments(path)

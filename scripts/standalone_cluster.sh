@@ -26,16 +26,17 @@ free_port() {  # a free port on the given loopback address
 s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$1"
 }
 
-daemon() {  # NAME IP HOSTNAME CLASS ARGS...: start one daemon in its own UTS namespace, record its pid
+daemon() {  # NAME IP HOSTNAME CLASS ARGS...: start one daemon in its own UTS and mount namespaces, record its pid
   local name=$1 ip=$2 host=$3 class=$4; shift 4
   local disk="$DIR/$name"
   mkdir -p "$disk/work" "$disk/tmp"
   # SPARK_LOCAL_IP binds the daemon, its web UI and its executors to one address; SPARK_LOCAL_HOSTNAME is the
-  # name it reports (without it, a worker dies resolving its new hostname, which no resolver knows).
+  # name it reports. DIR/hosts, bind-mounted on /etc/hosts in its mount namespace, resolves the new host names
+  # (Gloo binds the address of its own host name); a daemon whose mount fails does not start.
   env SPARK_HOME="$SPARK_HOME" SPARK_LOCAL_IP="$ip" SPARK_LOCAL_HOSTNAME="$host" SPARK_LOG_DIR="$disk" \
     SPARK_WORKER_DIR="$disk/work" SPARK_LOCAL_DIRS="$disk/tmp" TMPDIR="$disk/tmp" \
     SPARK_NO_DAEMONIZE=1 PYSPARK_PYTHON="$PY" \
-    setsid unshare --uts --mount bash -c 'hostname "$0"; mount --bind "$1" /etc/hosts; shift; exec "$@"' \
+    setsid unshare --uts --mount bash -c 'hostname "$0" && mount --bind "$1" /etc/hosts || exit 1; shift; exec "$@"' \
     "$host" "$DIR/hosts" \
     "$SPARK_HOME/bin/spark-class" "$class" "$@" > "$DIR/$name.log" 2>&1 < /dev/null &
   echo $! > "$DIR/$name.pid"

@@ -32,8 +32,15 @@ class StandaloneCluster:
         import psutil
 
         worker = psutil.Process(int((self.folder / f"{host}.pid").read_text()))
-        return [p.pid for p in worker.children(recursive=True)
-                if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())]
+        out = []
+        for child in worker.children(recursive=True):
+            try:
+                cmdline = child.cmdline()
+            except psutil.Error:  # gone, or a zombie not yet reaped (e.g. a finished task's process)
+                continue
+            if "CoarseGrainedExecutorBackend" in " ".join(cmdline):
+                out.append(child.pid)
+        return out
 
 
 def cannot_create_namespaces() -> str:
