@@ -16,19 +16,16 @@ yarn_submit_overhead     seconds from ``hvdtrain yarn submit --master yarn --num
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 from benchmarks.bench_input import make_dataset
 from benchmarks.bench_launch import hvdtrain_startup, median_phases, tiny_job
 from benchmarks.common import Entry, interleaved
-from benchmarks.launch import ROOT
-from hvdtrain import fs
+from hvdtrain import envcheck, fs
 from hvdtrain.minicluster import cluster
+from yarn import packaging
 from yarn.packaging import PACK_CACHE_ENV
 
 JVM_BOUND_MB = 3072.0
@@ -121,21 +118,19 @@ def _submit_overhead(fs_default: str, quick: bool) -> Entry:
 
 
 def _pack_cached() -> bool:
-    """Whether $HVDTRAIN_PACK_CACHE already holds a packed archive (so the cold submission only uploads)."""
+    """Whether $HVDTRAIN_PACK_CACHE holds this environment's packed archive (the cold submission then only
+    uploads it)."""
     folder = os.environ.get(PACK_CACHE_ENV)
-    return bool(folder and os.path.isdir(folder) and os.listdir(folder))
+    if not folder:
+        return False
+    digest = packaging.env_hash(packaging.current_identity(envcheck.probe_horovod_build()))
+    return os.path.exists(os.path.join(folder, f"{digest}.tar.gz"))
 
 
 def _yarn_startup(job: str, output: str, attempt: int) -> dict[str, float]:
     """``hvdtrain yarn submit JOB --master yarn --num-workers 2`` (client mode); its ranks' start-up breakdown."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, "SPARK_LOCAL_IP": "127.0.0.1"}
-    cmd = [os.path.join(os.path.dirname(sys.executable), "hvdtrain"), "yarn", "submit", job, "--master", "yarn",
-           "--num-workers", "2", f"train.output={output}-{attempt}", f"checkpoint.dir={output}-{attempt}-ckpt"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(f"{output}-{attempt}", "eval_report.json")) as fh:
-        return json.load(fh)["startup"]
+    return hvdtrain_startup(job, output, attempt, (("yarn", "submit"), ("--master", "yarn", "--num-workers", "2")),
+                            {"SPARK_LOCAL_IP": "127.0.0.1"})
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 from benchmarks.common import Entry
 from benchmarks.launch import ROOT, horovodrun, plain
@@ -70,12 +70,18 @@ def median_phases(breakdowns: list[dict[str, float]]) -> dict[str, float]:
     return {name: round(statistics.median(b.get(name, 0.0) for b in breakdowns), 2) for name in breakdowns[0]}
 
 
-def hvdtrain_startup(job: str, output: str, attempt: int) -> dict[str, float]:
-    """``hvdtrain train JOB --np 2`` (a new output each time, MLflow's store created once); its start-up."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
-    cmd = [os.path.join(os.path.dirname(sys.executable), "hvdtrain"), "train", job, "--np", "2",
+LOCAL_NP2 = (("train",), ("--np", "2"))  # hvdtrain train JOB --np 2
+
+
+def hvdtrain_startup(job: str, output: str, attempt: int, how: tuple[tuple[str, ...], tuple[str, ...]] = LOCAL_NP2,
+                     env: Optional[dict[str, str]] = None) -> dict[str, float]:
+    """``hvdtrain <how[0]> JOB <how[1]>`` (default ``train JOB --np 2``; a new output each time, MLflow's store
+    created once), with ``env`` added; its ranks' start-up breakdown."""
+    command, flags = how
+    cmd = [os.path.join(os.path.dirname(sys.executable), "hvdtrain"), *command, job, *flags,
            f"train.output={output}-{attempt}", f"checkpoint.dir={output}-{attempt}-ckpt"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **(env or {})},
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     with open(os.path.join(f"{output}-{attempt}", "eval_report.json")) as fh:
