@@ -50,10 +50,11 @@ pytestmark = pytest.mark.hadoop
 SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
           "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
 # Five YARN applications (spark-submit, an application master and two executor JVMs each, TensorFlow in every
-# rank): about 12 minutes on an idle 2-core host (docs/hadoop.md), more than the suite's 20 minutes can spare.
+# rank): the tier takes 10 minutes with them on an idle 2-core host (docs/hadoop.md), 9 more than without, more
+# than the suite's 20 minutes can spare.
 YARN_JOBS = os.environ.get("HVDTRAIN_TEST_YARN_JOBS") == "1"
 yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the YARN jobs (etl, submit, a killed container, score, Ctrl-C) "
-                               "take about 12 min on a 2-core host, more than the suite's 20 min can spare: set "
+                               "add about 9 min on a 2-core host, more than the suite's 20 min can spare: set "
                                "HVDTRAIN_TEST_YARN_JOBS=1 to run them")
 PYSPARK_JARS = cluster.pyspark_jars_dir()
 
@@ -285,7 +286,7 @@ def test_yarn_submit_trains_on_two_nodemanagers_and_reuses_the_archive(trained: 
     # the archive's localization are its "launcher" phase (seconds at least: a JVM start alone is one).
     phases = json.loads(fs.read_bytes(f"{output}/eval_report.json"))["startup"]
     assert list(phases)[0] == "launcher" and phases["launcher"] > 5, phases
-    print(f"hvdtrain yarn submit (warm env cache): {startup.describe(phases)}")
+    print(f"hvdtrain yarn submit (archive cached on HDFS): {startup.describe(phases)}")
 
 
 @yarn_jobs
