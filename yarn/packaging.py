@@ -41,6 +41,12 @@ CODE_PACKAGES = ("hvdtrain", "etl", "yarn")
 CODE_SUFFIXES = (".py", ".sh")
 # The editable install of this project: its finder points at the submitting host's checkout.
 EDITABLE_FILES = "lib/python*/site-packages/__editable__*"
+# Left out of the packed venv: nothing in a container reads them, and they were 40% of the archive (1.1 GB) that
+# every NodeManager downloads and unpacks. Spark's jars (442 MB): the application master and executors run on
+# the jars YARN localizes for them (spark.yarn.jars / spark.yarn.archive, or the submitter's upload); a
+# container's Python only imports pyspark's modules. TensorFlow's C++ headers (287 MB): for compiling custom ops.
+PACK_EXCLUDES = (EDITABLE_FILES, "lib/python*/site-packages/pyspark/jars/*",
+                 "lib/python*/site-packages/tensorflow/include/*")
 
 PackFn = Callable[[str, str], None]  # (venv prefix, output .tar.gz path)
 PACK_CACHE_ENV = "HVDTRAIN_PACK_CACHE"  # a local folder keeping packed archives by hash (opt-in)
@@ -127,6 +133,7 @@ def env_identity(dists: Iterable[Distribution], python_version: str, platform_ta
     lines = {f"{d.name}=={d.version}" for d in dists if not d.editable}
     lines.add(f"python=={python_version}")
     lines.add(f"platform=={platform_tag}")
+    lines.add("packed-without==" + ",".join(PACK_EXCLUDES))  # what the archive holds, not only what is installed
     if build is not None:
         lines.add("horovod-build==" + ",".join(f"{k}:{int(getattr(build, k))}"
                                                for k in ("tensorflow", "gloo", "nccl", "mpi", "cuda")))
@@ -159,11 +166,11 @@ def venv_prefix() -> str:
 
 
 def venv_pack(prefix: str, output: str) -> None:
-    """Pack a venv with venv-pack, leaving out the editable install of this project."""
+    """Pack a venv with venv-pack, leaving out the editable install of this project and PACK_EXCLUDES."""
     import venv_pack as vp  # only the packing path needs it
 
     try:
-        vp.pack(prefix=prefix, output=output, force=True, filters=[("exclude", EDITABLE_FILES)])
+        vp.pack(prefix=prefix, output=output, force=True, filters=[("exclude", p) for p in PACK_EXCLUDES])
     except vp.VenvPackException as exc:
         raise EnvironmentProblem(f"venv-pack could not pack {prefix}: {exc}") from exc
 

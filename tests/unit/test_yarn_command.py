@@ -435,7 +435,8 @@ def test_env_hash_covers_versions_python_and_horovod_build_but_not_this_project(
              packaging.Distribution("hvdtrain", "0.1.0", editable=True)]
     base = packaging.env_identity(dists, "3.11.7", "linux-x86_64", CPU_BUILD)
     assert base == ["horovod-build==tensorflow:1,gloo:1,nccl:0,mpi:0,cuda:0", "horovod==0.28.1",
-                    "platform==linux-x86_64", "python==3.11.7", "tensorflow-cpu==2.21.0"]
+                    "packed-without==" + ",".join(packaging.PACK_EXCLUDES), "platform==linux-x86_64",
+                    "python==3.11.7", "tensorflow-cpu==2.21.0"]
     same = packaging.env_identity(list(reversed(dists)) + [packaging.Distribution("hvdtrain", "0.2.0", True)],
                                   "3.11.7", "linux-x86_64", CPU_BUILD)
     assert packaging.env_hash(same) == packaging.env_hash(base)
@@ -505,18 +506,23 @@ def test_a_given_env_archive_is_used_as_is(tmp_path: Path) -> None:
         packaging.ensure_env_archive(job(env_archive=str(tmp_path / "missing.tar.gz")).yarn, ["a==1"])
 
 
-def test_real_venv_pack_of_a_tiny_venv_leaves_out_the_editable_install(tmp_path: Path) -> None:
+def test_real_venv_pack_of_a_tiny_venv_leaves_out_the_editable_install_jars_and_headers(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "__editable__.hvdtrain-0.1.0.pth").write_text("import __editable___hvdtrain_0_1_0_finder\n")
     (site / "__editable___hvdtrain_0_1_0_finder.py").write_text("MAPPING = {'hvdtrain': '/home/me/src'}\n")
     (site / "dep.py").write_text("VALUE = 1\n")
+    for unread in ("pyspark/jars/spark-core.jar", "tensorflow/include/tensor.h", "pyspark/__init__.py"):
+        (site / unread).parent.mkdir(parents=True, exist_ok=True)
+        (site / unread).write_text("x\n")
     got = packaging.ensure_env_archive(job(env_cache=str(tmp_path / "envs")).yarn, ["dep==1"], prefix=str(venv),
                                        log=lambda s: None)
     names = tarfile.open(got.uri).getnames()
     assert "bin/python" in names and any(n.endswith("site-packages/dep.py") for n in names)
     assert not any("__editable__" in n for n in names)
+    assert any(n.endswith("site-packages/pyspark/__init__.py") for n in names)  # pyspark's modules stay
+    assert not any("/jars/" in n or "/include/" in n for n in names), names  # Spark's jars, TF's headers: not
 
 
 # -- the executor and driver's pure parts -----------------------------------------------------------
