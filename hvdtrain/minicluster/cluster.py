@@ -87,15 +87,19 @@ STANDARD_PORTS = Ports(namenode=8020, namenode_http=9870, resourcemanager=8032, 
 @dataclass(frozen=True)
 class ClusterSpec:
     """What ``up`` starts; the defaults fit a 2-core host where an application master and two executors
-    running TensorFlow must fit (4 GB and 2 vcores per NodeManager, a 1.5 GB heap for the cluster JVM)."""
+    running TensorFlow must fit (4 GB and 3 vcores per NodeManager, a 1.5 GB heap for the cluster JVM)."""
 
     home: str = field(default_factory=default_home)
     nodemanagers: int = 2
     nm_memory_mb: int = 4096
-    nm_vcores: int = 2
+    nm_vcores: int = 3  # an application master (1) and one 2-core executor fit; two 2-core executors do not
     heap_mb: int = 1536
     ports: Ports = Ports()
     start_timeout: float = 300.0
+    # How long a finished application's container logs stay on the node (no log aggregation here): Hadoop's
+    # 3 hours by default. A NodeManager stopping holds its applications until then, so a cluster that ran one
+    # takes about 16 s to stop; a throwaway cluster (the test tier's, deleted at once) sets 0.
+    container_log_seconds: int = 10800
 
     @property
     def conf_dir(self) -> str:
@@ -171,6 +175,11 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "yarn.scheduler.minimum-allocation-mb": "256",
            "yarn.scheduler.maximum-allocation-mb": str(spec.nm_memory_mb),
            "yarn.scheduler.maximum-allocation-vcores": str(spec.nm_vcores),
+           # Cores count, not only memory (the default calculator), as on a production cluster sized by cores:
+           # a job whose executors have 2 cores gets them on two NodeManagers (3 vcores each), and an executor
+           # relaunched after a lost container lands on the NodeManager that lost it.
+           "yarn.scheduler.capacity.resource-calculator":
+               "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator",
            # No capacity-scheduler.xml ships in the jars: one queue with everything.
            "yarn.scheduler.capacity.root.queues": "default",
            "yarn.scheduler.capacity.root.default.capacity": "100",
@@ -179,7 +188,8 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            # A shared test host's disk may be fuller than YARN's 90 % default allows.
            "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.0",
            "yarn.nodemanager.vmem-check-enabled": "false",
-           "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container logs for `yarn logs`-like reading
+           "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
+           "yarn.nodemanager.log.retain-seconds": str(spec.container_log_seconds),
            "yarn.log-aggregation-enable": "false",
            "dfs.replication": "1",
            "dfs.permissions.enabled": "false",

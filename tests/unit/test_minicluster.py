@@ -37,6 +37,14 @@ def test_every_address_is_loopback_and_the_nodemanagers_fit_an_am_and_two_execut
     assert settings["yarn.resourcemanager.address"] == "127.0.0.1:3"
     assert settings["yarn.resourcemanager.webapp.address"] == "127.0.0.1:7"
     assert int(settings["yarn.nodemanager.resource.memory-mb"]) * spec.nodemanagers >= 3 * 2048
+    # vcores count (DRF): an application master (1) and a 2-core executor share a NodeManager, two such
+    # executors cannot, so a 2-rank job with 2-core executors spans both NodeManagers
+    assert settings["yarn.scheduler.capacity.resource-calculator"].endswith(".DominantResourceCalculator")
+    vcores = int(settings["yarn.nodemanager.resource.cpu-vcores"])
+    assert 1 + 2 <= vcores < 2 + 2 and spec.nodemanagers == 2
+    assert settings["yarn.nodemanager.log.retain-seconds"] == "10800"  # Hadoop's 3 h unless a spec says
+    throwaway = cluster.ClusterSpec(home=str(tmp_path), container_log_seconds=0)
+    assert cluster.hadoop_settings(throwaway, ports)["yarn.nodemanager.log.retain-seconds"] == "0"
     cmd = cluster.java_command("java", "CP", spec, ports)
     assert cmd[:6] == ["java", "-Xmx1536m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", "CP"]
     assert cmd[6:12] == ["HvdtrainMiniCluster", str(tmp_path / "data"), spec.conf_dir, spec.ready_file, "1", "2"]
