@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
@@ -67,6 +68,7 @@ JOB_YAML = "hvdtrain-job.yaml"
 SECRET_PROPERTIES = "hvdtrain-secret.properties"  # 0600, beside the code zip in the staging folder
 RESULT_NAME = LAUNCHER_RECORD
 APP_ID = re.compile(r"application_\d+_\d+")
+TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")  # YARN's application states that are final
 # spark://host:port, or a comma-separated list of masters (standalone high availability)
 STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")
 MASTER_HELP = "yarn (default), spark://HOST:PORT for a Spark standalone cluster, or local[N] for a local rehearsal"
@@ -410,6 +412,23 @@ def kill_command(app_id: str) -> list[str]:
     return ["yarn", "application", "-kill", app_id]
 
 
+def status_command(app_id: str) -> list[str]:
+    return ["yarn", "application", "-status", app_id]
+
+
+def parse_final_state(report: str) -> Optional[str]:
+    """``FINISHED/SUCCEEDED`` from ``yarn application -status`` output (State and Final-State), or None (pure)."""
+    state = re.search(r"^\s*State\s*:\s*(\w+)", report, re.M)
+    final = re.search(r"^\s*Final-State\s*:\s*(\w+)", report, re.M)
+    if not (state and final) or state.group(1) not in TERMINAL_STATES:
+        return None
+    return f"{state.group(1)}/{final.group(1)}"
+
+
+def logs_hint(app_id: str) -> str:
+    return f"logs: yarn logs -applicationId {app_id}"
+
+
 class ReleaseAction(str, enum.Enum):
     """What leaving a submission early does."""
 
@@ -477,6 +496,21 @@ class Submission:
         if exc_type is not None or self.returncode not in (0, None) or still_running:
             self.release()
         return False
+
+    def final_state(self, attempts: int = 5, pause: float = 2.0) -> Optional[str]:
+        """The ResourceManager's ``State/Final-State`` of the application once spark-submit has exited (None
+        for a local run, an unknown id, or no answer: the ``yarn`` CLI missing, or the state not final after
+        ``attempts`` asks: a client-mode application can take a moment to unregister)."""
+        if self.plan.is_local or not self.app_id:
+            return None
+        for attempt in range(attempts):
+            result = self._run(status_command(self.app_id))
+            state = parse_final_state(result.output) if result.returncode == 0 else None
+            if state is not None or result.returncode in (124, 127):  # final, or no CLI / no answer
+                return state
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+        return None
 
     def release(self) -> None:
         actions = release_actions(self.plan, self.app_id, self.proc is not None and self.proc.poll() is None)
@@ -632,9 +666,14 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
     print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
     with deps.submission(plan) as sub:
         code = sub.wait()
+        state = sub.final_state()
+        ended = f"; {sub.app_id} ended {state}" if state else ""
         if code != 0:
-            where = (f"; logs: yarn logs -applicationId {sub.app_id}" if sub.app_id else "")
-            raise StepFailed(f"spark-submit{job} failed (exit code {code}); see the messages above{where}")
+            where = f"; {logs_hint(sub.app_id)}" if sub.app_id else ""
+            raise StepFailed(f"spark-submit{job} failed (exit code {code}){ended}; see the messages above{where}")
+        if sub.app_id and not plan.is_local:
+            print(f"hvdtrain: {sub.app_id} ended {state or '(state unknown: yarn application -status gave none)'}; "
+                  f"{logs_hint(sub.app_id)}", file=deps.out)
     return True
 
 

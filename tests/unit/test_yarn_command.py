@@ -6,6 +6,7 @@ build, where spark-submit is, whether a keytab exists) are passed in.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -308,8 +309,8 @@ def test_errors_are_one_line_and_exit_by_kind(job_file: Path, capsys) -> None:
 class FakeSubmission:
     """Records the plan; exits with a given code."""
 
-    def __init__(self, code: int, app_id: str | None = None):
-        self.code, self.app_id, self.plans = code, app_id, []
+    def __init__(self, code: int, app_id: str | None = None, state: str | None = None):
+        self.code, self.app_id, self.state, self.plans = code, app_id, state, []
 
     def __call__(self, plan: SubmitPlan) -> "FakeSubmission":
         self.plans.append(plan)
@@ -323,6 +324,9 @@ class FakeSubmission:
 
     def wait(self) -> int:
         return self.code
+
+    def final_state(self) -> str | None:
+        return self.state
 
 
 def test_a_real_submission_ships_code_and_config_and_cleans_up(job_file: Path, tmp_path: Path, capsys) -> None:
@@ -416,6 +420,55 @@ def test_client_mode_terminates_spark_submit_and_a_finished_failure_needs_nothin
                             out=io.StringIO(), err=io.StringIO())
     with sub:
         assert sub.wait() == 3
+
+
+# What Hadoop 3.4's `yarn application -status` prints (the minicluster's, trimmed).
+STATUS_REPORT = """Application Report :
+\tApplication-Id : application_1700000000000_0042
+\tApplication-Name : hvdtrain-train
+\tApplication-Type : SPARK
+\tProgress : 100%
+\tState : {state}
+\tFinal-State : {final}
+\tTracking-URL : http://127.0.0.1:8088/proxy/application_1700000000000_0042/
+"""
+
+
+def test_the_final_state_is_asked_until_the_application_has_ended(tmp_path: Path) -> None:
+    assert submit.parse_final_state(STATUS_REPORT.format(state="FINISHED", final="SUCCEEDED")) == "FINISHED/SUCCEEDED"
+    assert submit.parse_final_state(STATUS_REPORT.format(state="KILLED", final="KILLED")) == "KILLED/KILLED"
+    assert submit.parse_final_state(STATUS_REPORT.format(state="RUNNING", final="UNDEFINED")) is None  # not yet
+    assert submit.parse_final_state("Application with id 'application_1_2' doesn't exist in RM.") is None
+    answers = [CommandResult(0, STATUS_REPORT.format(state="RUNNING", final="UNDEFINED")),
+               CommandResult(0, STATUS_REPORT.format(state="FINISHED", final="FAILED"))]
+    calls: list[list[str]] = []
+    sub = submit.Submission(fake_plan("client", 0, 0, tmp_path), out=io.StringIO(), err=io.StringIO(),
+                            run=lambda cmd: calls.append(list(cmd)) or answers.pop(0))
+    sub.app_id = "application_1700000000000_0042"
+    assert sub.final_state(pause=0) == "FINISHED/FAILED"
+    assert calls == [["yarn", "application", "-status", "application_1700000000000_0042"]] * 2
+    calls.clear()  # no yarn CLI here: one try, no state
+    sub._run = lambda cmd: calls.append(list(cmd)) or CommandResult(127, "No such file or directory: 'yarn'")
+    assert sub.final_state(pause=0) is None and len(calls) == 1
+    local = submit.Submission(dataclasses.replace(fake_plan("client", 0, 0, tmp_path), master="local[2]"),
+                              run=Refuse("yarn status"))
+    local.app_id = "local-1700000000000"
+    assert local.final_state() is None  # a local run has no ResourceManager to ask
+
+
+def test_a_finished_submission_prints_its_id_final_state_and_logs(job_file: Path, capsys) -> None:
+    out = io.StringIO()
+    fake = FakeSubmission(0, "application_1_8", "FINISHED/SUCCEEDED")
+    assert submit.main([str(job_file), "--num-workers", "2"], deps(
+        out, submission=fake, ensure_archive=lambda y, ident: packaging.EnvArchive(ENV, "0123abcd", False))) == 0
+    assert "hvdtrain: application_1_8 ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId application_1_8" \
+        in out.getvalue()
+    failed = FakeSubmission(1, "application_1_9", "FINISHED/FAILED")
+    assert submit.main([str(job_file), "--num-workers", "2"], deps(
+        io.StringIO(), submission=failed, ensure_archive=lambda y, ident: packaging.EnvArchive(ENV, "0123abcd",
+                                                                                                False))) == 5
+    assert "failed (exit code 1); application_1_9 ended FINISHED/FAILED; see the messages above; logs: yarn logs " \
+           "-applicationId application_1_9" in capsys.readouterr().err
 
 
 def test_cluster_mode_failure_still_kills_the_application(tmp_path: Path) -> None:
