@@ -84,11 +84,11 @@ def test_a_frozen_rank_makes_the_job_fail_within_the_stall_timeout(tmp_path: Pat
     mp.horovodrun()
     drill = kill_drill.Drill(workdir=str(tmp_path), data_dir=str(tmp_path / "data"))
     kill_drill.make_dataset(drill)
-    path = kill_drill.write_config(drill, "frozen", tracking=False, stall_timeout=15, stall_check_warning=5)
+    path = kill_drill.write_config(drill, "frozen", tracking=False, stall_timeout=8, stall_check_warning=3)
     kill = kill_drill.Kill(rank=1, target_step=20)
     out = kill_drill.kill_once(drill, "frozen", path, kill, runs_before=0, sig=signal.SIGSTOP)
     assert kill.exit_code not in (0, None), out[-3000:]
-    assert kill.seconds_to_exit < 15 + 30, out[-3000:]
+    assert kill.seconds_to_exit < 8 + 30, out[-3000:]
     assert re.search(r"rank 0: no progress for \d+s while (computing and all-reducing step|saving the checkpoint "
                      r"of step) \d+", out), out[-3000:]
 
