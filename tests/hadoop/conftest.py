@@ -23,7 +23,9 @@ from yarn.packaging import PACK_CACHE_ENV
 @pytest.fixture(scope="session")
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
-    spec = cluster.ClusterSpec(home=home, start_timeout=600)
+    # Container logs are not kept past their application: the cluster (home and all) is deleted at the end,
+    # and a NodeManager holding finished applications' logs takes 16 s to stop.
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0)
     try:
         details = cluster.up(spec)
         # SPARK_LOCAL_IP: the drivers spark-submit starts here bind to loopback, as the cluster does.

@@ -3,10 +3,12 @@
 tests/hadoop/conftest.py starts it once per session and always stops it. What runs here meets a real NameNode,
 DataNode, ResourceManager and two NodeManagers: the cluster on loopback with two NodeManagers, hdfs:// from
 Python, safe mode during a checkpoint write (waited out), an unreachable ResourceManager and an oversized
-container request (refused in seconds, naming why). The YARN jobs (``hvdtrain yarn etl``, ``submit`` with two
-executors on two NodeManagers and a second submission reusing the archive, an executor container killed
-mid-training and resumed from its HDFS checkpoint, ``score``, Ctrl-C killing a cluster-mode application) are
-opt-in (HVDTRAIN_TEST_YARN_JOBS=1; see YARN_JOBS): they pass here, but take the suite past its 20 minutes.
+container request (refused in seconds, naming why), and one YARN job: ``hvdtrain yarn submit`` on two executors
+on two NodeManagers, with the env archive packed, uploaded to HDFS and localized, one executor's container killed
+mid-training and the job resumed exactly from its HDFS checkpoint. The other YARN jobs (``hvdtrain yarn etl``,
+a plain ``submit`` and a second submission reusing the archive, ``score``, Ctrl-C killing a cluster-mode
+application) are opt-in (HVDTRAIN_TEST_YARN_JOBS=1; see YARN_JOBS): they pass here, but would take the suite
+past its 20 minutes.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from benchmarks import kill_drill
 from hvdtrain import checkpoint, config, fs, manifest, startup
 from hvdtrain.errors import ANY_FAILURE
 from hvdtrain.minicluster import cluster
+from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
 from tests.hadoop.conftest import cluster_env
 from tests.multiprocess.test_yarn_local import (
     REPO,
@@ -49,12 +52,11 @@ pytestmark = pytest.mark.hadoop
 
 SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
           "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
-# Five YARN applications (spark-submit, an application master and two executor JVMs each, TensorFlow in every
-# rank): the tier takes 10 minutes with them on an idle 2-core host (docs/hadoop.md), 9 more than without, more
-# than the suite's 20 minutes can spare.
+# Four more YARN applications (spark-submit, an application master and two executor JVMs each, TensorFlow in
+# every rank): about 6 more minutes on an idle 2-core host (docs/hadoop.md), more than the suite's 20 can spare.
 YARN_JOBS = os.environ.get("HVDTRAIN_TEST_YARN_JOBS") == "1"
-yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the YARN jobs (etl, submit, a killed container, score, Ctrl-C) "
-                               "add about 9 min on a 2-core host, more than the suite's 20 min can spare: set "
+yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the other YARN jobs (etl, submit twice, score, Ctrl-C) add "
+                               "about 6 min on a 2-core host, more than the suite's 20 min can spare: set "
                                "HVDTRAIN_TEST_YARN_JOBS=1 to run them")
 PYSPARK_JARS = cluster.pyspark_jars_dir()
 
@@ -64,6 +66,11 @@ def hadoop_cli(*argv: str, timeout: float = 120) -> str:
     proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{argv}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     return proc.stdout
+
+
+# Two cores per executor: a NodeManager (3 vcores, cores counted) holds the application master and one such
+# executor, never two, so the two ranks run on two NodeManagers, and a relaunched one where its container was.
+SPREAD = {"executor_cores": 2}
 
 
 def yarn_block(hdfs_root: str, **extra: Any) -> dict[str, Any]:
@@ -88,6 +95,10 @@ def test_cluster_is_up_on_loopback_with_two_nodemanagers(hadoop_cluster: dict) -
     listening = [c.laddr for c in psutil.Process(status["pid"]).net_connections("inet")
                  if c.status == psutil.CONN_LISTEN]
     assert len(listening) >= 10 and {a.ip.replace("::ffff:", "") for a in listening} == {"127.0.0.1"}
+    # The NodeManagers' java.nio local filesystem is the cluster JVM's own: a client (spark-submit) reading
+    # core-site.xml must not be sent to a class it does not have.
+    sites = "".join(p.read_text() for p in Path(status["hadoop_conf_dir"]).glob("*-site.xml"))
+    assert "fs.defaultFS" in sites and "HvdtrainMiniCluster" not in sites
 
 
 def test_hdfs_paths_reach_the_namenode_from_python(hadoop_cluster: dict, hdfs_root: str) -> None:
@@ -246,8 +257,8 @@ def trained(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
     folder = tmp_path_factory.mktemp("hadoop-train")
     output = f"{hdfs_root}/train"
     job = write_job(folder, "clustertrain", hdfs_dataset, output, epochs=2, tracking=True,
-                    yarn=yarn_block(hdfs_root, env={"SPARK_LOCAL_IP": "127.0.0.1",
-                                                    "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
+                    yarn=yarn_block(hdfs_root, **SPREAD, env={"SPARK_LOCAL_IP": "127.0.0.1",
+                                                              "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
     job.write_text(job.read_text() + f"checkpoint:\n  dir: {output}-checkpoints\n")  # checkpoints on HDFS too
     with cluster_env(hadoop_cluster):
         proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "submit", str(job), "--num-workers", "2"],
@@ -274,6 +285,7 @@ def test_yarn_submit_trains_on_two_nodemanagers_and_reuses_the_archive(trained: 
     app = re.search(r"application_\d+_\d+", out)
     assert app, out[-3000:]
     assert f"result: {output}/yarn_result.json" in out
+    assert f"hvdtrain: {app.group(0)} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId" in out
     doc = read_records(f"{output}/yarn_result.json")
     assert_trained(doc, world_size=2, min_accuracy=0.5)
     assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
@@ -324,7 +336,7 @@ def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: s
 
 # -- a container lost mid-training -------------------------------------------------------------------------
 
-KILL_EVERY, KILL_EPOCHS = 4, 3  # checkpoint.every_steps and epochs of the killed run
+KILL_EVERY, KILL_EPOCHS = 4, 2  # checkpoint.every_steps and epochs of the killed run (15 steps an epoch)
 
 
 def _executor_jvms(app_id: str) -> list[psutil.Process]:
@@ -339,14 +351,33 @@ def _executor_jvms(app_id: str) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
+def hdfs_synthetic(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A generated TFRecord dataset (known ceiling, 15 steps an epoch at 2 ranks) copied to HDFS: the killed
+    run reads it so that it needs no YARN ETL before it (the ETL's own publish to HDFS has its tests)."""
+    local = tmp_path_factory.mktemp("synthetic")
+    make_text_dataset(str(local), TextSpec(layout=Layout(n_per_split={"train": 480, "validation": 61, "test": 67},
+                                                         shards_per_split=4), class_rate=0.35, seed=11))
+    remote = f"{hdfs_root}/synthetic"
+    with cluster_env(hadoop_cluster):
+        for name in sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()):
+            fs.copy_from_local(str(local / name), f"{remote}/{name}")
+    return remote
+
+
+@pytest.fixture(scope="module")
+def killed(hadoop_cluster: dict, hdfs_synthetic: str, hdfs_root: str,
            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``hvdtrain yarn submit --max-restarts 1`` whose first executor's JVM is SIGKILLed (its container lost)
-    once the first checkpoint is committed on HDFS; the driver relaunches the ranks in the same application."""
+    once the first checkpoint is committed on HDFS; the driver relaunches the ranks in the same application.
+    In the suite it is the first YARN job: it packs the env archive (unless $HVDTRAIN_PACK_CACHE holds it),
+    uploads it to the fresh HDFS, and the NodeManagers localize it."""
     folder = tmp_path_factory.mktemp("hadoop-kill")
     output = f"{hdfs_root}/train-killed"
-    job = write_job(folder, "clusterkill", hdfs_dataset, output, epochs=KILL_EPOCHS,
-                    record_trace=str(folder / "trace"), yarn=yarn_block(hdfs_root))
+    job = write_job(folder, "clusterkill", hdfs_synthetic, output, epochs=KILL_EPOCHS, tracking=True,
+                    record_trace=str(folder / "trace"),
+                    yarn=yarn_block(hdfs_root, **SPREAD,
+                                    env={"SPARK_LOCAL_IP": "127.0.0.1",
+                                         "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
     doc = yaml.safe_load(job.read_text())
     doc["checkpoint"].update({"dir": f"{output}-checkpoints", "every_steps": KILL_EVERY, "keep_last": 2})
     doc["fault"].update({"peer_timeout": 30, "restart_backoff": 1})
@@ -368,7 +399,8 @@ def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
         text = log.read_text()
         assert code == 0, text[-6000:]
         return {"doc": read_records(f"{output}/yarn_result.json"), "trace": folder / "trace", "app_id": app_id,
-                "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text}
+                "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text,
+                "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db"}
 
 
 def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: str, proc: subprocess.Popen,
@@ -388,17 +420,30 @@ def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: s
     pytest.fail(f"training did not commit its first checkpoint in time:\n{log.read_text()[-4000:]}")
 
 
-@yarn_jobs
 @pytest.mark.timeout(1800)
 def test_a_killed_executor_container_resumes_from_its_hdfs_checkpoint_exactly(killed: dict[str, Any],
-                                                                             hdfs_dataset: str) -> None:
-    doc = killed["doc"]
+                                                                             hdfs_synthetic: str,
+                                                                             hdfs_root: str) -> None:
+    """The YARN job in the suite: the env archive on HDFS localized by the NodeManagers, two executors on two
+    NodeManagers, input, checkpoints and the export on HDFS, the MLflow run, a lost container resumed exactly,
+    and the command's closing line (id, final state, where the logs are)."""
+    doc, app_id = killed["doc"], killed["app_id"]
     assert doc["ok"] and doc["world_size"] == 2 and len(doc["restarts"]) == 1, doc
     assert doc["result"]["ranks_agree"] is True, doc["result"]
+    assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
     assert killed["report"]["resumed_from"], killed["report"]  # the relaunch continued from the HDFS checkpoint
-    assert _final_state(killed["app_id"]) == ("FINISHED", "SUCCEEDED")
-    steps = manifest.read(hdfs_dataset).split("train").records // (16 * 2)
+    assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
+    assert f"hvdtrain: {app_id} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId {app_id}" in killed["log"]
+    assert any(n.endswith(".tar.gz") for n in fs.listdir(f"{hdfs_root}/envs"))  # the archive the containers ran
+    assert fs.exists(f"{killed['output']}/model.keras")
+    steps = manifest.read(hdfs_synthetic).split("train").records // (16 * 2)
     kill_drill.assert_resumed_once_exactly(str(killed["trace"]), 2, KILL_EPOCHS, steps, 16, KILL_EVERY)
+    import mlflow
+
+    client, run_id = mlflow.MlflowClient(killed["mlflow"]), doc["result"]["run_id"]
+    history = client.get_metric_history(run_id, "train_loss")
+    assert sorted(m.step for m in history) == list(range(1, KILL_EPOCHS + 1))  # one per epoch across the restart
+    assert client.get_run(run_id).data.metrics["restarts"] == 1 and client.get_run(run_id).info.status == "FINISHED"
 
 
 def _final_state(app_id: str) -> tuple[str, str]:
