@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -123,11 +124,70 @@ def parse_build_probe(output: str) -> HorovodBuild:
     return HorovodBuild(error=f"the build probe failed: {tail[0]}")
 
 
-def probe_horovod_build(python: str = sys.executable, run: Optional[Runner] = None) -> HorovodBuild:
-    """Ask a child interpreter what its Horovod was built with (about 5 s: it imports TensorFlow)."""
+def cache_root() -> str:
+    """hvdtrain's per-user cache folder ($HVDTRAIN_CACHE, else ~/.cache/hvdtrain)."""
+    return os.environ.get("HVDTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hvdtrain")
+
+
+BUILD_CACHE = "horovod-build.json"  # in cache_root(): probe answers by build_fingerprint()
+# What the probe's answer depends on: Horovod's TensorFlow extension and the TensorFlow library it was built
+# against. A reinstall of either (another wheel, another version) changes their size or mtime.
+_FINGERPRINT_FILES = (("horovod", "tensorflow/mpi_lib*.so"), ("tensorflow", "libtensorflow_framework.so*"))
+
+
+def build_fingerprint(python: str = sys.executable) -> Optional[str]:
+    """A hash of this interpreter's Horovod and TensorFlow libraries (path, size, mtime), read from the files
+    without importing either; None for another interpreter or when a library is not found."""
+    if python != sys.executable:
+        return None
+    parts = [python]
+    for package, pattern in _FINGERPRINT_FILES:
+        spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        files = sorted(glob.glob(os.path.join(roots[0], pattern))) if roots else []
+        if not files:
+            return None
+        for path in files:
+            st = os.stat(path)
+            parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def probe_horovod_build(python: str = sys.executable, run: Optional[Runner] = None,
+                        cache_dir: Optional[str] = None) -> HorovodBuild:
+    """Ask a child interpreter what its Horovod was built with (about 5 s: it imports TensorFlow). The answer
+    is kept in the cache folder by :func:`build_fingerprint`, so an unchanged environment is asked once, not on
+    every submission; a failed probe is never kept."""
+    fingerprint = build_fingerprint(python)
+    path = os.path.join(cache_dir or cache_root(), BUILD_CACHE)
+    known = _read_build_cache(path) if fingerprint else {}
+    if fingerprint in known:
+        return HorovodBuild(**{k: v for k, v in known[fingerprint].items() if k in HorovodBuild.__dataclass_fields__})
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     runner = run or (lambda cmd: run_command(cmd, timeout=180, env=env))
-    return parse_build_probe(runner([python, "-c", _PROBE]).output)
+    build = parse_build_probe(runner([python, "-c", _PROBE]).output)
+    if fingerprint and build.error is None:
+        _write_build_cache(path, {**known, fingerprint: build.__dict__})
+    return build
+
+
+def _read_build_cache(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):  # none yet, or unreadable: probe
+        return {}
+
+
+def _write_build_cache(path: str, doc: dict) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.{os.getpid()}.tmp", "w") as fh:
+            json.dump(doc, fh)
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    except OSError:  # a read-only home: the next submission probes again
+        pass
 
 
 # -- finding spark-submit -------------------------------------------------------------------

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional, TextIO
 
+from hvdtrain import envcheck
 from hvdtrain.errors import EnvironmentProblem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,8 +61,7 @@ def default_home() -> str:
     return os.environ.get("HVDTRAIN_CLUSTER_HOME") or os.path.join(os.path.expanduser("~"), ".hvdtrain", "cluster")
 
 
-def cache_root() -> str:
-    return os.environ.get("HVDTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hvdtrain")
+cache_root = envcheck.cache_root
 
 
 # -- plan ------------------------------------------------------------------------------------

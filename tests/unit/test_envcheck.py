@@ -85,6 +85,30 @@ def test_build_probe_output_parsing() -> None:
     assert probed == GOOD_BUILD
 
 
+def test_the_build_probe_runs_once_per_environment_fingerprint(tmp_path, monkeypatch) -> None:
+    out = 'HVDTRAIN_HOROVOD_BUILD {"version": "0.28.1", "tensorflow": true, "gloo": true, "nccl": false, ' \
+          '"mpi": false, "cuda": false}\n'
+    calls: list[list[str]] = []
+
+    def run(cmd):
+        calls.append(list(cmd))
+        return CommandResult(0, out)
+
+    real = envcheck.build_fingerprint()  # this venv's Horovod and TensorFlow libraries, found without importing
+    assert real is not None and real == envcheck.build_fingerprint() and envcheck.build_fingerprint("/py") is None
+    assert envcheck.probe_horovod_build(run=run, cache_dir=str(tmp_path)) == GOOD_BUILD
+    assert envcheck.probe_horovod_build(run=run, cache_dir=str(tmp_path)) == GOOD_BUILD
+    assert len(calls) == 1  # the second answer came from the cache
+    monkeypatch.setattr(envcheck, "build_fingerprint", lambda python=None: "another-install")
+    assert envcheck.probe_horovod_build(run=run, cache_dir=str(tmp_path)) == GOOD_BUILD
+    assert len(calls) == 2  # a reinstalled Horovod or TensorFlow is asked again
+    broken = envcheck.probe_horovod_build(run=lambda cmd: CommandResult(1, "Segmentation fault"),
+                                          cache_dir=str(tmp_path / "other"))
+    assert broken.error and not (tmp_path / "other" / envcheck.BUILD_CACHE).exists()  # failures are not kept
+    (tmp_path / envcheck.BUILD_CACHE).write_text("{not json")
+    assert envcheck.probe_horovod_build(run=run, cache_dir=str(tmp_path)) == GOOD_BUILD and len(calls) == 3
+
+
 def test_hadoop_home_and_libhdfs() -> None:
     unset = envcheck.check_hadoop_home({}, lambda p: True)
     assert not unset.ok and unset.scope == "cluster" and unset.fix.startswith("export HADOOP_HOME=")
