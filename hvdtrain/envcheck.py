@@ -50,6 +50,8 @@ def run_command(cmd: Sequence[str], timeout: float = 120.0, env: Optional[Mappin
                               env=dict(env) if env is not None else None)
     except FileNotFoundError as exc:
         return CommandResult(127, str(exc))
+    except OSError as exc:  # found but not runnable (permissions, a bad interpreter line)
+        return CommandResult(126, f"{cmd[0]}: {exc}")
     except subprocess.TimeoutExpired:
         return CommandResult(124, f"{cmd[0]} did not answer within {timeout:.0f}s")
     return CommandResult(proc.returncode, (proc.stdout or "") + (proc.stderr or ""))
@@ -148,7 +150,10 @@ def build_fingerprint(python: str = sys.executable) -> Optional[str]:
         if not files:
             return None
         for path in files:
-            st = os.stat(path)
+            try:
+                st = os.stat(path)
+            except OSError:  # a dangling link: no fingerprint, so the probe is asked
+                return None
             parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
@@ -161,8 +166,9 @@ def probe_horovod_build(python: str = sys.executable, run: Optional[Runner] = No
     fingerprint = build_fingerprint(python)
     path = os.path.join(cache_dir or cache_root(), BUILD_CACHE)
     known = _read_build_cache(path) if fingerprint else {}
-    if fingerprint in known:
-        return HorovodBuild(**{k: v for k, v in known[fingerprint].items() if k in HorovodBuild.__dataclass_fields__})
+    entry = known.get(fingerprint) if fingerprint else None
+    if isinstance(entry, dict):
+        return HorovodBuild(**{k: v for k, v in entry.items() if k in HorovodBuild.__dataclass_fields__})
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     runner = run or (lambda cmd: run_command(cmd, timeout=180, env=env))
     build = parse_build_probe(runner([python, "-c", _PROBE]).output)

@@ -69,6 +69,7 @@ SECRET_PROPERTIES = "hvdtrain-secret.properties"  # 0600, beside the code zip in
 RESULT_NAME = LAUNCHER_RECORD
 APP_ID = re.compile(r"application_\d+_\d+")
 TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")  # YARN's application states that are final
+APP_REPORT = "Application Report"  # the header of `yarn application -status` when the ResourceManager answers
 # spark://host:port, or a comma-separated list of masters (standalone high availability)
 STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")
 MASTER_HELP = "yarn (default), spark://HOST:PORT for a Spark standalone cluster, or local[N] for a local rehearsal"
@@ -498,15 +499,18 @@ class Submission:
         return False
 
     def final_state(self, attempts: int = 5, pause: float = 2.0) -> Optional[str]:
-        """The ResourceManager's ``State/Final-State`` of the application once spark-submit has exited (None
-        for a local run, an unknown id, or no answer: the ``yarn`` CLI missing, or the state not final after
-        ``attempts`` asks: a client-mode application can take a moment to unregister)."""
+        """The ResourceManager's ``State/Final-State`` of the application once spark-submit has exited, or None
+        (a local run, an unknown id, no answer). It asks again, up to ``attempts`` times, only while the
+        ResourceManager reports the application not yet final (a client-mode one takes a moment to unregister);
+        a CLI that is missing, fails or times out (envcheck.run_command's limit) is asked once."""
         if self.plan.is_local or not self.app_id:
             return None
         for attempt in range(attempts):
             result = self._run(status_command(self.app_id))
-            state = parse_final_state(result.output) if result.returncode == 0 else None
-            if state is not None or result.returncode in (124, 127):  # final, or no CLI / no answer
+            if result.returncode != 0 or APP_REPORT not in result.output:
+                return None
+            state = parse_final_state(result.output)
+            if state is not None:
                 return state
             if attempt + 1 < attempts:
                 time.sleep(pause)
@@ -666,7 +670,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
     print(f"$ {shlex.join(plan.argv)}", file=deps.out, flush=True)
     with deps.submission(plan) as sub:
         code = sub.wait()
-        state = sub.final_state()
+        state = sub.final_state(attempts=5 if code == 0 else 1)  # a failure is released (killed) without delay
         ended = f"; {sub.app_id} ended {state}" if state else ""
         if code != 0:
             where = f"; {logs_hint(sub.app_id)}" if sub.app_id else ""

@@ -55,6 +55,9 @@ public final class HvdtrainMiniCluster {
   }
 
   private static void run(String[] args) throws Exception {
+    // fs.AbstractFileSystem.file.impl = NioLocalFs for every Configuration in this JVM (cluster.py writes the
+    // file beside the classes); writeSite leaves it out of the client's *-site.xml.
+    Configuration.addDefaultResource("hvdtrain-localfs.xml");
     File base = new File(args[0]);
     File confDir = new File(args[1]);
     File ready = new File(args[2]);
@@ -63,7 +66,6 @@ public final class HvdtrainMiniCluster {
       String[] kv = args[i].split("=", 2);
       conf.set(kv[0], kv[1]);
     }
-    conf.set("fs.AbstractFileSystem.file.impl", NioLocalFs.class.getName());  // not written to core-site.xml
     MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
         .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
         .format(true).build();

@@ -55,6 +55,12 @@ YARN_CLIS = {"application": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI",
              "rmadmin": ("org.apache.hadoop.yarn.client.cli.RMAdminCLI", False)}
 HDFS_CLIS = {"dfs": ("org.apache.hadoop.fs.FsShell", False),
              "dfsadmin": ("org.apache.hadoop.hdfs.tools.DFSAdmin", False)}
+# On the cluster JVM's classpath only (the launcher's folder, never the client conf folder): every Configuration
+# in that JVM, including the ones Hadoop builds internally (DefaultContainerExecutor's local FileContext), gets
+# the NodeManagers' java.nio local filesystem (HvdtrainMiniCluster.NioLocalFs).
+LOCAL_FS_RESOURCE = "hvdtrain-localfs.xml"
+LOCAL_FS_XML = ('<?xml version="1.0"?>\n<configuration>\n  <property><name>fs.AbstractFileSystem.file.impl</name>'
+                f'<value>{LAUNCHER}$NioLocalFs</value></property>\n</configuration>\n')
 
 
 def default_home() -> str:
@@ -260,7 +266,7 @@ def ensure_jars(version: str, mvn: str, cache: Optional[str] = None) -> str:
 def ensure_launcher(lib: str, javac: str) -> str:
     """The compiled launcher's folder (recompiled when its source changes), with a quiet log4j setup."""
     with open(LAUNCHER_SOURCE, "rb") as fh:
-        digest = hashlib.sha256(fh.read() + LOG4J.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(fh.read() + LOG4J.encode() + LOCAL_FS_XML.encode()).hexdigest()[:16]
     classes = os.path.join(os.path.dirname(lib), f"launcher-{digest}")
     if os.path.exists(os.path.join(classes, f"{LAUNCHER}.class")):
         return classes
@@ -273,6 +279,8 @@ def ensure_launcher(lib: str, javac: str) -> str:
         raise EnvironmentProblem(f"javac could not compile {LAUNCHER_SOURCE}: {result.stderr.strip()[-500:]}")
     with open(os.path.join(staging, "log4j.properties"), "w") as fh:
         fh.write(LOG4J)
+    with open(os.path.join(staging, LOCAL_FS_RESOURCE), "w") as fh:
+        fh.write(LOCAL_FS_XML)
     os.replace(staging, classes)
     return classes
 

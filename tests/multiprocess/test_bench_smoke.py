@@ -3,7 +3,7 @@
 Checks the shape of what is written, never the figures: benchmark numbers
 depend on the machine and are judged in the closing note, not here. The run
 takes the groups that exercise every part of the runner (plain and paired
-entries, both charts) in about two minutes; every group's module is imported
+entries, both charts) in about 20 seconds; every group's module is imported
 and its entry point checked, and `make bench` runs them all.
 """
 import importlib
@@ -18,11 +18,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.multiprocess]
 
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = {"name", "value", "unit", "baseline_name", "baseline_value", "ratio", "target", "passed"}
-# The groups the smoke run takes: a Horovod job (allreduce, with the bus-bandwidth chart), paired and plain
-# entries (input), files (checkpoint).
-SMOKE_GROUPS = ("input", "allreduce", "checkpoint")
-EXPECTED = {"input_raw", "input_pipeline", "input_vs_stock", "parse_vectorized", "staging_overlap",
-            "allreduce_vs_tcp", "allreduce_vs_tf_ring", "allreduce_fusion", "checkpoint_save", "checkpoint_restore"}
+# The groups the smoke run takes: a Horovod job with paired entries (allreduce, with the bus-bandwidth chart) and
+# plain entries written from files (checkpoint). The input group (10 s more) runs in `make bench` only.
+SMOKE_GROUPS = ("allreduce", "checkpoint")
+EXPECTED = {"allreduce_vs_tcp", "allreduce_vs_tf_ring", "allreduce_fusion", "checkpoint_save", "checkpoint_restore"}
 # Peer comparisons: interleaved repetitions, a min/median/max of the per-pair ratios.
 PAIRED = {"input_vs_stock", "allreduce_vs_tcp", "allreduce_vs_tf_ring", "train_vs_mwms", "embedding_sparse_vs_dense",
           "etl_high_cardinality"}

@@ -325,7 +325,8 @@ class FakeSubmission:
     def wait(self) -> int:
         return self.code
 
-    def final_state(self) -> str | None:
+    def final_state(self, attempts: int = 5) -> str | None:
+        self.asked_attempts = attempts
         return self.state
 
 
@@ -447,9 +448,13 @@ def test_the_final_state_is_asked_until_the_application_has_ended(tmp_path: Path
     sub.app_id = "application_1700000000000_0042"
     assert sub.final_state(pause=0) == "FINISHED/FAILED"
     assert calls == [["yarn", "application", "-status", "application_1700000000000_0042"]] * 2
-    calls.clear()  # no yarn CLI here: one try, no state
-    sub._run = lambda cmd: calls.append(list(cmd)) or CommandResult(127, "No such file or directory: 'yarn'")
-    assert sub.final_state(pause=0) is None and len(calls) == 1
+    for answer in (CommandResult(127, "No such file or directory: 'yarn'"),  # no yarn CLI here
+                   CommandResult(124, "yarn did not answer within 120s"),  # an unreachable ResourceManager
+                   CommandResult(255, "Application with id 'application_1700000000000_0042' doesn't exist in RM."),
+                   CommandResult(0, "yarn 1.22.22 (the JavaScript one): unknown command")):
+        calls.clear()  # asked once, no state, no pause
+        sub._run = lambda cmd, answer=answer: calls.append(list(cmd)) or answer
+        assert sub.final_state(pause=60) is None and len(calls) == 1, answer
     local = submit.Submission(dataclasses.replace(fake_plan("client", 0, 0, tmp_path), master="local[2]"),
                               run=Refuse("yarn status"))
     local.app_id = "local-1700000000000"
@@ -469,6 +474,7 @@ def test_a_finished_submission_prints_its_id_final_state_and_logs(job_file: Path
                                                                                                 False))) == 5
     assert "failed (exit code 1); application_1_9 ended FINISHED/FAILED; see the messages above; logs: yarn logs " \
            "-applicationId application_1_9" in capsys.readouterr().err
+    assert fake.asked_attempts == 5 and failed.asked_attempts == 1  # a failure is released without waiting
 
 
 def test_cluster_mode_failure_still_kills_the_application(tmp_path: Path) -> None:
