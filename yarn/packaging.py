@@ -253,14 +253,16 @@ def cached_archive_problem(uri: str, chunk: int = 8 << 20) -> Optional[str]:
             digest.update(block)
     if digest.hexdigest() != expected:
         return f"its content hash {digest.hexdigest()[:16]} is not the recorded {expected[:16]}"
-    if stored is not None:  # verified by a full read: the storage's checksum vouches for it from now on
-        fs.write_bytes_atomic(uri + STORAGE_SUFFIX, (stored + "\n").encode())
+    _keep_storage_checksum(uri, stored)  # verified by a full read: it vouches for the archive from now on
     return None
 
 
 def record_storage_checksum(uri: str) -> None:
     """Keep the storage's checksum of a verified archive beside it (nothing where the storage has none)."""
-    stored = _storage_checksum(uri)
+    _keep_storage_checksum(uri, _storage_checksum(uri))
+
+
+def _keep_storage_checksum(uri: str, stored: Optional[str]) -> None:
     if stored is not None:
         fs.write_bytes_atomic(uri + STORAGE_SUFFIX, (stored + "\n").encode())
 

@@ -53,7 +53,7 @@ pytestmark = pytest.mark.hadoop
 SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
           "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
 # Four more YARN applications (spark-submit, an application master and two executor JVMs each, TensorFlow in
-# every rank): about 2.5 more minutes on an idle 2-core host (docs/hadoop.md); the suite, at about 19.5 minutes
+# every rank): about 2.5 more minutes on an idle 2-core host (docs/hadoop.md); the suite, at about 20 minutes
 # with the one YARN job it runs, cannot spare them.
 YARN_JOBS = os.environ.get("HVDTRAIN_TEST_YARN_JOBS") == "1"
 yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the other YARN jobs (etl, submit twice, score, Ctrl-C) add "

@@ -1,7 +1,9 @@
-"""Users' own Horovod scripts under ``hvdtrain run --np 2`` (horovodrun, Gloo) and ``hvdtrain yarn run
---master local[2]`` (the YARN submission path on local Spark): examples/keras3_horovod.py (model.fit with
-hvd.DistributedOptimizer) and examples/gradient_tape_horovod.py (DistributedGradientTape). Each rank writes a
-SHA-256 of its final weights; the ranks start from different weights and must end identical."""
+"""Users' own Horovod scripts, unchanged: examples/keras3_horovod.py (the canonical Horovod Keras recipe:
+model.fit with hvd.DistributedOptimizer, BroadcastGlobalVariablesCallback, MetricAverageCallback, LR warm-up)
+under ``hvdtrain run --np 2`` (horovodrun, Gloo; the launcher only adds a start timeout and execs the script),
+and examples/gradient_tape_horovod.py (DistributedGradientTape) under ``hvdtrain yarn run --master local[2]``
+(the YARN submission path on local Spark). Each rank writes a SHA-256 of its final weights; the ranks start
+from different weights and must end identical."""
 from __future__ import annotations
 
 import json
@@ -17,7 +19,6 @@ from tests.support import mp
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = ["keras3_horovod.py", "gradient_tape_horovod.py"]
 
 
 def _env() -> dict[str, str]:
@@ -41,12 +42,14 @@ def _assert_ranks_agree(out: Path, proc: subprocess.CompletedProcess) -> list[di
     return ranks
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_hvdtrain_run_local(script: str, tmp_path: Path) -> None:
+def test_keras3_recipe_under_hvdtrain_run_ends_identical_and_learns(tmp_path: Path) -> None:
     mp.horovodrun()
-    proc = _hvdtrain("run", "--np", "2", f"examples/{script}", "--epochs", "2", "--out", str(tmp_path))
-    _assert_ranks_agree(tmp_path, proc)
-    assert "check-script" not in proc.stderr  # the examples are Keras 3 code
+    proc = _hvdtrain("run", "--np", "2", "examples/keras3_horovod.py", "--out", str(tmp_path))
+    ranks = _assert_ranks_agree(tmp_path, proc)  # identical only if the broadcast and the optimizer work
+    loss = ranks[0]["loss"]  # averaged across ranks by MetricAverageCallback
+    assert loss[-1] < 0.6 * loss[0], loss
+    assert ranks[0]["lr"][0] < ranks[0]["lr"][-1]  # warm-up ramps the scaled learning rate
+    assert "check-script" not in proc.stderr  # the example is Keras 3 code
 
 
 @pytest.mark.spark

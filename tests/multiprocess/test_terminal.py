@@ -57,7 +57,7 @@ def on_screen(cmd: list[str], tmp_path: Path, timeout: float = 300) -> tuple[int
                 return int(done.group(1)), [line for line in lines if line]
             if time.monotonic() > deadline:
                 pytest.fail(f"{shlex.join(cmd)} did not finish in {timeout}s; the screen:\n{screen[-4000:]}")
-            time.sleep(1)
+            time.sleep(0.2)
     finally:
         subprocess.run([*server, "kill-server"], capture_output=True)
 
