@@ -74,6 +74,14 @@ def renew_due(ticket: Optional[Ticket], now: datetime.datetime,
     return ticket.remaining(now) <= min(margin, lifetime / 3)
 
 
+def check_interval(ticket: Optional[Ticket], every: float) -> float:
+    """Seconds until the renewer looks again (pure): ``every``, or a sixth of a shorter ticket's lifetime, so that
+    the renewal window (its last third) is never stepped over; at least 5 s. With no ticket, ``every``."""
+    if ticket is None:
+        return every
+    return max(5.0, min(every, (ticket.expires - ticket.starts).total_seconds() / 6))
+
+
 def describe(ticket: Optional[Ticket], now: datetime.datetime) -> str:
     """``ml@EXAMPLE.COM, expires in 7h 12m`` (pure)."""
     if ticket is None:
@@ -122,24 +130,30 @@ class Renewer:
         self.principal, self.keytab, self._run, self._every, self._now = principal, keytab, run, every, now
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._ticket: Optional[Ticket] = None  # as last seen: a short ticket makes the checks closer
         self.renewals = 0
 
     def check(self) -> None:
         """Renew now if due; a failed kinit is a warning (the next check tries again)."""
-        ticket = current(self._run)
+        ticket = self._ticket = current(self._run)
         if not renew_due(ticket, self._now()):
             return
         out = self._run(["kinit", "-kt", self.keytab, self.principal])
         if out.returncode == 0:
             self.renewals += 1
-            log.info("Kerberos ticket renewed from %s: %s", self.keytab, describe(current(self._run), self._now()))
+            self._ticket = current(self._run)
+            log.info("Kerberos ticket renewed from %s: %s", self.keytab, describe(self._ticket, self._now()))
         else:
             log.warning("kinit -kt %s %s failed (%s); the ticket (%s) is not renewed, retrying in %.0fs",
                         self.keytab, self.principal, (out.stderr or out.stdout).strip()[:200],
-                        describe(ticket, self._now()), self._every)
+                        describe(ticket, self._now()), self.next_check())
+
+    def next_check(self) -> float:
+        """Seconds until the next look at the ticket."""
+        return check_interval(self._ticket, self._every)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._every):
+        while not self._stop.wait(self.next_check()):
             try:
                 self.check()
             except ANY_ERROR as exc:  # renewal must never break training

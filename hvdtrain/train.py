@@ -54,6 +54,7 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence
 
+import hvdtrain.lean_keras  # noqa: F401  # first: Keras without its plotting and scikit-learn extras
 import keras
 
 from hvdtrain import config as config_lib

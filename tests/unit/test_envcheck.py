@@ -193,6 +193,24 @@ def test_the_renewer_kinits_from_the_keytab_only_when_due() -> None:
     calls.clear()
     renewer.check()  # the new ticket lasts another day: nothing to do
     assert calls == [["klist"]] and renewer.renewals == 1
+    assert renewer.next_check() == 300.0  # a day-long ticket: the default interval
+
+
+def test_a_short_ticket_is_looked_at_often_enough_to_be_renewed_in_its_last_third() -> None:
+    from hvdtrain import kerberos
+
+    start = datetime.datetime(2026, 1, 1)
+    five_min = kerberos.Ticket("a@B", start, start + datetime.timedelta(minutes=5))
+    assert kerberos.check_interval(five_min, 300.0) == 50.0  # renewal window 100 s: two looks inside it
+    ten_h = kerberos.Ticket("a@B", start, start + datetime.timedelta(hours=10))
+    assert kerberos.check_interval(ten_h, 300.0) == 300.0
+    assert kerberos.check_interval(kerberos.Ticket("a@B", start, start + datetime.timedelta(seconds=12)), 300) == 5.0
+    assert kerberos.check_interval(None, 300.0) == 300.0
+    # every check lands at most a sixth of the lifetime after the last: one falls in the last third
+    for lifetime_s in (30, 120, 300, 1800, 36000):
+        step = kerberos.check_interval(kerberos.Ticket("a@B", start, start + datetime.timedelta(seconds=lifetime_s)),
+                                       300.0)
+        assert step <= lifetime_s / 3 / 2 or step == 5.0
 
 
 def test_hadoop_conf_dir() -> None:
