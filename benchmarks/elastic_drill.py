@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from benchmarks import kill_drill
 from benchmarks.kill_drill import Segments, add_trace_line, stitched
@@ -93,8 +93,9 @@ class ElasticJob:
             return json.load(fh)
 
 
-def make_job(folder: str, epochs: int, data: Optional[str] = None) -> ElasticJob:
-    """The drill's job in ``folder`` (its dataset made there unless ``data`` names one already made)."""
+def make_job(folder: str, epochs: int, data: Optional[str] = None, tracking: bool = False) -> ElasticJob:
+    """The drill's job in ``folder`` (its dataset made there unless ``data`` names one already made); with
+    ``tracking``, logged to a local MLflow store in ``folder`` (the drill itself measures without)."""
     os.makedirs(folder, exist_ok=True)
     if data is None:
         data = os.path.join(folder, "data")
@@ -113,7 +114,7 @@ def make_job(folder: str, epochs: int, data: Optional[str] = None) -> ElasticJob
                   "record_trace": os.path.join(folder, "trace"),
                   "elastic": {"min_ranks": 1, "max_ranks": VIRTUAL, "commit_every_steps": EVERY,
                               "discovery": discover, "blacklist_cooldown": [1, 2]}},
-        "tracking": {"enabled": False},
+        "tracking": {"enabled": tracking},  # on: the default store, under the workdir
     }, base_dir=folder)
     path = os.path.join(folder, "job.yaml")
     with open(path, "w") as fh:
@@ -128,12 +129,13 @@ def set_hosts(folder: str, hosts: Any) -> None:
     os.replace(os.path.join(folder, "hosts.part"), os.path.join(folder, "hosts"))
 
 
-def start(job: ElasticJob, log_path: str) -> subprocess.Popen:
+def start(job: ElasticJob, log_path: str, overrides: Sequence[str] = ()) -> subprocess.Popen:
     """``hvdtrain train CONFIG --np 2``: the command a user runs (horovodrun in elastic mode underneath)."""
     env = kill_drill._env()
     env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
     with open(log_path, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", "train", job.config, "--np", str(VIRTUAL)],
+        return subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", "train", job.config, "--np", str(VIRTUAL),
+                                 *overrides],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 

@@ -469,6 +469,15 @@ class TrainConfig:
         _require(self.progress_every_steps >= 1, "progress_every_steps", self.progress_every_steps, "must be >= 1")
         _require(self.progress_every_seconds > 0, "progress_every_seconds", self.progress_every_seconds,
                  "must be > 0")
+        if self.elastic is not None:  # what hvdtrain.elastic's loop does not do (yet): refused, never ignored
+            unsupported = {"early_stopping": self.early_stopping is not None,
+                           "validate_every_epoch": self.validate_every_epoch,
+                           "grad_accum_steps": self.grad_accum_steps > 1, "fp16_allreduce": self.fp16_allreduce}
+            on = [k for k, v in unsupported.items() if v]
+            _require(not on, "elastic", {k: getattr(self, k) for k in on},
+                     f"does not work with train.{', train.'.join(on)} yet (elastic jobs "
+                     "validate and test at the end, with one batch per virtual rank and float32 all-reduce): "
+                     f"turn {'them' if len(on) > 1 else 'it'} off, or train.elastic off")
 
     @property
     def validates_each_epoch(self) -> bool:

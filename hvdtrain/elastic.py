@@ -23,32 +23,48 @@ batch_size`` of its records (a stream is a pure function of the seed and its
 position): within an epoch no record is lost, and the steps repeated are
 ``c + 1`` up to the failure, at most ``commit_every_steps``. When capacity
 returns, Horovod adds the ranks at the next commit and the work spreads again.
+
+**A job like any other.** The state also carries the finished epochs' stats, the running epoch's sums and the
+MLflow run id. Every commit all-reduces the loss, correct and example sums of the steps since the last one (no
+resize happens between two commits: a resize rolls back to one), so the epoch stats are exact over all virtual
+batches. Whoever is rank 0 logs them to MLflow (a new rank 0, after rank 0 was lost, continues the same run)
+and writes checkpoints at the checkpoint config's steps (epoch ends by default), which a relaunched job resumes
+from with ``checkpoint.resume: auto``. At the end the ranks evaluate validation and test exactly, and rank 0
+publishes what ``hvdtrain train`` publishes (:func:`hvdtrain.training.publish.publish`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import logging
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
-import keras
+import hvdtrain.lean_keras  # noqa: F401  # first: Keras without its plotting and scikit-learn extras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain import checkpoint, console, data, distributed, fs, heads, resume, secrets, tracking
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, fs, heads
 from hvdtrain import train as train_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.data import plan as data_plan
 from hvdtrain.elastic_plan import gradient_scale, virtual_ranks
-from hvdtrain.errors import HvdtrainError
-from hvdtrain.training import evaluation, runtime
+from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.schedules import scaled_learning_rate
+from hvdtrain.training import runtime
 from hvdtrain.training import steps as steps_lib
-from hvdtrain.training.reports import weights_digest
-from hvdtrain.training.state import build_state
+from hvdtrain.training.context import TrainContext
+from hvdtrain.training.evaluate import evaluate_splits
+from hvdtrain.training.events import EpochStats, epoch_stats
+from hvdtrain.training.publish import publish
+from hvdtrain.training.reports import build_report, rank_digests, result_record
+from hvdtrain.training.state import build_state, current_learning_rate
 
 log = logging.getLogger("hvdtrain.elastic")
 
@@ -57,7 +73,7 @@ log = logging.getLogger("hvdtrain.elastic")
 
 @dataclass
 class Job:
-    """What every (re)start of the elastic function needs."""
+    """What every (re)start of the elastic function needs, and what this process opened while rank 0."""
 
     cfg: JobConfig
     manifest: Any
@@ -65,27 +81,69 @@ class Job:
     steps: int  # optimizer steps per epoch, fixed by the virtual world
     virtual: int
     stage_dir: str
+    layout: dict[str, Any]
+    model: Any = None
+    optimizer: Any = None
+    opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # this process's MLflow run
+    tracker: Any = None  # inert until this process is rank 0 at a (re)start
+    writer: Optional[checkpoint.CheckpointWriter] = None  # made by whoever is rank 0 at a checkpoint
+
+    def track(self, rank: distributed.RankInfo, run_id: Optional[str]) -> Optional[str]:
+        """Rank 0 opens (or continues) the MLflow run once per process; the run id, on every rank."""
+        if self.tracker is None:
+            self.tracker = tracking.Tracker(self.cfg, enabled=False)
+        if rank.is_chief and not self.tracker.active and self.cfg.tracking.enabled and self.tracker.run_id is None:
+            tags = {"manifest_digest": self.manifest.digest(), "dataset": self.manifest.root,
+                    "distributed_backend": "horovod-elastic", "elastic_virtual_ranks": str(self.virtual)}
+            self.tracker = self.opened.enter_context(tracking.start(self.cfg, True, tags, resume_run_id=run_id))
+            if run_id is None or self.tracker.run_id != run_id:
+                self.tracker.log_params({**tracking.flat_params(self.cfg), **self.params()})
+        return distributed.broadcast_object(self.tracker.run_id if rank.is_chief else None,
+                                            name="hvdtrain.elastic.run_id")
+
+    def params(self) -> dict[str, Any]:
+        el = self.cfg.train.elastic
+        assert el is not None
+        return {"steps_per_epoch": self.steps, "global_batch_size": self.virtual * self.cfg.train.batch_size,
+                "scaled_learning_rate": scaled_learning_rate(self.cfg.train.learning_rate, self.virtual),
+                "decay_steps": self.steps * self.cfg.train.epochs, "elastic.virtual_ranks": self.virtual}
+
+    def save(self, state: Any, epoch_end: bool) -> None:
+        """Rank 0 stages a checkpoint of the committed state and publishes it in the background."""
+        ck = self.cfg.checkpoint
+        if self.writer is None:
+            self.writer = checkpoint.CheckpointWriter(ck.dir, ck.keep_last, ck.keep_best, ck.best_metric,
+                                                      ck.best_mode)
+        history = state.history
+        metrics = {"train_loss": history[-1]["loss"], "train_accuracy": history[-1]["accuracy"]} \
+            if epoch_end and history else {}
+        meta = {"format": resume.FORMAT, "step": state.step, "epoch": len(history), "epoch_end": epoch_end,
+                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "metrics": metrics, "carried": list(state.sums[:3]), "carried_seconds": state.sums[3],
+                "history": history, "stopped": False, "run_id": state.run_id, "early_stopping": None,
+                "step_offset": 0, **self.layout}
+        self.writer.save(state.step, resume.state_arrays(self.model, self.optimizer), meta)
 
 
 class VirtualStep:
     """One optimizer step over this rank's virtual batches; the update is the mean over all virtual batches."""
 
-    def __init__(self, model: Any, optimizer: Any, shape: Any):
-        self.model, self.optimizer, self.shape = model, optimizer, shape
-        self._head = heads.Head(task=getattr(shape, "task", "multiclass"))  # the task's loss
+    def __init__(self, model: Any, optimizer: Any, shape: Any, head: heads.Head):
+        self.model, self.optimizer, self.shape, self._head = model, optimizer, shape, head
         self._compiled = tf.function(self._step, autograph=False)  # plain Python over the list of batches
 
     def _step(self, batches: Sequence[dict[str, Any]], scale: tf.Tensor) -> tf.Tensor:
-        total, loss_sum = None, tf.constant(0.0, tf.float64)
+        total, sums = None, tf.zeros([3], tf.float64)  # loss sum, correct, examples
         for batch in batches:
-            grads, loss, _ = steps_lib._gradients(self.model, self.optimizer, self._head, batch, self.shape.inputs,
-                                                  self.shape.label_feature)
+            grads, loss, correct = steps_lib._gradients(self.model, self.optimizer, self._head, batch,
+                                                        self.shape.inputs, self.shape.label_feature)
             total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
-            loss_sum += loss
+            examples = tf.cast(tf.shape(batch[self.shape.label_feature])[0], tf.float64)
+            sums += tf.stack([loss, tf.cast(correct, tf.float64), examples])
         assert total is not None, "a virtual step has at least one batch"
         averaged = distributed.allreduce_grads(total)
         self.optimizer.apply([g * tf.cast(scale, g.dtype) for g in averaged], self.model.trainable_variables)
-        return loss_sum
+        return sums
 
     def __call__(self, batches: Sequence[dict[str, Any]], scale: float) -> Any:
         return self._compiled(list(batches), tf.constant(scale, tf.float32))
@@ -115,61 +173,124 @@ def _streams(job: Job, owned: Sequence[int], step: int) -> list[Iterator[dict[st
 
 
 def _loop(job: Job, state: Any, step_fn: VirtualStep, sizes: list[int]) -> None:
-    """Train from the committed step to the end; the body of ``hvd.elastic.run`` (re-run after each reset)."""
+    """Train from the committed step to the end; the body of ``hvd.elastic.run`` (re-run after each reset).
+
+    Commits come every ``commit_every_steps`` steps, at each epoch end and at each checkpoint step. The sums of
+    the steps since the last commit are all-reduced there and added to the epoch's (in the committed state).
+    """
     rank = distributed.refresh()
     owned = virtual_ranks(rank.rank, rank.size, job.virtual)
     sizes.append(rank.size)
     log.info("elastic: %d ranks from step %d; rank %d runs virtual ranks %s", rank.size, state.step, rank.rank, owned)
+    state.run_id = job.track(rank, state.run_id)
     streams = _streams(job, owned, state.step)
-    elastic_cfg = job.cfg.train.elastic
+    elastic_cfg, ck = job.cfg.train.elastic, job.cfg.checkpoint
     assert elastic_cfg is not None  # this module runs only for train.elastic
     total, every = job.cfg.train.epochs * job.steps, elastic_cfg.commit_every_steps
+    sums, since = tf.zeros([3], tf.float64), time.perf_counter()
     while state.step < total:
-        step_fn([next(s) for s in streams], gradient_scale(rank.size, job.virtual))
+        sums += step_fn([next(s) for s in streams], gradient_scale(rank.size, job.virtual))
         state.step += 1
-        if state.step % every == 0 or state.step == total:
-            state.commit()
+        epoch_end = state.step % job.steps == 0
+        save = ck.enabled and checkpoint.save_due(state.step, job.steps, ck.every_steps, ck.at_epoch_end)
+        if state.step % every == 0 or epoch_end or save or state.step == total:
+            seconds = time.perf_counter() - since
+            _add_sums(job, state, rank, np.append(sums.numpy(), seconds), epoch_end)
+            if save and rank.is_chief:
+                job.save(state, epoch_end)
+            sums, since = tf.zeros([3], tf.float64), time.perf_counter()
+            state.commit()  # raises HostsUpdatedInterrupt when hosts changed: the job resizes here
 
 
-def _evaluate(job: Job, model: Any) -> dict[str, Any]:
-    """The test split's accuracy, every record counted once over the final world."""
-    rank = distributed.refresh()
-    eval_step = steps_lib.make_eval_step(model, job.shape.label_feature, job.shape.inputs)
-    batches = data.eval_dataset(job.manifest, "test", rank=rank.rank, size=rank.size,
-                                batch_size=job.cfg.train.batch_size,
-                                features=[*job.shape.inputs, job.shape.label_feature], stage_dir=job.stage_dir)
-    empty = evaluation.empty_counts("multiclass", job.shape.num_classes, rank.rank, rank.size)
-    counts = evaluation.allreduce_counts(evaluation.count_split(eval_step, batches, job.shape.label_feature, empty),
-                                         "test")
-    return {"records": counts.records, "accuracy": float(np.trace(counts.confusion)) / max(counts.records, 1)}
+def _add_sums(job: Job, state: Any, rank: distributed.RankInfo, local: np.ndarray, epoch_end: bool) -> None:
+    """The interval's sums over ranks into the epoch's; at an epoch end, its stats into the history (and MLflow).
+
+    New lists are assigned, never changed in place: Horovod's ``ObjectState`` keeps references, so an in-place
+    change would also change the committed copy that a reset rolls back to.
+    """
+    summed = distributed.allreduce_sum(local, name="hvdtrain.elastic.sums")
+    totals = [a + float(b) for a, b in zip(state.sums[:3], summed[:3])] + [state.sums[3] + float(local[3])]
+    if not epoch_end:
+        state.sums = totals
+        return
+    epoch = state.step // job.steps
+    stats = epoch_stats(epoch, job.steps, np.array(totals[:3]), totals[3])
+    stats.learning_rate = current_learning_rate(job.optimizer)
+    state.history, state.sums = [*state.history, stats.to_dict()], [0.0, 0.0, 0.0, 0.0]
+    log.info("epoch %d/%d at %d ranks: loss %.4f, accuracy %.4f", epoch, job.cfg.train.epochs, rank.size,
+             stats.loss, stats.accuracy)
+    job.tracker.log_metrics({**stats.metrics(), "world_size": float(rank.size)}, epoch)
+
+
+def _resume(job: Job, state: Any) -> Optional[str]:
+    """Continue from the newest valid checkpoint (``checkpoint.resume``); every process reads it, no collective
+    (a rank joining later must not wait for the others here; the first sync gives it rank 0's state anyway)."""
+    ck = job.cfg.checkpoint
+    if not ck.enabled:
+        return None
+    if ck.resume == "never":
+        resume.refuse_used_dir(ck)
+        return None
+    found = resume.load(ck, job.layout)
+    if found is None:
+        return None
+    if found.plan.step_offset or found.plan.optimizer_shift:
+        raise DataError(f"checkpoint {found.uri} was saved with {resume.describe_layout(found.meta)}; an elastic "
+                        f"job of {resume.describe_layout(job.layout)} continues only from a checkpoint of the same "
+                        "layout: set train.elastic.max_ranks and train.batch_size as they were, or point "
+                        "checkpoint.dir at a new folder")
+    assert found.arrays is not None
+    resume.assign(job.model.weights, resume.group(found.arrays, "model"), "model", found.uri)
+    resume.assign(job.optimizer.variables, resume.group(found.arrays, "optimizer"), "optimizer", found.uri)
+    known = {f for f in EpochStats.__dataclass_fields__}
+    state.step = found.step
+    state.history = [{k: v for k, v in h.items() if k in known or k == "samples_per_sec"}
+                     for h in found.meta.get("history", [])]
+    state.sums = [*[float(x) for x in found.meta.get("carried", [0.0, 0.0, 0.0])][:3],
+                  float(found.meta.get("carried_seconds", 0.0))]
+    state.run_id = found.run_id
+    state.save()  # the first sync restores the saved state: without this, the one of step 0
+    for warning in found.plan.warnings:
+        log.warning(warning)
+    return found.uri
 
 
 def run(cfg: JobConfig) -> dict[str, Any]:
     """Train under Horovod elastic mode; returns the result record on every rank (rank 0 writes result.json)."""
     rank = distributed.init()
     runtime.configure_logging(rank)
+    secrets.protect_logging(*secrets.secret_values(cfg.flat()))
+    secrets.private_files()
     threads = runtime.configure_tf(rank, cfg.train)
     manifest, shape, _ = train_lib.plan(cfg, rank)
     assert cfg.train.elastic is not None  # this module runs only for train.elastic
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
     model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
-    step_fn, sizes = VirtualStep(model, optimizer, shape), list[int]()
-    state = distributed.elastic_state(model, optimizer, step=0)
-    with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
-        job = Job(cfg, manifest, shape, steps, virtual, stage_dir)
+    head = heads.for_task(cfg.task, manifest.labels, manifest.split("train").class_counts())
+    step_fn, sizes = VirtualStep(model, optimizer, shape, head), list[int]()
+    state = distributed.elastic_state(model, optimizer, step=0, history=[], sums=[0.0, 0.0, 0.0, 0.0], run_id=None)
+    layout = resume.layout(cfg, virtual, steps, manifest.digest())
+    with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir, \
+            contextlib.ExitStack() as opened:
+        job = Job(cfg, manifest, shape, steps, virtual, stage_dir, layout, model, optimizer, opened)
+        resumed = _resume(job, state)
         distributed.elastic_run(lambda s: _loop(job, s, step_fn, sizes))(state)
-        test = _evaluate(job, model)
-    rank = distributed.refresh()
-    digests = distributed.allgather_object(
-        weights_digest([keras.ops.convert_to_numpy(w) for w in model.weights]), name="hvdtrain.elastic.digests")
-    result = {"world_size": rank.size, "sizes": sizes, "steps": int(state.step), "steps_per_epoch": steps,
-              "virtual_ranks": virtual, "global_batch": virtual * cfg.train.batch_size, "threads": threads,
-              "test_accuracy": test["accuracy"], "test_records": test["records"],
-              "ranks_agree": len({d["sha256"] for d in digests}) == 1}
-    if rank.is_chief:
-        fs.write_bytes_atomic(fs.join(cfg.train.output, "result.json"), (json.dumps(result, indent=2) + "\n").encode())
-    return result
+        rank = distributed.refresh()
+        if job.writer is not None:
+            job.writer.wait()  # the last checkpoint published before the outputs
+        tracker = job.tracker if job.tracker is not None and rank.is_chief else tracking.Tracker(cfg, enabled=False)
+        ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, threads=threads)
+        report = build_report(ctx, [EpochStats(**{k: v for k, v in h.items() if k != "samples_per_sec"})
+                                    for h in state.history], evaluate_splits(ctx, model), rank_digests(model, rank))
+        elastic = {"sizes": sizes, "steps": int(state.step), "steps_per_epoch": steps, "virtual_ranks": virtual,
+                   "global_batch": virtual * cfg.train.batch_size, "threads": threads, "resumed_from": resumed}
+        report["training"].update(world_size=rank.size, global_batch_size=virtual * cfg.train.batch_size,
+                                  learning_rate=scaled_learning_rate(cfg.train.learning_rate, virtual),
+                                  elastic=elastic)
+        if not rank.is_chief:
+            return {**result_record(tracker.run_id, report, cfg.train.output), **elastic}
+        return publish(ctx, model, report, extra=elastic)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -182,6 +303,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(config_lib.load(args.config, args.overrides))
     except HvdtrainError as exc:
         return console.report_error(exc, "hvdtrain")
+    finally:
+        runtime.skip_final_collections()
     if distributed.info().is_chief:
         print(json.dumps(result, indent=2))
     return 0

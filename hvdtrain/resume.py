@@ -117,6 +117,11 @@ def _describe(values: dict[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{k} {values.get(k)}" for k in keys)
 
 
+def describe_layout(values: dict[str, Any]) -> str:
+    """Where a step leaves the input, in words (``world_size 2, batch_size 32, ...``)."""
+    return _describe(values, POSITION_KEYS)
+
+
 def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tuple[list[str], int]:
     """Warnings, and the step offset this run continues with; raises what cannot resume (pure).
 
@@ -353,7 +358,7 @@ def find(cfg: CheckpointConfig, rank: distributed.RankInfo, now: dict[str, Any])
                 refuse_used_dir(cfg)
                 found = None
             else:
-                found = _load(cfg, now)
+                found = load(cfg, now)
         except DataError as exc:
             error, kind = str(exc), "storage" if isinstance(exc, StorageError) else "data"
         except Exception as exc:  # raised on every rank below: rank 0 alone must not fail
@@ -383,7 +388,9 @@ def refuse_used_dir(cfg: CheckpointConfig) -> None:
                         "out, or set checkpoint.resume=auto to continue from the newest")
 
 
-def _load(cfg: CheckpointConfig, now: dict[str, Any]) -> Optional[Resumed]:
+def load(cfg: CheckpointConfig, now: dict[str, Any]) -> Optional[Resumed]:
+    """The checkpoint ``checkpoint.resume`` names (auto: the newest valid one), read by this process alone, with
+    its plan against ``now``; None when there is none. Raises what cannot resume."""
     if cfg.resume == "auto":
         loaded = checkpoint.restore_latest(cfg.dir)
         if loaded is None:

@@ -24,8 +24,10 @@ RESULT_NAME = "result.json"  # written last into train.output: marks a folder hv
 
 
 
-def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> dict[str, Any]:
-    """Write report, chart, exports and result to ``train.output`` and log them to MLflow."""
+def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any],
+            extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Write report, chart, exports and result to ``train.output`` and log them to MLflow; ``extra`` joins the
+    result record (an elastic job's sizes and steps)."""
     output, tracker = ctx.cfg.train.output, ctx.tracker
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
@@ -43,7 +45,8 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any]) -> di
         tracker.flush()  # ride out an outage before saying what MLflow has
         result = {**result_record(tracker.run_id, report, output, os.listdir(local), model_uri=model_uri,
                                   tracking_uri=(secrets.redact_url(tracker.tracking_uri)
-                                                            if tracker.tracking_uri else None)), "tracking": tracker.summary()}
+                                                            if tracker.tracking_uri else None)), "tracking": tracker.summary(),
+                  **(extra or {})}
         _dump_json(os.path.join(local, RESULT_NAME), result)
         upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
     return result

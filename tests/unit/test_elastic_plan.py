@@ -40,3 +40,14 @@ def test_the_elastic_launch_command() -> None:
 def test_bad_elastic_settings_name_the_field(elastic: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config.from_dict({"name": "x", "source": {"table": "a.b"}, "train": {"elastic": elastic}})
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"validate_every_epoch": True}, "train.elastic does not work with train.validate_every_epoch yet"),
+    ({"early_stopping": {"patience": 2}, "fp16_allreduce": True},
+     "train.elastic does not work with train.early_stopping, train.fp16_allreduce yet"),
+    ({"grad_accum_steps": 2}, "train.elastic does not work with train.grad_accum_steps yet.*got {'grad_accum_steps': 2}"),
+])
+def test_what_the_elastic_loop_does_not_do_is_refused_not_ignored(train: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.from_dict({"name": "x", "source": {"table": "a.b"}, "train": {"elastic": {}, **train}})
