@@ -265,12 +265,20 @@ def train_summary(result: dict[str, Any], best: Optional[tuple[str, float]] = No
     rows = [
         *task_rows(result, best),
         ("epochs", result.get("epochs_run")),
-        ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
+        ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"
+                  + (f"; elastic, world sizes {', '.join(map(str, result['sizes']))}" if "sizes" in result else "")),
         ("eval report", result.get("report")),
         ("exported model", exports.get("keras")),
-        ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
+        mlflow_row(result),
     ]
     return table(rows, "training finished (the full result: --json):")
+
+
+def mlflow_row(result: dict[str, Any]) -> tuple[str, str]:
+    """Where the run went, or that it went nowhere (pure)."""
+    if result.get("run_id") is None:
+        return "MLflow", "not logged (tracking.enabled is false, or MLflow failed: see the log)"
+    return "MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"
 
 
 METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro F1", "loss": "loss", "roc_auc": "ROC AUC",
@@ -312,7 +320,7 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
         ("eval report", result.get("report")),
         ("exported model", exports.get("keras")),
         ("SavedModel", exports.get("saved_model")),
-        ("MLflow", f"run {result.get('run_id')} at {result.get('tracking_uri')}"),
+        mlflow_row(result),
         ("ranks", f"{result.get('world_size')}; weights identical on every rank: {result.get('ranks_agree')}"),
     ]
     sample = m.source.get("sample", {})

@@ -306,7 +306,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         runtime.skip_final_collections()
     if distributed.info().is_chief:
-        print(json.dumps(result, indent=2))
+        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
+            console.emit("result", result=result)
+        else:
+            print(json.dumps(result, indent=2))
     return 0
 
 

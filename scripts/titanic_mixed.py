@@ -1,13 +1,14 @@
 """A real public table through mixed and hashed features: OpenML's Titanic (1,309 rows), as scikit-learn ships
 it in its test data, with a scikit-learn baseline on the same split. No download.
 
-    python scripts/titanic_mixed.py WORKDIR [--np 1]
+    python scripts/titanic_mixed.py WORKDIR [--np 1] [--elastic EPOCHS]
 
 The passenger's name is the text column; age, fare, pclass, sibsp, parch numeric (age and fare with real
 NULLs); sex, embarked, cabin categorical with a vocabulary; ticket (929 values) and home.dest (369) hashed.
 ``boat`` and ``body`` are left out: they are known only after the outcome. Prints one JSON document:
 hvdtrain's test accuracy next to scikit-learn's (logistic regression and a gradient-boosted tree) on the rows
-of the same test split (etl.split.split_of).
+of the same test split (etl.split.split_of). ``--elastic EPOCHS`` trains under ``train.elastic`` (2 virtual ranks)
+for a fixed number of epochs instead, as elastic jobs do not stop early.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def write_source(rows: list[dict], path: str) -> None:
     frame.to_parquet(os.path.join(path, "part-0.parquet"), index=False)
 
 
-def config(workdir: str) -> str:
+def config(workdir: str, elastic_epochs: int = 0) -> str:
     import yaml
 
     doc = {"name": "titanic", "workdir": workdir,
@@ -58,6 +59,9 @@ def config(workdir: str) -> str:
            "train": {"epochs": 40, "batch_size": 32, "learning_rate": 3e-3, "progress": "off",
                      "early_stopping": {"metric": "loss", "patience": 4}},
            "checkpoint": {"enabled": False}, "tracking": {"enabled": False}}
+    if elastic_epochs:
+        doc["train"].pop("early_stopping")
+        doc["train"].update(epochs=elastic_epochs, elastic={"min_ranks": 1, "max_ranks": 2, "commit_every_steps": 5})
     path = os.path.join(workdir, "titanic.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(doc, fh)
@@ -101,11 +105,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workdir")
     p.add_argument("--np", type=int, default=1)
+    p.add_argument("--elastic", type=int, default=0, metavar="EPOCHS", help="train.elastic, this many epochs")
     args = p.parse_args()
     workdir = os.path.abspath(args.workdir)
     rows = load()
     write_source(rows, os.path.join(workdir, "source"))
-    cfg = config(workdir)
+    cfg = config(workdir, args.elastic)
     subprocess.run(["hvdtrain", "etl", cfg, "--overwrite"], check=True)
     subprocess.run(["hvdtrain", "train", cfg, "--np", str(args.np)], check=True)
     from hvdtrain import config as config_mod

@@ -93,3 +93,7 @@ def test_train_summary_names_accuracy_f1_outputs_and_mlflow() -> None:
     for expected in ("test accuracy        0.8812", "test macro F1        0.8746", "/out/eval_report.json",
                      "/out/model.keras", "run abc123 at sqlite:///m.db", "--json"):
         assert expected in text, expected
+    assert "elastic" not in text
+    elastic = cli.train_summary({**result, "run_id": None, "sizes": [2, 1, 2]})
+    assert "weights identical on every rank: True; elastic, world sizes 2, 1, 2" in elastic
+    assert "MLflow               not logged (tracking.enabled is false" in elastic
