@@ -1,4 +1,4 @@
-"""The Spark driver of a training job: ``horovod.spark.run`` of the rank function on N tasks.
+"""The Spark driver of a training job: ``horovod.spark.run`` (``run_elastic``) of the rank function on N tasks.
 
 spark-submit runs this file (``yarn/submit.py`` builds the command)::
 
@@ -110,9 +110,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         first = supervise.RESTARTS_ENV not in env
         rank_env = {**horovod_env(cfg), **env, **startup.try_clock(first, submitted_at, time.time())}
         try:
-            last["records"] = horovod.spark.run(
-                fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,
-                use_gloo=True, env=rank_env, verbose=args.verbose, executable=args.executable)
+            last["records"] = launch(horovod.spark, cfg, fn, fn_args, args, rank_env)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
             print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
             return 1, str(exc)
@@ -126,6 +124,28 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         return last["records"], outcome
     finally:
         spark.stop()
+
+
+def launch(spark_hvd: Any, cfg: JobConfig, fn: Any, fn_args: tuple[Any, ...], args: argparse.Namespace,
+           env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One try of the ranks: ``horovod.spark.run``, or with ``train.elastic`` ``horovod.spark.run_elastic``.
+
+    Elastic Horovod on Spark treats every task attempt as a host of one slot: a lost rank fails its task, the
+    survivors go on, and Spark's retry of the task (``spark.task.maxFailures``, yarn/submit.py) joins as a new
+    host. ``run_elastic`` has no ``executable`` parameter and starts the ranks with ``sys.executable``
+    (horovod.spark.gloo_run.gloo_run_elastic), so it is this driver's only for the call.
+    """
+    el = cfg.train.elastic
+    if el is None:
+        return spark_hvd.run(fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,
+                             use_gloo=True, env=dict(env), verbose=args.verbose, executable=args.executable)
+    driver_python, sys.executable = sys.executable, args.executable
+    try:
+        return spark_hvd.run_elastic(fn, args=fn_args, num_proc=args.num_proc, min_num_proc=el.min_ranks,
+                                     max_num_proc=el.max_ranks, start_timeout=args.start_timeout,
+                                     elastic_timeout=args.start_timeout, env=dict(env), verbose=args.verbose)
+    finally:
+        sys.executable = driver_python
 
 
 def records_exit_code(records: Sequence[dict[str, Any]]) -> int:

@@ -12,7 +12,7 @@ in the task's Python worker itself). Before TensorFlow is imported it:
    (:func:`hvdtrain.fs.prepare_hdfs_client`, which the ETL's write tasks run too);
 
 then rebuilds the job config from a plain dict and calls
-:func:`hvdtrain.train.run`. It returns a small record: rank, host, GPUs, where
+:func:`hvdtrain.train.run` (:func:`hvdtrain.elastic.run` with ``train.elastic``). It returns a small record: rank, host, GPUs, where
 the code was imported from, and the training result (or the user-facing error,
 so the driver can print one line instead of N tracebacks).
 
@@ -94,12 +94,15 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
-    from hvdtrain import train  # deferred: TensorFlow, after GPU pinning
+    if cfg_dict["train"].get("elastic"):  # deferred: TensorFlow, after GPU pinning
+        from hvdtrain.elastic import run  # hvdtrain's loop under Horovod elastic (horovod.spark.run_elastic)
+    else:
+        from hvdtrain.train import run
 
     startup.mark("interpreter and imports")  # this Python worker's start, the task's arrival, TensorFlow's import
     result, error, code = None, None, 0
     try:
-        result = train.run(config.from_dict(cfg_dict))
+        result = run(config.from_dict(cfg_dict))
     except HvdtrainError as exc:
         error, code = str(exc), exc.exit_code
     rank = distributed.info().rank if _initialized(distributed) else int(os.environ.get("HOROVOD_RANK", "-1"))

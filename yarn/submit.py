@@ -75,6 +75,9 @@ STANDALONE = re.compile(r"spark://[^\s/,:]+:\d+(?:,[^\s/,:]+:\d+)*")
 MASTER_HELP = "yarn (default), spark://HOST:PORT for a Spark standalone cluster, or local[N] for a local rehearsal"
 MASTERS = "yarn (the cluster), spark://HOST:PORT (a Spark standalone cluster) or local[N] (a local rehearsal)"
 RM_CONNECT_TIMEOUT = 10.0  # seconds to reach the ResourceManager before submitting
+# Tries of each rank's Spark task in an elastic job (spark.task.maxFailures): a lost rank's task is retried and
+# joins as a new host, up to 3 times per task; Spark's own default.
+ELASTIC_TASK_ATTEMPTS = 4
 
 # Spark settings the launcher owns, and the config field or flag that controls each.
 OWNED_CONF = {
@@ -177,6 +180,13 @@ def local_slots(master: str) -> Optional[int]:
     return None if match.group(1) == "*" else int(match.group(1))
 
 
+def local_attempts(master: str) -> int:
+    """Tries per task of a local master (pure): local[3,2] -> 2, else 1 (Spark ignores spark.task.maxFailures
+    in local mode)."""
+    match = re.fullmatch(r"local\[(?:\d+|\*),(\d+)\]", master)
+    return int(match.group(1)) if match else 1
+
+
 def validate(cfg: JobConfig, master: str, build: HorovodBuild,
              is_file: Callable[[str], bool] = os.path.isfile) -> None:
     """Refuse a submission that cannot work, with one line naming the value and the fix.
@@ -204,6 +214,13 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     if y.keytab is not None and not is_file(y.keytab):
         raise ConfigError("yarn.keytab", y.keytab, "does not exist or is not a file; pass the path of the "
                           "keytab for --principal on this host (e.g. --keytab ~/user.keytab)")
+    el = cfg.train.elastic
+    if el is not None and not el.min_ranks <= y.num_workers <= el.max_ranks:
+        raise ConfigError("--num-workers", y.num_workers, f"must be within train.elastic.min_ranks {el.min_ranks} "
+                          f"and max_ranks {el.max_ranks}: the ranks to start with")
+    if el is not None and is_local_master(master) and local_attempts(master) < 2:
+        raise ConfigError("--master", master, "gives each task one attempt, and an elastic job's lost rank comes "
+                          "back as a retried task: use local[N,F] with F >= 2 tries (e.g. local[2,4])")
     if is_local_master(master):
         if y.gpus_per_worker > 0:
             raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
@@ -220,7 +237,10 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
 def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) -> list[tuple[str, str]]:
     """Every --conf of the submission, in order (pure)."""
     y = cfg.yarn
-    conf: list[tuple[str, str]] = [("spark.task.maxFailures", "1")]  # a retried rank cannot rejoin the ring
+    el = cfg.train.elastic
+    # A retried rank cannot rejoin a fixed ring; an elastic job's retried task is how a lost rank comes back.
+    conf: list[tuple[str, str]] = [("spark.task.maxFailures", str(ELASTIC_TASK_ATTEMPTS) if el else "1")]
+    executors = el.max_ranks if el else y.num_workers  # an elastic job keeps a task (and executor) per max rank
     if is_local_master(master):
         conf += [("spark.task.cpus", "1"),
                  ("spark.log.level", "WARN"),  # a rehearsal: keep the ranks' output readable
@@ -232,8 +252,8 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
         standalone = is_standalone_master(master)
         conf += ([] if standalone else [("spark.yarn.maxAppAttempts", "1")])  # a 2nd attempt would start over
         conf += [("spark.dynamicAllocation.enabled", "false"),
-                 ("spark.cores.max", str(y.num_workers * y.executor_cores)) if standalone
-                 else ("spark.executor.instances", str(y.num_workers)),
+                 ("spark.cores.max", str(executors * y.executor_cores)) if standalone
+                 else ("spark.executor.instances", str(executors)),
                  ("spark.task.cpus", str(y.executor_cores)),  # one task, so one rank, per executor
                  ("spark.scheduler.minRegisteredResourcesRatio", "1.0"),
                  ("spark.scheduler.maxRegisteredResourcesWaitingTime", f"{y.start_timeout}s"),

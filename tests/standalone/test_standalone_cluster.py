@@ -4,7 +4,8 @@ One cluster per session (``standalone_cluster`` in conftest.py). The same comman
 YARN run with ``--master spark://127.0.0.1:PORT``: the ETL builds the dataset from the demo's
 sample table, training reads it over WebHDFS (so each rank stages shards on its own host's disk)
 and loses one executor JVM mid-training, and scoring applies the trained model. The steps share
-their outputs, so the module runs them in order.
+their outputs, so the module runs them in order. An elastic job (``train.elastic``, Horovod's
+``run_elastic``) then loses host-b's executor and must go on at one rank, then grow back on host-b.
 """
 from __future__ import annotations
 
@@ -170,3 +171,43 @@ def test_scoring_runs_on_the_cluster(world: World, trained: dict[str, Any]) -> N
     report = json.loads((Path(config.load(str(world.config)).score.report_dir) / "score_report.json").read_text())
     assert report["rows_in"] == ROWS and report["scored"] + report["rejected"] == ROWS, (report, out[-2000:])
     assert report["scored"] > 0 and report["tasks"] >= 1
+
+
+ELASTIC_EPOCHS = 80  # 1,600 steps: long enough for host-b to come back (a new executor, a new task, a new rank)
+
+
+def test_an_elastic_job_goes_on_without_a_lost_host_and_grows_back_when_it_returns(world: World,
+                                                                                  trained: dict[str, Any]) -> None:
+    folder = world.folder / "elastic"
+    trace, output = folder / "trace", folder / "run"
+    cmd = [sys.executable, "-m", "yarn.submit", str(world.config), "--master", world.cluster.url, "--num-workers", "2",
+           f"etl.output={world.server.uri('/ds')}", f"train.epochs={ELASTIC_EPOCHS}", f"train.output={output}",
+           f"train.record_trace={trace}", f"checkpoint.dir={folder / 'checkpoints'}",
+           f"train.elastic={{min_ranks: 1, max_ranks: 2, commit_every_steps: {EVERY}}}"]
+    log = world.folder / "elastic.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=submit_env(SPARK_LOCAL_IP="127.0.0.1"), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 900
+            while not trace.joinpath("rank1.keys").exists() or \
+                    len(kill_drill.segments(str(trace / "rank1.keys"))[-1][2]) < EVERY + 2:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.05)
+            pids = world.cluster.executor_pids("host-b")
+            assert len(pids) == 1, pids
+            os.kill(pids[0], signal.SIGKILL)
+        finally:
+            code = finish(proc, 900)
+    text = log.read_text()
+    assert code == 0, text[-8000:]
+    doc = read_records(records_uri(text))
+    result = doc["result"]
+    sizes = result["sizes"]
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2 and result["ranks_agree"], result  # shrank, grew back
+    assert sorted(r["host"] for r in doc["ranks"]) == list(HOSTS), doc["ranks"]  # a rank on host-b again
+    total = result["steps"]
+    for v in range(2):  # every step of both virtual ranks trained; redone at most one commit interval
+        runs = kill_drill.segments(str(trace / f"rank{v}.keys"))
+        assert set().union(*(r[2] for r in runs)) == set(range(total)), v
+        assert all(0 <= kill_drill.read_to(a) - b[1] <= EVERY for a, b in zip(runs, runs[1:])), v

@@ -140,6 +140,24 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
     assert submit.is_standalone_master("spark://a:7077,b:7077") and not submit.is_standalone_master("spark://a")
 
 
+def test_an_elastic_job_keeps_an_executor_per_max_rank_and_lets_a_lost_ranks_task_retry() -> None:
+    def elastic(workers: int, **el: Any) -> config.JobConfig:
+        return config.from_dict({**job(num_workers=workers, executor_cores=1).to_dict(),
+                                 "train": {"output": "hdfs://nn:8020/runs/reviews", "elastic": el}})
+
+    p = plan(elastic(2, min_ranks=1, max_ranks=3))
+    assert "spark.task.maxFailures=1" not in p.argv and "spark.task.maxFailures=4" in p.argv and "spark.executor.instances=3" in p.argv
+    assert driver_args(YAML, 2, timeout=600)[:6] == p.argv[p.argv.index(DRIVER_SCRIPT):][:6]  # 2 ranks to start
+    standalone = plan(elastic(2, min_ranks=1, max_ranks=3), master="spark://127.0.0.1:7077")
+    assert "spark.cores.max=3" in standalone.argv
+    with pytest.raises(ConfigError, match=r"^--num-workers must be within train.elastic.min_ranks 2 and max_ranks 3"):
+        plan(elastic(1, min_ranks=2, max_ranks=3))
+    with pytest.raises(ConfigError, match=r"^--master gives each task one attempt.*local\[N,F\]"):
+        plan(elastic(2, max_ranks=2), master="local[2]")
+    assert "--num-proc" in plan(elastic(2, max_ranks=2), master="local[2,4]").argv
+    assert [submit.local_attempts(m) for m in ("local", "local[2]", "local[*,3]", "local[2,4]")] == [1, 1, 3, 4]
+
+
 def test_a_shared_interpreter_ships_no_env() -> None:
     cfg = job(python="/opt/conda/envs/ml/bin/python", executor_cores=1)
     p = submit.build_plan(cfg, "spark://127.0.0.1:7077",
