@@ -158,9 +158,9 @@ def command(config_path: str, launch: Launch = Launch()) -> list[str]:
             "hvdtrain.train", config_path]
 
 
-def supervised_command(config_path: str, max_restarts: int) -> list[str]:
+def supervised_command(config_path: str, max_restarts: int, np: int = NP) -> list[str]:
     """The one command a user runs: ``hvdtrain train CONFIG --np 2 --max-restarts K``."""
-    return [sys.executable, "-m", "hvdtrain.cli", "train", config_path, "--np", str(NP),
+    return [sys.executable, "-m", "hvdtrain.cli", "train", config_path, "--np", str(np),
             "--max-restarts", str(max_restarts)]
 
 
@@ -377,7 +377,7 @@ def kill_under_supervisor(drill: Drill, name: str, config_path: str, kills: list
                           timeout: float = 1800) -> str:
     """One supervised command; each kill SIGKILLs its rank at its step, and the supervisor relaunches the job.
     Measures each kill's teardown and the time to the resumed job's first batch; returns the output."""
-    proc = subprocess.Popen(supervised_command(config_path, len(kills)), cwd=ROOT, env=_env(),
+    proc = subprocess.Popen(supervised_command(config_path, len(kills), drill.launch.np), cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, deadline = _Lines(proc.stdout), time.monotonic() + timeout
     try:

@@ -20,6 +20,8 @@ ALLOWED_FUNCTION_IMPORTS = {
     ("yarn.executor", "run_rank", "hvdtrain.train"):
         "TensorFlow and Horovod load in the rank's process only after its GPUs are pinned; the driver "
         "imports yarn.executor to pickle run_rank by reference",
+    ("yarn.executor", "run_rank", "hvdtrain.elastic"):
+        "the same deferral, for a train.elastic job's ranks (horovod.spark.run_elastic)",
 }
 
 Import = Union[ast.Import, ast.ImportFrom]
