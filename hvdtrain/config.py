@@ -472,11 +472,14 @@ class TrainConfig:
         if self.elastic is not None:  # what hvdtrain.elastic's loop does not do (yet): refused, never ignored
             unsupported = {"early_stopping": self.early_stopping is not None,
                            "validate_every_epoch": self.validate_every_epoch,
-                           "grad_accum_steps": self.grad_accum_steps > 1, "fp16_allreduce": self.fp16_allreduce}
+                           "grad_accum_steps": self.grad_accum_steps > 1, "fp16_allreduce": self.fp16_allreduce,
+                           "allreduce": self.allreduce != "grouped", "steps_per_call": self.steps_per_call > 1,
+                           "timeline": self.timeline is not None}
             on = [k for k, v in unsupported.items() if v]
             _require(not on, "elastic", {k: getattr(self, k) for k in on},
                      f"does not work with train.{', train.'.join(on)} yet (elastic jobs "
-                     "validate and test at the end, with one batch per virtual rank and float32 all-reduce): "
+                     "validate and test at the end, with one grouped float32 all-reduce of one batch per virtual rank "
+                     "a step): "
                      f"turn {'them' if len(on) > 1 else 'it'} off, or train.elastic off")
 
     @property

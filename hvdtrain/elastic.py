@@ -55,7 +55,7 @@ from hvdtrain import train as train_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.data import plan as data_plan
 from hvdtrain.elastic_plan import gradient_scale, virtual_ranks
-from hvdtrain.errors import DataError, HvdtrainError
+from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
 from hvdtrain.schedules import scaled_learning_rate
 from hvdtrain.training import runtime
 from hvdtrain.training import steps as steps_lib
@@ -172,17 +172,24 @@ def _streams(job: Job, owned: Sequence[int], step: int) -> list[Iterator[dict[st
     return out
 
 
-def _loop(job: Job, state: Any, step_fn: VirtualStep, sizes: list[int]) -> None:
+def _loop(job: Job, state: Any, step_fn: VirtualStep) -> None:
     """Train from the committed step to the end; the body of ``hvd.elastic.run`` (re-run after each reset).
 
-    Commits come every ``commit_every_steps`` steps, at each epoch end and at each checkpoint step. The sums of
-    the steps since the last commit are all-reduced there and added to the epoch's (in the committed state).
+    The job's first entry resumes from a checkpoint (:func:`_start`); a rank joining later gets the state by
+    Horovod's sync instead. Commits come every ``commit_every_steps`` steps, at each epoch end and at each
+    checkpoint step. The sums of the steps since the last commit are all-reduced there and added to the
+    epoch's (in the committed state).
     """
     rank = distributed.refresh()
+    if not state.started:
+        _start(job, state, rank)
     owned = virtual_ranks(rank.rank, rank.size, job.virtual)
-    sizes.append(rank.size)
     log.info("elastic: %d ranks from step %d; rank %d runs virtual ranks %s", rank.size, state.step, rank.rank, owned)
     state.run_id = job.track(rank, state.run_id)
+    # Kept at once (a save, no collective): a rollback before the next commit must not lose this start's size,
+    # nor the MLflow run just opened (a new rank 0 would open a second one).
+    state.sizes = [*state.sizes, rank.size]
+    state.save()
     streams = _streams(job, owned, state.step)
     elastic_cfg, ck = job.cfg.train.elastic, job.cfg.checkpoint
     assert elastic_cfg is not None  # this module runs only for train.elastic
@@ -196,8 +203,8 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep, sizes: list[int]) -> None:
         if state.step % every == 0 or epoch_end or save or state.step == total:
             seconds = time.perf_counter() - since
             _add_sums(job, state, rank, np.append(sums.numpy(), seconds), epoch_end)
-            if save and rank.is_chief:
-                job.save(state, epoch_end)
+            if save:
+                _collectively(rank, lambda: job.save(state, epoch_end), "checkpoint")
             sums, since = tf.zeros([3], tf.float64), time.perf_counter()
             state.commit()  # raises HostsUpdatedInterrupt when hosts changed: the job resizes here
 
@@ -222,9 +229,40 @@ def _add_sums(job: Job, state: Any, rank: distributed.RankInfo, local: np.ndarra
     job.tracker.log_metrics({**stats.metrics(), "world_size": float(rank.size)}, epoch)
 
 
+def _collectively(rank: distributed.RankInfo, act: Any, what: str) -> Any:
+    """Rank 0 acts; its user-facing error is raised on every rank (a collective), so the job ends with it
+    instead of losing rank 0 and going on without (Horovod would blacklist its host and carry on)."""
+    result, error = None, None
+    if rank.is_chief:
+        try:
+            result = act()
+        except HvdtrainError as exc:
+            error = (type(exc).__name__, str(exc))
+        except ANY_ERROR as exc:  # raised on every rank below: rank 0 alone must not fail
+            log.exception("elastic: %s failed on rank 0", what)
+            error = ("DataError", f"{what} failed on rank 0: {type(exc).__name__}: {exc}")
+    error = distributed.broadcast_object(error, name=f"hvdtrain.elastic.{what}")
+    if error:
+        raise (StorageError if error[0] == StorageError.__name__ else DataError)(error[1])
+    return result
+
+
+def _start(job: Job, state: Any, rank: distributed.RankInfo) -> None:
+    """The job's first start: rank 0 resumes from a checkpoint (``checkpoint.resume``), every rank takes its
+    state. A collective of the first world only: the flag is committed, so ranks joining later skip it."""
+    uri = _collectively(rank, lambda: _resume(job, state), "resume")
+    distributed.broadcast_state(job.model, job.optimizer)
+    fields = distributed.broadcast_object(
+        {"step": state.step, "history": state.history, "sums": state.sums, "run_id": state.run_id, "uri": uri},
+        name="hvdtrain.elastic.resumed")
+    state.step, state.history, state.sums, state.run_id = (fields[k] for k in ("step", "history", "sums", "run_id"))
+    state.resumed_from, state.started = fields["uri"], True
+    state.save()
+
+
 def _resume(job: Job, state: Any) -> Optional[str]:
-    """Continue from the newest valid checkpoint (``checkpoint.resume``); every process reads it, no collective
-    (a rank joining later must not wait for the others here; the first sync gives it rank 0's state anyway)."""
+    """Rank 0 continues from the newest valid checkpoint (``checkpoint.resume``): model, optimizer and the
+    state's step, history, epoch sums and MLflow run id; returns its location (None: a fresh start)."""
     ck = job.cfg.checkpoint
     if not ck.enabled:
         return None
@@ -249,7 +287,6 @@ def _resume(job: Job, state: Any) -> Optional[str]:
     state.sums = [*[float(x) for x in found.meta.get("carried", [0.0, 0.0, 0.0])][:3],
                   float(found.meta.get("carried_seconds", 0.0))]
     state.run_id = found.run_id
-    state.save()  # the first sync restores the saved state: without this, the one of step 0
     for warning in found.plan.warnings:
         log.warning(warning)
     return found.uri
@@ -268,23 +305,24 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
     model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
     head = heads.for_task(cfg.task, manifest.labels, manifest.split("train").class_counts())
-    step_fn, sizes = VirtualStep(model, optimizer, shape, head), list[int]()
-    state = distributed.elastic_state(model, optimizer, step=0, history=[], sums=[0.0, 0.0, 0.0, 0.0], run_id=None)
+    step_fn = VirtualStep(model, optimizer, shape, head)
+    state = distributed.elastic_state(model, optimizer, step=0, history=[], sums=[0.0, 0.0, 0.0, 0.0], run_id=None,
+                                      sizes=[], started=False, resumed_from=None)
     layout = resume.layout(cfg, virtual, steps, manifest.digest())
     with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir, \
             contextlib.ExitStack() as opened:
         job = Job(cfg, manifest, shape, steps, virtual, stage_dir, layout, model, optimizer, opened)
-        resumed = _resume(job, state)
-        distributed.elastic_run(lambda s: _loop(job, s, step_fn, sizes))(state)
+        distributed.elastic_run(lambda s: _loop(job, s, step_fn))(state)
         rank = distributed.refresh()
-        if job.writer is not None:
-            job.writer.wait()  # the last checkpoint published before the outputs
+        # The last checkpoint published before the outputs (rank 0 waits; a failure ends every rank).
+        _collectively(rank, lambda: job.writer.wait() if job.writer is not None else None, "published")
         tracker = job.tracker if job.tracker is not None and rank.is_chief else tracking.Tracker(cfg, enabled=False)
         ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, threads=threads)
         report = build_report(ctx, [EpochStats(**{k: v for k, v in h.items() if k != "samples_per_sec"})
                                     for h in state.history], evaluate_splits(ctx, model), rank_digests(model, rank))
-        elastic = {"sizes": sizes, "steps": int(state.step), "steps_per_epoch": steps, "virtual_ranks": virtual,
-                   "global_batch": virtual * cfg.train.batch_size, "threads": threads, "resumed_from": resumed}
+        elastic = {"sizes": state.sizes, "steps": int(state.step), "steps_per_epoch": steps, "virtual_ranks": virtual,
+                   "global_batch": virtual * cfg.train.batch_size, "threads": threads,
+                   "resumed_from": state.resumed_from}
         report["training"].update(world_size=rank.size, global_batch_size=virtual * cfg.train.batch_size,
                                   learning_rate=scaled_learning_rate(cfg.train.learning_rate, virtual),
                                   elastic=elastic)

@@ -226,6 +226,10 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
             raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
                               f"needs --master yarn: local Spark ({master}) assigns no GPUs; pass --gpus-per-worker 0")
         slots = local_slots(master)
+        if el is not None and slots is not None and slots < el.max_ranks:  # run_elastic starts max_ranks tasks
+            raise ConfigError("--master", master, f"runs {slots} task(s) at a time, but an elastic job keeps a task "
+                              f"for each of train.elastic.max_ranks {el.max_ranks}; use --master "
+                              f"local[{el.max_ranks},4]")
         if slots is not None and slots < y.num_workers:
             raise ConfigError("--master", master, f"runs {slots} task(s) at a time, but {y.num_workers} ranks "
                               f"must run together; use --master local[{y.num_workers}]")

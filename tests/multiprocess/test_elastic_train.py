@@ -68,9 +68,9 @@ def test_a_lost_rank_then_a_lost_host_resize_the_job_without_a_restart_and_a_rel
     assert code == 0, (tmp_path / "job.log").read_text()[-8000:]
     result = job.result()
     assert result["steps"] == job.total_steps and result["ranks_agree"], result
-    assert result["sizes"][:4] == [2, 1, 2, 1] and result["global_batch"] == VIRTUAL * BATCH, result
+    assert in_order([2, 1, 2, 1], result["sizes"]) and result["global_batch"] == VIRTUAL * BATCH, result
     runs = kill_drill.segments(job.trace(1))
-    pids = [r[0] for r in runs]
+    pids = [p for i, p in enumerate(r[0] for r in runs) if i == 0 or p != runs[i - 1][0]]  # one per process turn
     # virtual rank 1: the killed rank, the survivor (same process as virtual rank 0), a new worker (killed with
     # its host), the survivor alone again until the host returned
     assert pids[:4] == [rank.killed_pid, rank.survivor_pid, host.killed_pid, host.survivor_pid], pids
@@ -88,6 +88,13 @@ def test_a_lost_rank_then_a_lost_host_resize_the_job_without_a_restart_and_a_rel
         last = kill_drill.segments(job.trace(v))[-1]
         assert (last[1], sorted(last[2])) == (job.total_steps, list(range(job.total_steps, again["steps"]))), v
     assert assert_a_whole_job(tmp_path, again, GROW_EPOCHS + 1)[:GROW_EPOCHS] == first  # finished epochs carried over
+
+
+def in_order(expected: list[int], seen: list[int]) -> bool:
+    """Whether ``seen`` starts with ``expected[0]`` and holds the rest in that order (a reset at the same size,
+    such as a second one while a host is away, may come between)."""
+    it = iter(seen[1:])
+    return bool(seen) and seen[0] == expected[0] and all(any(x == e for x in it) for e in expected[1:])
 
 
 def assert_a_whole_job(tmp: Path, result: dict, epochs: int) -> list[dict]:

@@ -136,7 +136,10 @@ def test_local_elastic_submission_goes_on_after_a_lost_rank_with_the_shipped_cod
     doc = read_records(records_uri(text))
     assert doc["ok"] and doc["errors"] == [], doc["errors"]
     result = doc["result"]
-    assert result["sizes"][:2] == [2, 1] and result["ranks_agree"] and result["test_accuracy"] >= 0.8, result
+    # Resized without restarting the survivor (Spark's retry of the lost task may already be back at the reset)
+    assert result["sizes"][0] == 2 and len(result["sizes"]) >= 2, result
+    assert len({r[0] for r in kill_drill.segments(str(trace / "rank0.keys"))}) == 1  # virtual rank 0: one process
+    assert result["ranks_agree"] and result["test_accuracy"] >= 0.8, result
     assert printed_result(text) == result == json.loads((output / "result.json").read_text())
     # The ranks imported the zip spark-submit shipped, not the checkout.
     assert all(r["code_from"].endswith(os.path.join("hvdtrain-code.zip", "hvdtrain")) for r in doc["ranks"])
@@ -149,7 +152,7 @@ def test_local_elastic_submission_goes_on_after_a_lost_rank_with_the_shipped_cod
         assert set().union(*(r[2] for r in runs)) == set(range(total)), (v, [(r[0], r[1], len(r[2])) for r in runs])
         assert all(0 <= kill_drill.read_to(a) - b[1] <= EVERY for a, b in zip(runs, runs[1:])), v
     runs = kill_drill.segments(str(trace / "rank1.keys"))
-    assert runs[0][0] == killed and runs[1][0] != killed  # the survivor took virtual rank 1 over
+    assert runs[0][0] == killed and runs[1][0] != killed  # another process took virtual rank 1 over
 
 
 EVERY, KILL_AFTER = 3, 7  # the elastic test's commit interval, and the steps virtual rank 1 reads before its kill

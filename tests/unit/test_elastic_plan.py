@@ -47,6 +47,7 @@ def test_bad_elastic_settings_name_the_field(elastic: dict, message: str) -> Non
     ({"early_stopping": {"patience": 2}, "fp16_allreduce": True},
      "train.elastic does not work with train.early_stopping, train.fp16_allreduce yet"),
     ({"grad_accum_steps": 2}, "train.elastic does not work with train.grad_accum_steps yet.*got {'grad_accum_steps': 2}"),
+    ({"allreduce": "overlap", "steps_per_call": 4}, "train.elastic does not work with train.allreduce, train.steps_per_call"),
 ])
 def test_what_the_elastic_loop_does_not_do_is_refused_not_ignored(train: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

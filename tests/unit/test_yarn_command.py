@@ -155,6 +155,9 @@ def test_an_elastic_job_keeps_an_executor_per_max_rank_and_lets_a_lost_ranks_tas
     with pytest.raises(ConfigError, match=r"^--master gives each task one attempt.*local\[N,F\]"):
         plan(elastic(2, max_ranks=2), master="local[2]")
     assert "--num-proc" in plan(elastic(2, max_ranks=2), master="local[2,4]").argv
+    with pytest.raises(ConfigError, match=r"^--master runs 2 task\(s\) at a time, but an elastic job keeps a task "
+                                          r"for each of train.elastic.max_ranks 3; use --master local\[3,4\]"):
+        plan(elastic(2, max_ranks=3), master="local[2,4]")
     assert [submit.local_attempts(m) for m in ("local", "local[2]", "local[*,3]", "local[2,4]")] == [1, 1, 3, 4]
 
 
