@@ -58,7 +58,7 @@ def cannot_create_namespaces() -> str:
 def standalone_cluster() -> Iterator[StandaloneCluster]:
     reason = cannot_create_namespaces()
     if not reason and os.environ.get("HVDTRAIN_TEST_STANDALONE") != "1":
-        reason = ("standalone tier: opt-in: it passes here in about 2 min, more than the suite's 20 min can spare; "
+        reason = ("standalone tier: opt-in: it passes here in about 2.5 min, more than the suite's 20 min can spare; "
                   "HVDTRAIN_TEST_STANDALONE=1 runs it")
     if reason:
         pytest.skip(reason)
