@@ -223,24 +223,6 @@ class SaveTiming:
     bytes: int  # model, optimizer and RNG state written (rank 0; 0 on the others, which only send)
 
 
-def writer(cfg: CheckpointConfig) -> checkpoint.CheckpointWriter:
-    """Rank 0's checkpoint writer for ``checkpoint`` (folder, retention)."""
-    return checkpoint.CheckpointWriter(cfg.dir, cfg.keep_last, cfg.keep_best, cfg.best_metric, cfg.best_mode)
-
-
-def checkpoint_meta(*, step: int, epoch: int, epoch_end: bool, metrics: dict[str, float], carried: Any,
-                    carried_seconds: float, history: list[dict[str, Any]], run_id: Optional[str],
-                    layout: dict[str, Any], stopped: bool = False, early_stopping: Optional[dict[str, Any]] = None,
-                    step_offset: int = 0) -> dict[str, Any]:
-    """A checkpoint's meta.json, the one document :func:`load` reads back (pure but for the clock); shared by the
-    training loop's checkpoints and the elastic loop's."""
-    return {"format": FORMAT, "step": step, "epoch": epoch, "epoch_end": epoch_end,
-            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "metrics": metrics, "carried": [float(x) for x in carried], "carried_seconds": carried_seconds,
-            "history": history, "stopped": stopped, "run_id": run_id, "early_stopping": early_stopping,
-            "step_offset": step_offset, **layout}
-
-
 def _layout_step(state: LoopState) -> int:
     """The state's layout step (``LoopState`` sets it to the global step when it was not given)."""
     return state.step if state.layout_step is None else state.layout_step
@@ -253,7 +235,9 @@ class Checkpointer(Hook):
         self.ctx, self.cfg = ctx, ctx.cfg.checkpoint
         self.model, self.optimizer, self.stopper = model, optimizer, stopper
         self.wait_timeout = ctx.cfg.fault.checkpoint_timeout
-        self.writer = writer(self.cfg) if ctx.rank.is_chief else None
+        self.writer = (checkpoint.CheckpointWriter(self.cfg.dir, self.cfg.keep_last, self.cfg.keep_best,
+                                                   self.cfg.best_metric, self.cfg.best_mode)
+                       if ctx.rank.is_chief else None)
         self.saved: list[int] = []
         self.last_save: Optional[SaveTiming] = None  # (step, seconds on this thread, state bytes) of the last save
         self.seconds = 0.0  # total seconds this rank's training thread spent saving
@@ -300,12 +284,13 @@ class Checkpointer(Hook):
             metrics = {"train_loss": last.loss, "train_accuracy": last.accuracy}
             if last.validation is not None:
                 metrics.update(scalar_metrics(last.validation, "validation"))
-        return checkpoint_meta(
-            step=state.step, epoch=state.epoch, epoch_end=state.epoch_end, metrics=metrics, carried=carried,
-            carried_seconds=state.epoch_seconds, history=[h.to_dict() for h in state.history],
-            run_id=self.ctx.run_id, layout=self.ctx.layout, stopped=state.stopped,
-            early_stopping={"values": self.stopper.values} if self.stopper is not None else None,
-            step_offset=state.step - _layout_step(state))
+        return {"format": FORMAT, "step": state.step, "epoch": state.epoch, "epoch_end": state.epoch_end,
+                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "metrics": metrics, "carried": [float(x) for x in carried],
+                "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
+                "stopped": state.stopped, "run_id": self.ctx.run_id,
+                "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
+                "step_offset": state.step - _layout_step(state), **self.ctx.layout}
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
