@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import logging
 import sys
@@ -110,19 +109,15 @@ class Job:
 
     def save(self, state: Any, epoch_end: bool) -> None:
         """Rank 0 stages a checkpoint of the committed state and publishes it in the background."""
-        ck = self.cfg.checkpoint
         if self.writer is None:
-            self.writer = checkpoint.CheckpointWriter(ck.dir, ck.keep_last, ck.keep_best, ck.best_metric,
-                                                      ck.best_mode)
+            self.writer = resume.writer(self.cfg.checkpoint)
         history = state.history
         metrics = {"train_loss": history[-1]["loss"], "train_accuracy": history[-1]["accuracy"]} \
             if epoch_end and history else {}
-        meta = {"format": resume.FORMAT, "step": state.step, "epoch": len(history), "epoch_end": epoch_end,
-                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "metrics": metrics, "carried": list(state.sums[:3]), "carried_seconds": state.sums[3],
-                "history": history, "stopped": False, "run_id": state.run_id, "early_stopping": None,
-                "step_offset": 0, **self.layout}
-        self.writer.save(state.step, resume.state_arrays(self.model, self.optimizer), meta)
+        meta = resume.CheckpointMeta(step=state.step, epoch=len(history), epoch_end=epoch_end,
+                                     carried=state.sums[:3], carried_seconds=state.sums[3], history=history,
+                                     run_id=state.run_id, layout=self.layout, metrics=metrics)
+        self.writer.save(state.step, resume.state_arrays(self.model, self.optimizer), meta.document())
 
 
 class VirtualStep:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -223,6 +223,39 @@ class SaveTiming:
     bytes: int  # model, optimizer and RNG state written (rank 0; 0 on the others, which only send)
 
 
+def writer(cfg: CheckpointConfig) -> checkpoint.CheckpointWriter:
+    """Rank 0's checkpoint writer for the ``checkpoint`` section (folder, retention)."""
+    return checkpoint.CheckpointWriter(cfg.dir, cfg.keep_last, cfg.keep_best, cfg.best_metric, cfg.best_mode)
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """A checkpoint's meta.json, the one document :func:`load` reads back; written by the training loop's
+    checkpoints and the elastic loop's alike, so the two cannot drift apart."""
+
+    step: int
+    epoch: int
+    epoch_end: bool
+    carried: Sequence[float]  # the interrupted epoch's rank-summed loss, correct and example sums
+    carried_seconds: float
+    history: list[dict[str, Any]]
+    run_id: Optional[str]
+    layout: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+    stopped: bool = False
+    early_stopping: Optional[dict[str, Any]] = None
+    step_offset: int = 0
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document (pure but for the clock)."""
+        return {"format": FORMAT, "step": self.step, "epoch": self.epoch, "epoch_end": self.epoch_end,
+                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "metrics": self.metrics, "carried": [float(x) for x in self.carried],
+                "carried_seconds": self.carried_seconds, "history": self.history, "stopped": self.stopped,
+                "run_id": self.run_id, "early_stopping": self.early_stopping, "step_offset": self.step_offset,
+                **self.layout}
+
+
 def _layout_step(state: LoopState) -> int:
     """The state's layout step (``LoopState`` sets it to the global step when it was not given)."""
     return state.step if state.layout_step is None else state.layout_step
@@ -235,9 +268,7 @@ class Checkpointer(Hook):
         self.ctx, self.cfg = ctx, ctx.cfg.checkpoint
         self.model, self.optimizer, self.stopper = model, optimizer, stopper
         self.wait_timeout = ctx.cfg.fault.checkpoint_timeout
-        self.writer = (checkpoint.CheckpointWriter(self.cfg.dir, self.cfg.keep_last, self.cfg.keep_best,
-                                                   self.cfg.best_metric, self.cfg.best_mode)
-                       if ctx.rank.is_chief else None)
+        self.writer = writer(self.cfg) if ctx.rank.is_chief else None
         self.saved: list[int] = []
         self.last_save: Optional[SaveTiming] = None  # (step, seconds on this thread, state bytes) of the last save
         self.seconds = 0.0  # total seconds this rank's training thread spent saving
@@ -284,13 +315,12 @@ class Checkpointer(Hook):
             metrics = {"train_loss": last.loss, "train_accuracy": last.accuracy}
             if last.validation is not None:
                 metrics.update(scalar_metrics(last.validation, "validation"))
-        return {"format": FORMAT, "step": state.step, "epoch": state.epoch, "epoch_end": state.epoch_end,
-                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "metrics": metrics, "carried": [float(x) for x in carried],
-                "carried_seconds": state.epoch_seconds, "history": [h.to_dict() for h in state.history],
-                "stopped": state.stopped, "run_id": self.ctx.run_id,
-                "early_stopping": {"values": self.stopper.values} if self.stopper is not None else None,
-                "step_offset": state.step - _layout_step(state), **self.ctx.layout}
+        return CheckpointMeta(
+            step=state.step, epoch=state.epoch, epoch_end=state.epoch_end, carried=carried.tolist(),
+            carried_seconds=state.epoch_seconds, history=[h.to_dict() for h in state.history],
+            run_id=self.ctx.run_id, layout=self.ctx.layout, metrics=metrics, stopped=state.stopped,
+            early_stopping={"values": self.stopper.values} if self.stopper is not None else None,
+            step_offset=state.step - _layout_step(state)).document()
 
     def close(self) -> None:
         """Wait for the last publish (a collective: the other ranks wait for rank 0); raises if it failed."""
