@@ -16,7 +16,9 @@ Where runs go (:func:`resolve_store`): ``tracking.uri``, else
 (``sqlite:///mlflow.db`` in the current folder) and refuses the old
 ``./mlruns`` file store unless ``MLFLOW_ALLOW_FILE_STORE=true``; with SQLite
 the artifact root would default to ``./mlruns`` relative to the current folder,
-so the local experiment is created with an explicit artifact location. Browse
+so the local experiment is created with an explicit artifact location (and so
+is a new experiment in any ``sqlite:///`` store given as ``tracking.uri`` or
+``$MLFLOW_TRACKING_URI``: ``artifacts/`` beside the database). Browse
 with ``mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow/mlflow.db``.
 
 The model is logged with MLflow's Keras flavor (``mlflow.keras``, which
@@ -77,13 +79,24 @@ class Store:
 
 
 def resolve_store(uri: Optional[str], env: Mapping[str, str], workdir: str) -> Store:
-    """Where to log (pure): config, then $MLFLOW_TRACKING_URI, then a local SQLite store."""
+    """Where to log (pure but for the current folder of a relative SQLite path): config, then
+    $MLFLOW_TRACKING_URI, then a local SQLite store."""
     if uri:  # a server or database URI as given; a plain folder becomes a SQLite store in it
-        return Store(uri, None) if has_scheme(uri) else _local_store(uri)
+        return _given_store(uri) if has_scheme(uri) else _local_store(uri)
     if env.get("MLFLOW_TRACKING_URI"):
-        return Store(env["MLFLOW_TRACKING_URI"], None)
+        return _given_store(env["MLFLOW_TRACKING_URI"])
     base = workdir if not has_scheme(workdir) else os.path.join(os.getcwd(), "work")  # SQLite needs a local disk
     return _local_store(os.path.join(base, "mlflow"))
+
+
+def _given_store(uri: str) -> Store:
+    """A tracking URI as given. A SQLite database keeps a new experiment's artifacts beside it, in
+    ``artifacts/``: MLflow's default, ``./mlruns`` in the current folder, would put them wherever rank 0 runs
+    (in a YARN container's folder, deleted with the container)."""
+    if uri.startswith("sqlite:///"):
+        folder = os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
+        return Store(uri, f"file://{folder}/artifacts")
+    return Store(uri, None)  # a server decides; another database has no folder to go by
 
 
 def _local_store(folder: str) -> Store:

@@ -401,7 +401,7 @@ def killed(hadoop_cluster: dict, hdfs_synthetic: str, hdfs_root: str,
         assert code == 0, text[-6000:]
         return {"doc": read_records(f"{output}/yarn_result.json"), "trace": folder / "trace", "app_id": app_id,
                 "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text,
-                "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db"}
+                "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db", "mlflow_folder": folder}
 
 
 def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: str, proc: subprocess.Popen,
@@ -447,6 +447,9 @@ def test_a_killed_executor_container_resumes_from_its_hdfs_checkpoint_exactly(ki
     history = client.get_metric_history(run_id, "train_loss")
     assert sorted({m.step for m in history}) == list(range(1, KILL_EPOCHS + 1)), history
     assert client.get_run(run_id).data.metrics["restarts"] == 1 and client.get_run(run_id).info.status == "FINISHED"
+    # The run's artifacts beside its SQLite database, not in ./mlruns of whichever process created the experiment
+    assert client.get_run(run_id).info.artifact_uri.startswith(f"file://{killed['mlflow_folder']}/artifacts/")
+    assert any((killed["mlflow_folder"] / "artifacts").rglob("*.keras")), "the model was not logged beside the store"
 
 
 def _final_state(app_id: str) -> tuple[str, str]:

@@ -164,3 +164,19 @@ def test_which_mlflow_failures_are_worth_waiting_for() -> None:
                                               "exception HTTPConnectionPool: Max retries exceeded"))
     assert tracking.is_transient(RuntimeError("response code 503: service unavailable"))
     assert not tracking.is_transient(RuntimeError("INVALID_PARAMETER_VALUE: Param value too long"))
+
+
+def test_a_sqlite_store_keeps_new_experiments_artifacts_beside_the_database(tmp_path: Path) -> None:
+    """MLflow's default artifact root for a SQLite store is ``./mlruns`` in the current folder: wherever rank 0
+    (or a YARN container, deleted when it ends) happens to run. A given SQLite URI keeps them beside it."""
+    from hvdtrain.tracking import resolve_store
+
+    db = tmp_path / "store" / "mlflow.db"
+    given = resolve_store(f"sqlite:///{db}", {}, str(tmp_path / "work"))
+    assert (given.tracking_uri, given.artifact_location) == (f"sqlite:///{db}", f"file://{db.parent}/artifacts")
+    from_env = resolve_store(None, {"MLFLOW_TRACKING_URI": f"sqlite:///{db}"}, str(tmp_path / "work"))
+    assert from_env == given
+    assert resolve_store("http://mlflow:5000", {}, "/w").artifact_location is None  # the server decides
+    assert resolve_store("postgresql://db/mlflow", {}, "/w").artifact_location is None
+    local = resolve_store(None, {}, str(tmp_path / "work"))
+    assert local.artifact_location == f"file://{tmp_path}/work/mlflow/artifacts"
