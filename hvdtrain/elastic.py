@@ -161,8 +161,10 @@ def _streams(job: Job, owned: Sequence[int], step: int) -> list[Iterator[dict[st
     for v in owned:
         stream = data.TrainStream(v, job.virtual, train.batch_size, train.shuffle_buffer, train.seed,
                                   records_per_epoch=job.steps * train.batch_size)
-        batches = iter(data.train_dataset(job.manifest, stream, features=features, stage_dir=job.stage_dir,
-                                          start_record=step * train.batch_size))
+        # A reset drops these streams on every rank: without autotuning, so that dropping them is prompt.
+        batches = iter(data.without_autotune(data.train_dataset(job.manifest, stream, features=features,
+                                                                stage_dir=job.stage_dir,
+                                                                start_record=step * train.batch_size)))
         out.append(data.trace_batches(batches, fs.local_path(trace), v, step) if trace else batches)
     return out
 

@@ -47,9 +47,10 @@ background thread a few shards ahead of the reader and deleted behind it
 (tensorflow-io does not load). Local shards are read in place.
 """
 from hvdtrain.data.contract import KEY_FEATURE, InputShape, check_manifest
-from hvdtrain.data.pipeline import INPUT_ORDER, TrainStream, eval_dataset, train_dataset, with_threads
+from hvdtrain.data.pipeline import INPUT_ORDER, TrainStream, eval_dataset, train_dataset, with_threads, without_autotune
 from hvdtrain.data.plan import shard_warning, steps_per_epoch
 from hvdtrain.data.trace import trace_batches
 
 __all__ = ["INPUT_ORDER", "KEY_FEATURE", "InputShape", "TrainStream", "check_manifest", "eval_dataset",
-           "shard_warning", "steps_per_epoch", "trace_batches", "train_dataset", "with_threads"]
+           "shard_warning", "steps_per_epoch", "trace_batches", "train_dataset", "with_threads",
+           "without_autotune"]
