@@ -94,14 +94,18 @@ def _given_store(uri: str) -> Store:
     ``artifacts/``: MLflow's default, ``./mlruns`` in the current folder, would put them wherever rank 0 runs
     (in a YARN container's folder, deleted with the container)."""
     if uri.startswith("sqlite:///"):
-        folder = os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
-        return Store(uri, f"file://{folder}/artifacts")
+        return Store(uri, _artifact_root(os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))))
     return Store(uri, None)  # a server decides; another database has no folder to go by
 
 
 def _local_store(folder: str) -> Store:
     folder = os.path.abspath(folder)
-    return Store(f"sqlite:///{folder}/mlflow.db", f"file://{folder}/artifacts")
+    return Store(f"sqlite:///{folder}/mlflow.db", _artifact_root(folder))
+
+
+def _artifact_root(folder: str) -> str:
+    """Where the experiments of a SQLite store in ``folder`` keep their artifacts: ``artifacts/`` beside it."""
+    return f"file://{folder}/artifacts"
 
 
 def flat_params(cfg: JobConfig) -> dict[str, str]:
