@@ -33,6 +33,7 @@ NO_RESTART = {2: "a config error", 3: "a data error", 4: "an environment problem
 # horovodrun names the first process that failed; every failed one gets a line of its own.
 FIRST_FAILED = re.compile(r"Process name: (\S+)\s+Exit code: (-?\d+)")
 FAILED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+TERMINATING = re.compile(r"Terminating remaining workers after failure of Process")
 # Failures that an exit 1 hides but a relaunch cannot fix: the same code meets the same input again.
 DETERMINISTIC = ((re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError|AttributeError)\b"),
                   "an import or code error"),
@@ -100,8 +101,12 @@ def repeated(failure: Failure, step: Optional[int], before: list["Restart"]) -> 
 
 
 def rank_codes(output: str) -> list[int]:
-    """Every failed rank's exit code that horovodrun reported in ``output`` (pure)."""
-    return [int(c) for _, c in FAILED.findall(output)]
+    """The exit codes of the ranks that failed on their own, as horovodrun reported them in ``output`` (pure).
+
+    Once a rank fails, horovodrun says so and terminates the rest (SIGTERM, 143): their codes, printed after
+    that line, are the launcher's doing and would otherwise outrank the code of the failure that caused them."""
+    cut = TERMINATING.search(output)
+    return [int(c) for _, c in FAILED.findall(output[:cut.start()] if cut else output)]
 
 
 def worst_code(codes: Sequence[int], fallback: int = 0) -> int:

@@ -28,6 +28,10 @@ def test_worst_rank_decides_the_exit_code() -> None:
     assert supervise.worst_code([], 1) == 1 and supervise.worst_code([0, 0]) == 0
     output = "Process 0 exit with status code 1.\nProcess 1 exit with status code 7.\n"
     assert supervise.rank_codes(output) == [1, 7]
+    # the rank horovodrun terminated after rank 1's failure (SIGTERM, 143) is not the job's failure
+    output = ("Process 1 exit with status code 3.\nTerminating remaining workers after failure of Process 1.\n"
+              "Process 0 exit with status code 143.\n")
+    assert supervise.worst_code(supervise.rank_codes(output)) == 3
     records = [{"rank": 0, "exit_code": 0}, {"rank": 1, "exit_code": 3, "error": "x"}]
     assert driver.job_exit_code(records, script=True) == 3
     assert driver.job_exit_code([], script=True) == 1
