@@ -96,6 +96,13 @@ OWNED_CONF = {
     "spark.pyspark.python": "yarn.env_archive (the shipped env's ./env/bin/python)",
 }
 
+# The JVMs of a training job only carry it: each executor's task starts a Python worker that runs a Horovod
+# rank, and the driver and the application master wait. Their start is what they cost, so they run on the
+# C1 JIT alone, which starts a Spark JVM about a third faster (benchmarks/README.md, yarn_submit_overhead);
+# the ETL and scoring jobs, whose JVMs do the work, keep the default. A user's own options for these keys
+# (yarn.spark_conf) come after, so a later -XX:TieredStopAtLevel there wins.
+CARRIER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 
 # -- plan -------------------------------------------------------------------------------------
 
@@ -275,7 +282,14 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
         conf.append(("spark.executorEnv.PYTHONPATH", CODE_ZIP))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
     conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
-    conf += list(y.spark_conf.items())
+    carriers = ["spark.driver.extraJavaOptions"]
+    if not is_local_master(master):
+        carriers.append("spark.executor.extraJavaOptions")
+        if not is_standalone_master(master) and deploy_mode == "client":
+            carriers.append("spark.yarn.am.extraJavaOptions")  # in cluster mode the AM is the driver
+    conf += [(key, f"{CARRIER_JVM_OPTIONS} {y.spark_conf[key]}" if key in y.spark_conf else CARRIER_JVM_OPTIONS)
+             for key in carriers]
+    conf += [(key, value) for key, value in y.spark_conf.items() if key not in carriers]
     return conf
 
 

@@ -64,6 +64,9 @@ def confs(*pairs: str) -> list[str]:
 
 
 YARN_CORE = ("spark.task.maxFailures=1", "spark.yarn.maxAppAttempts=1", "spark.dynamicAllocation.enabled=false")
+C1 = "-XX:TieredStopAtLevel=1"  # the JVMs that only carry a training job start on the C1 JIT
+CARRIERS = (f"spark.driver.extraJavaOptions={C1}", f"spark.executor.extraJavaOptions={C1}",
+            f"spark.yarn.am.extraJavaOptions={C1}")
 
 
 # -- exact command lines ----------------------------------------------------------------------
@@ -77,7 +80,7 @@ def test_cpu_job_in_client_mode() -> None:
         *confs(*YARN_CORE, "spark.executor.instances=3", "spark.task.cpus=2",
                "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s",
-               "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}"),
+               "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}", *CARRIERS),
         *driver_args(YAML, 3),  # client mode: the driver runs here and reads the local file
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1"} and p.deploy_mode == "client" and p.cwd == "/tmp/stage"
@@ -87,7 +90,7 @@ def test_gpu_kerberos_queue_job_in_cluster_mode() -> None:
     cfg = job(num_workers=4, gpus_per_worker=2, executor_cores=8, executor_memory="30g", queue="ml.gpu",
               deploy_mode="cluster", principal="ml@EXAMPLE.COM", keytab="/home/ml/ml.keytab", start_timeout=900,
               env={"NCCL_DEBUG": "INFO", "HOROVOD_FUSION_THRESHOLD": "0"},
-              spark_conf={"spark.executor.memoryOverhead": "4g"})
+              spark_conf={"spark.executor.memoryOverhead": "4g", "spark.executor.extraJavaOptions": "-Dx=1"})
     p = plan(cfg, build=GPU_BUILD)
     assert p.argv == [
         SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "hvdtrain-reviews",
@@ -102,6 +105,8 @@ def test_gpu_kerberos_queue_job_in_cluster_mode() -> None:
                "spark.executor.resource.gpu.amount=2", "spark.task.resource.gpu.amount=2",
                "spark.executor.resource.gpu.discoveryScript=./gpu_discovery.sh",
                "spark.executorEnv.HOROVOD_FUSION_THRESHOLD=0", "spark.executorEnv.NCCL_DEBUG=INFO",
+               # the carrier JVMs' options, the user's after them; no AM of its own in cluster mode
+               f"spark.driver.extraJavaOptions={C1}", f"spark.executor.extraJavaOptions={C1} -Dx=1",
                "spark.executor.memoryOverhead=4g"),
         # cluster mode: the driver runs in the application master, beside the shipped --files
         *driver_args("hvdtrain-job.yaml", 4, timeout=900),
@@ -115,7 +120,8 @@ def test_local_master_runs_the_same_driver_with_this_interpreter() -> None:
         SPARK_SUBMIT, "--master", "local[2]", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
         "--driver-memory", "4g", "--py-files", ZIP, "--files", YAML,
         *confs("spark.task.maxFailures=1", "spark.task.cpus=1", "spark.log.level=WARN",
-               f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}"),
+               f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}",
+               f"spark.driver.extraJavaOptions={C1}"),  # the executors are threads of the driver's JVM
         *driver_args(YAML, 2, executable=PYTHON),
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ZIP}  # ranks import the shipped zip
@@ -132,7 +138,8 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
         *confs("spark.task.maxFailures=1", "spark.dynamicAllocation.enabled=false", "spark.cores.max=2",
                "spark.task.cpus=1", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s", "spark.pyspark.python=./env/bin/python",
-               f"spark.pyspark.driver.python={PYTHON}", "spark.executorEnv.PYTHONPATH=hvdtrain-code.zip"),
+               f"spark.pyspark.driver.python={PYTHON}", "spark.executorEnv.PYTHONPATH=hvdtrain-code.zip",
+               *CARRIERS[:2]),  # no YARN application master
         *driver_args(YAML, 2),
     ]
     assert not p.is_local and p.env == {"PYTHONUNBUFFERED": "1"}  # ranks import the zip Spark ships
