@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import py_compile
 import shutil
 import sys
 import sysconfig
@@ -94,10 +95,30 @@ def build_code_zip(output: str, root: Optional[str] = None, packages: Sequence[s
     """Zip the project's packages (and ``model.code``, the user's model code) for ``--py-files``; returns
     ``output``."""
     files = code_files(root or project_root(), packages) + (user_code_files(user_code) if user_code else [])
-    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for path, arcname in files:
+    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_DEFLATED) as zf, \
+            tempfile.TemporaryDirectory(prefix="hvdtrain-pyc-") as scratch:
+        for i, (path, arcname) in enumerate(files):
             zf.write(path, arcname)
+            if arcname.endswith(".py"):
+                pyc = _checked_pyc(path, arcname, os.path.join(scratch, f"{i}.pyc"))
+                if pyc:
+                    zf.write(pyc, arcname + "c")
     return output
+
+
+def _checked_pyc(path: str, arcname: str, cfile: str) -> Optional[str]:
+    """``path`` compiled to ``cfile`` as a hash-checked .pyc, or None when it does not compile (the rank then
+    reports the error from the source, as it would have).
+
+    Python cannot cache what it compiles from a zip, so without these every rank process and Spark Python
+    worker compiled the shipped code again (0.3-0.5 s for hvdtrain's modules). zipimport reads ``x.pyc``
+    beside ``x.py`` only while the hash of that ``x.py`` matches, and a cluster Python of another version
+    rejects the .pyc by its magic number: either way it falls back to the source."""
+    try:
+        return py_compile.compile(path, cfile=cfile, dfile=arcname, doraise=True,
+                                  invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    except py_compile.PyCompileError:
+        return None
 
 
 # -- environment identity ------------------------------------------------------------------
