@@ -99,9 +99,18 @@ OWNED_CONF = {
 # The JVMs of a training job only carry it: each executor's task starts a Python worker that runs a Horovod
 # rank, and the driver and the application master wait. Their start is what they cost, so they run on the
 # C1 JIT alone, which starts a Spark JVM about a third faster (benchmarks/README.md, yarn_submit_overhead);
-# the ETL and scoring jobs, whose JVMs do the work, keep the default. A user's own options for these keys
-# (yarn.spark_conf) come after, so a later -XX:TieredStopAtLevel there wins.
+# the ETL and scoring jobs, whose JVMs do the work, keep the default. The option goes through the variable
+# every `java` launcher reads (JDK 9+), not spark.*.extraJavaOptions, which would replace what a cluster's
+# spark-defaults.conf sets there; a JDK_JAVA_OPTIONS of the user's own comes after it, so a later
+# -XX:TieredStopAtLevel there wins.
 CARRIER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+JVM_OPTIONS_ENV = "JDK_JAVA_OPTIONS"
+AM_JVM_OPTIONS = f"spark.yarn.appMasterEnv.{JVM_OPTIONS_ENV}"
+
+
+def carrier_jvm_options(own: Optional[str]) -> str:
+    """The carrier JVMs' options, with ``own`` (the user's JDK_JAVA_OPTIONS for that JVM) after them (pure)."""
+    return f"{CARRIER_JVM_OPTIONS} {own}" if own else CARRIER_JVM_OPTIONS
 
 
 # -- plan -------------------------------------------------------------------------------------
@@ -280,16 +289,14 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
         # YARN puts --py-files on the containers' PYTHONPATH; a standalone worker does not, and the rank
         # processes Horovod starts import the code from it (relative: the executor's folder holds the zip).
         conf.append(("spark.executorEnv.PYTHONPATH", CODE_ZIP))
-    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(y.env.items())]
+    env, own = dict(y.env), dict(y.spark_conf)
+    if not is_local_master(master):  # local executors are threads of the driver's JVM (the plan's env)
+        env[JVM_OPTIONS_ENV] = carrier_jvm_options(y.env.get(JVM_OPTIONS_ENV))
+        if not is_standalone_master(master):  # the application master (the driver too, in cluster mode)
+            conf.append((AM_JVM_OPTIONS, carrier_jvm_options(own.pop(AM_JVM_OPTIONS, None))))
+    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(env.items())]
     conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
-    carriers = ["spark.driver.extraJavaOptions"]
-    if not is_local_master(master):
-        carriers.append("spark.executor.extraJavaOptions")
-        if not is_standalone_master(master) and deploy_mode == "client":
-            carriers.append("spark.yarn.am.extraJavaOptions")  # in cluster mode the AM is the driver
-    conf += [(key, f"{CARRIER_JVM_OPTIONS} {y.spark_conf[key]}" if key in y.spark_conf else CARRIER_JVM_OPTIONS)
-             for key in carriers]
-    conf += [(key, value) for key, value in y.spark_conf.items() if key not in carriers]
+    conf += list(own.items())
     return conf
 
 
@@ -338,7 +345,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     if script:  # ranks on a cluster find the --files in their container's working folder
         argv += ["--script-zip", script.zip_path if local else os.path.basename(script.zip_path),
                  "--script", script.script, "--script-args", json.dumps(list(script.args)), "--logs", script.logs]
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", JVM_OPTIONS_ENV: CARRIER_JVM_OPTIONS}  # spark-submit's own JVMs
     if local:
         # Driver and ranks import the shipped zip, as containers do (the YARN client puts
         # --py-files on the executors' PYTHONPATH; local Spark does not, for child processes).
@@ -503,11 +510,15 @@ class Submission:
         self.app_id: Optional[str] = None
         self.returncode: Optional[int] = None
         self._readers: list[threading.Thread] = []
+        self._picked_up = ""
 
     def __enter__(self) -> "Submission":
         # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
         # The ranks time their start-up from this command's start: the env archive's check or upload counts too.
         env = {**os.environ, **self.plan.env, startup.LAUNCHED_AT_ENV: f"{startup.CLOCK.start:.3f}"}
+        if JVM_OPTIONS_ENV in self.plan.env:
+            env[JVM_OPTIONS_ENV] = carrier_jvm_options(os.environ.get(JVM_OPTIONS_ENV))
+            self._picked_up = f"NOTE: Picked up {JVM_OPTIONS_ENV}: {env[JVM_OPTIONS_ENV]}"
         self.proc = self._popen(self.plan.argv, env=env, cwd=self.plan.cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                 start_new_session=True)
@@ -521,6 +532,8 @@ class Submission:
         for line in stream:
             if self.app_id is None:
                 self.app_id = parse_app_id(line)
+            if line.rstrip("\n") == self._picked_up:  # each java launcher's notice of the option set above
+                continue
             sink.write(line)
             sink.flush()
 

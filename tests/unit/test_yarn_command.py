@@ -10,7 +10,9 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -64,9 +66,7 @@ def confs(*pairs: str) -> list[str]:
 
 
 YARN_CORE = ("spark.task.maxFailures=1", "spark.yarn.maxAppAttempts=1", "spark.dynamicAllocation.enabled=false")
-C1 = "-XX:TieredStopAtLevel=1"  # the JVMs that only carry a training job start on the C1 JIT
-CARRIERS = (f"spark.driver.extraJavaOptions={C1}", f"spark.executor.extraJavaOptions={C1}",
-            f"spark.yarn.am.extraJavaOptions={C1}")
+C1 = "-XX:TieredStopAtLevel=1"  # the JVMs that only carry a training job start on the C1 JIT (JDK_JAVA_OPTIONS)
 
 
 # -- exact command lines ----------------------------------------------------------------------
@@ -80,17 +80,20 @@ def test_cpu_job_in_client_mode() -> None:
         *confs(*YARN_CORE, "spark.executor.instances=3", "spark.task.cpus=2",
                "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s",
-               "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}", *CARRIERS),
+               "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}",
+               f"spark.yarn.appMasterEnv.JDK_JAVA_OPTIONS={C1}", f"spark.executorEnv.JDK_JAVA_OPTIONS={C1}"),
         *driver_args(YAML, 3),  # client mode: the driver runs here and reads the local file
     ]
-    assert p.env == {"PYTHONUNBUFFERED": "1"} and p.deploy_mode == "client" and p.cwd == "/tmp/stage"
+    assert p.env == {"PYTHONUNBUFFERED": "1", "JDK_JAVA_OPTIONS": C1}  # spark-submit's JVMs
+    assert p.deploy_mode == "client" and p.cwd == "/tmp/stage"
 
 
 def test_gpu_kerberos_queue_job_in_cluster_mode() -> None:
     cfg = job(num_workers=4, gpus_per_worker=2, executor_cores=8, executor_memory="30g", queue="ml.gpu",
               deploy_mode="cluster", principal="ml@EXAMPLE.COM", keytab="/home/ml/ml.keytab", start_timeout=900,
-              env={"NCCL_DEBUG": "INFO", "HOROVOD_FUSION_THRESHOLD": "0"},
-              spark_conf={"spark.executor.memoryOverhead": "4g", "spark.executor.extraJavaOptions": "-Dx=1"})
+              env={"NCCL_DEBUG": "INFO", "HOROVOD_FUSION_THRESHOLD": "0", "JDK_JAVA_OPTIONS": "-Dx=1"},
+              spark_conf={"spark.executor.memoryOverhead": "4g", "spark.executor.extraJavaOptions": "-Dy=2",
+                          "spark.yarn.appMasterEnv.JDK_JAVA_OPTIONS": "-Dz=3"})
     p = plan(cfg, build=GPU_BUILD)
     assert p.argv == [
         SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "hvdtrain-reviews",
@@ -104,10 +107,11 @@ def test_gpu_kerberos_queue_job_in_cluster_mode() -> None:
                "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python",
                "spark.executor.resource.gpu.amount=2", "spark.task.resource.gpu.amount=2",
                "spark.executor.resource.gpu.discoveryScript=./gpu_discovery.sh",
-               "spark.executorEnv.HOROVOD_FUSION_THRESHOLD=0", "spark.executorEnv.NCCL_DEBUG=INFO",
-               # the carrier JVMs' options, the user's after them; no AM of its own in cluster mode
-               f"spark.driver.extraJavaOptions={C1}", f"spark.executor.extraJavaOptions={C1} -Dx=1",
-               "spark.executor.memoryOverhead=4g"),
+               # the carrier JVMs' option, the user's own after it; a cluster's extraJavaOptions left as they are
+               f"spark.yarn.appMasterEnv.JDK_JAVA_OPTIONS={C1} -Dz=3",
+               "spark.executorEnv.HOROVOD_FUSION_THRESHOLD=0", f"spark.executorEnv.JDK_JAVA_OPTIONS={C1} -Dx=1",
+               "spark.executorEnv.NCCL_DEBUG=INFO",
+               "spark.executor.memoryOverhead=4g", "spark.executor.extraJavaOptions=-Dy=2"),
         # cluster mode: the driver runs in the application master, beside the shipped --files
         *driver_args("hvdtrain-job.yaml", 4, timeout=900),
     ]
@@ -120,11 +124,11 @@ def test_local_master_runs_the_same_driver_with_this_interpreter() -> None:
         SPARK_SUBMIT, "--master", "local[2]", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
         "--driver-memory", "4g", "--py-files", ZIP, "--files", YAML,
         *confs("spark.task.maxFailures=1", "spark.task.cpus=1", "spark.log.level=WARN",
-               f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}",
-               f"spark.driver.extraJavaOptions={C1}"),  # the executors are threads of the driver's JVM
+               f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}"),
         *driver_args(YAML, 2, executable=PYTHON),
     ]
-    assert p.env == {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ZIP}  # ranks import the shipped zip
+    # ranks import the shipped zip; the executors are threads of the driver's JVM
+    assert p.env == {"PYTHONUNBUFFERED": "1", "PYTHONPATH": ZIP, "JDK_JAVA_OPTIONS": C1}
     assert p.is_local and any("client mode" in n for n in p.notes)
 
 
@@ -139,10 +143,10 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
                "spark.task.cpus=1", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s", "spark.pyspark.python=./env/bin/python",
                f"spark.pyspark.driver.python={PYTHON}", "spark.executorEnv.PYTHONPATH=hvdtrain-code.zip",
-               *CARRIERS[:2]),  # no YARN application master
+               f"spark.executorEnv.JDK_JAVA_OPTIONS={C1}"),  # no YARN application master
         *driver_args(YAML, 2),
     ]
-    assert not p.is_local and p.env == {"PYTHONUNBUFFERED": "1"}  # ranks import the zip Spark ships
+    assert not p.is_local and "PYTHONPATH" not in p.env  # ranks import the zip Spark ships
     assert any("client mode" in n for n in p.notes)  # standalone runs Python drivers in client mode only
     assert submit.is_standalone_master("spark://a:7077,b:7077") and not submit.is_standalone_master("spark://a")
 
@@ -434,6 +438,24 @@ def test_ctrl_c_in_cluster_mode_kills_the_yarn_application(tmp_path: Path) -> No
     assert sub.proc.poll() is not None  # spark-submit is gone too
     assert "application_1700000000000_0042 killed" in err.getvalue()
     assert "driver output" in out.getvalue()
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs a java launcher (the hadoop tier's too)")
+def test_spark_submits_jvms_start_on_c1_unless_the_users_own_options_say_otherwise(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """A real java launcher under the plan's environment: C1 alone (TieredStopAtLevel 1); a JDK_JAVA_OPTIONS of
+    the user's own comes after, so its level wins; the launcher's notice of the variable is not shown."""
+    plan = SubmitPlan(["java", "-XX:+PrintFlagsFinal", "-version"], {"JDK_JAVA_OPTIONS": C1}, "yarn", "client",
+                      "unused", str(tmp_path))
+    levels = []
+    for own in ("", "-XX:TieredStopAtLevel=3"):
+        monkeypatch.setenv("JDK_JAVA_OPTIONS", own)
+        out, err = io.StringIO(), io.StringIO()
+        with submit.Submission(plan, run=lambda cmd: CommandResult(0, ""), out=out, err=err) as sub:
+            assert sub.wait() == 0, err.getvalue()
+        levels.append(re.search(r"\bTieredStopAtLevel\s+=\s+(\d)", out.getvalue()).group(1))
+        assert "Picked up" not in err.getvalue() and "version" in err.getvalue()
+    assert levels == ["1", "3"]
 
 
 def test_client_mode_terminates_spark_submit_and_a_finished_failure_needs_nothing(tmp_path: Path) -> None:
