@@ -510,7 +510,7 @@ class Submission:
         self.app_id: Optional[str] = None
         self.returncode: Optional[int] = None
         self._readers: list[threading.Thread] = []
-        self._picked_up = ""
+        self._picked_up: Optional[str] = None  # the java launchers' notice of JDK_JAVA_OPTIONS, when set
 
     def __enter__(self) -> "Submission":
         # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
@@ -532,7 +532,7 @@ class Submission:
         for line in stream:
             if self.app_id is None:
                 self.app_id = parse_app_id(line)
-            if line.rstrip("\n") == self._picked_up:  # each java launcher's notice of the option set above
+            if self._picked_up is not None and line.rstrip("\n") == self._picked_up:  # set in __enter__
                 continue
             sink.write(line)
             sink.flush()

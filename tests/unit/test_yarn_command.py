@@ -458,6 +458,16 @@ def test_spark_submits_jvms_start_on_c1_unless_the_users_own_options_say_otherwi
     assert levels == ["1", "3"]
 
 
+def test_a_submission_without_the_jvm_option_passes_every_line_through(tmp_path: Path) -> None:
+    """ETL and scoring plans set no JDK_JAVA_OPTIONS: nothing of their output is left out, blank lines included."""
+    plan = SubmitPlan([sys.executable, "-c", "print('a'); print(); print('b')"], {}, "yarn", "client", "unused",
+                      str(tmp_path))
+    out = io.StringIO()
+    with submit.Submission(plan, run=lambda cmd: CommandResult(0, ""), out=out, err=io.StringIO()) as sub:
+        assert sub.wait() == 0
+    assert out.getvalue() == "a\n\nb\n"
+
+
 def test_client_mode_terminates_spark_submit_and_a_finished_failure_needs_nothing(tmp_path: Path) -> None:
     calls: list[list[str]] = []
     sub = submit.Submission(fake_plan("client", 60, 0, tmp_path), run=lambda cmd: calls.append(cmd),
