@@ -8,15 +8,19 @@ import subprocess
 import sys
 from typing import Optional
 
+from hvdtrain.launch import malloc_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def horovodrun(np: int, module: str, args: list[str], env: Optional[dict[str, str]] = None,
                timeout: int = 900) -> dict:
-    """Run ``python -m module args`` on np local Gloo ranks; the line 'BENCH {json}' is the result."""
+    """Run ``python -m module args`` on np local Gloo ranks, with the malloc setting hvdtrain's launcher gives its
+    ranks (:func:`hvdtrain.launch.malloc_env`); the line 'BENCH {json}' is the result."""
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [hr, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", module, *args]
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT, **(env or {})}
+    full_env = {**os.environ, **malloc_env(os.environ), "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT,
+                **(env or {})}
     out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     return result(f"{module} {args}", out.stdout, out.stderr, out.returncode)
 
@@ -38,11 +42,13 @@ def result(what: str, stdout: str, stderr: str, code: object) -> dict:
     raise RuntimeError(f"{what} printed no result (exit {code}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
 
 
-def tf_workers(n: int, module: str, args: list[str], timeout: int = 900) -> dict:
-    """Run ``python -m module args`` as n local TensorFlow workers (TF_CONFIG); worker 0's 'BENCH {json}'."""
+def tf_workers(n: int, module: str, args: list[str], timeout: int = 900,
+               env: Optional[dict[str, str]] = None) -> dict:
+    """Run ``python -m module args`` as n local TensorFlow workers (TF_CONFIG), each with ``env`` added to this
+    process's environment; worker 0's 'BENCH {json}'."""
     ports = free_ports(n)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+    envs = [{**(env or {}), "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
             for index in range(n)]
     outs, codes = concurrent(envs, module, args, timeout)
     return result(f"{module} {args}", outs[0][0], outs[0][1], codes)

@@ -87,3 +87,30 @@ def test_hvdtrain_run_exits_with_the_worst_ranks_code_and_checks_first(tmp_path:
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
     assert f"check-script: {script}:8:" in proc.stderr and "learning_rate=" in proc.stderr
     assert "failed on 2 rank(s): the worst rank exited with code 3" in proc.stderr
+
+
+REPORTS_MALLOC = """
+import json, os, sys
+# /proc/self/environ is the environment the process was started with: what glibc's malloc read
+start = dict(v.split("=", 1) for v in open("/proc/self/environ").read().split("\\0") if "=" in v)
+out = os.path.join(sys.argv[1], "rank%s.json" % os.environ["HOROVOD_RANK"])
+json.dump({"MALLOC_TOP_PAD_": start.get("MALLOC_TOP_PAD_")}, open(out, "w"))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/environ")
+def test_ranks_start_with_mallocs_top_pad_unless_the_user_set_one(tmp_path: Path) -> None:
+    """Every rank's process starts with glibc's MALLOC_TOP_PAD_ (hvdtrain.launch.malloc_env), and a user's own
+    value wins."""
+    mp.horovodrun()
+    script = tmp_path / "reports.py"
+    script.write_text(REPORTS_MALLOC)
+    proc = _hvdtrain("run", "--np", "2", str(script), str(tmp_path), timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)] == [
+        {"MALLOC_TOP_PAD_": str(64 << 20)}] * 2
+    env = {**_env(), "MALLOC_TOP_PAD_": "1048576"}
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "run", "--np", "2", str(script), str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads((tmp_path / "rank1.json").read_text()) == {"MALLOC_TOP_PAD_": "1048576"}
