@@ -462,6 +462,17 @@ def status_command(app_id: str) -> list[str]:
     return ["yarn", "application", "-status", app_id]
 
 
+def state_unknown_reason(result: envcheck.CommandResult) -> str:
+    """Why ``yarn application -status`` gave no state, for the closing line (pure)."""
+    first = next((line.strip() for line in result.output.splitlines() if line.strip()), "no output")
+    if result.returncode == 127:
+        return ("the `yarn` command is not on PATH; put your Hadoop client's bin folder on PATH, or read the "
+                "state in the ResourceManager's web UI")
+    if result.returncode == 124:
+        return first  # "yarn did not answer within 120s"
+    return f"`yarn application -status` answered without a report (exit code {result.returncode}): {first[:200]}"
+
+
 def parse_final_state(report: str) -> Optional[str]:
     """``FINISHED/SUCCEEDED`` from ``yarn application -status`` output (State and Final-State), or None (pure)."""
     state = re.search(r"^\s*State\s*:\s*(\w+)", report, re.M)
@@ -511,6 +522,7 @@ class Submission:
         self.returncode: Optional[int] = None
         self._readers: list[threading.Thread] = []
         self._picked_up: Optional[str] = None  # the java launchers' notice of JDK_JAVA_OPTIONS, when set
+        self.state_unknown = "not asked"  # why final_state() found none
 
     def __enter__(self) -> "Submission":
         # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
@@ -559,12 +571,14 @@ class Submission:
         for attempt in range(attempts):
             result = self._run(status_command(self.app_id))
             if result.returncode != 0 or APP_REPORT not in result.output:
+                self.state_unknown = state_unknown_reason(result)
                 return None
             state = parse_final_state(result.output)
             if state is not None:
                 return state
             if attempt + 1 < attempts:
                 time.sleep(pause)
+        self.state_unknown = f"the ResourceManager still reported it running after {attempts} tries"
         return None
 
     def release(self) -> None:
@@ -727,7 +741,7 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
             where = f"; {logs_hint(sub.app_id)}" if sub.app_id else ""
             raise StepFailed(f"spark-submit{job} failed (exit code {code}){ended}; see the messages above{where}")
         if sub.app_id and not plan.is_local:
-            print(f"hvdtrain: {sub.app_id} ended {state or '(state unknown: yarn application -status gave none)'}; "
+            print(f"hvdtrain: {sub.app_id} ended {state or f'(state unknown: {sub.state_unknown})'}; "
                   f"{logs_hint(sub.app_id)}", file=deps.out)
     return True
 

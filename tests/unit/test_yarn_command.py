@@ -366,6 +366,8 @@ class FakeSubmission:
     def wait(self) -> int:
         return self.code
 
+    state_unknown = "the `yarn` command is not on PATH; put your Hadoop client's bin folder on PATH"
+
     def final_state(self, attempts: int = 5) -> str | None:
         self.asked_attempts = attempts
         return self.state
@@ -517,13 +519,19 @@ def test_the_final_state_is_asked_until_the_application_has_ended(tmp_path: Path
     sub.app_id = "application_1700000000000_0042"
     assert sub.final_state(pause=0) == "FINISHED/FAILED"
     assert calls == [["yarn", "application", "-status", "application_1700000000000_0042"]] * 2
-    for answer in (CommandResult(127, "No such file or directory: 'yarn'"),  # no yarn CLI here
-                   CommandResult(124, "yarn did not answer within 120s"),  # an unreachable ResourceManager
-                   CommandResult(255, "Application with id 'application_1700000000000_0042' doesn't exist in RM."),
-                   CommandResult(0, "yarn 1.22.22 (the JavaScript one): unknown command")):
+    for answer, why in ((CommandResult(127, "No such file or directory: 'yarn'"), "`yarn` command is not on PATH"),
+                        (CommandResult(124, "yarn did not answer within 120s"), "yarn did not answer within 120s"),
+                        (CommandResult(255, "Application with id 'application_1700000000000_0042' doesn't exist in "
+                                            "RM."), "(exit code 255): Application with id"),
+                        (CommandResult(0, "yarn 1.22.22 (the JavaScript one): unknown command"),
+                         "(exit code 0): yarn 1.22.22 (the JavaScript one)")):
         calls.clear()  # asked once, no state, no pause
         sub._run = lambda cmd, answer=answer: calls.append(list(cmd)) or answer
         assert sub.final_state(pause=60) is None and len(calls) == 1, answer
+        assert why in sub.state_unknown, sub.state_unknown  # said in the closing line
+    sub._run = lambda cmd: CommandResult(0, STATUS_REPORT.format(state="RUNNING", final="UNDEFINED"))
+    assert sub.final_state(attempts=2, pause=0) is None
+    assert sub.state_unknown == "the ResourceManager still reported it running after 2 tries"
     local = submit.Submission(dataclasses.replace(fake_plan("client", 0, 0, tmp_path), master="local[2]"),
                               run=Refuse("yarn status"))
     local.app_id = "local-1700000000000"
@@ -544,6 +552,12 @@ def test_a_finished_submission_prints_its_id_final_state_and_logs(job_file: Path
     assert "failed (exit code 1); application_1_9 ended FINISHED/FAILED; see the messages above; logs: yarn logs " \
            "-applicationId application_1_9" in capsys.readouterr().err
     assert fake.asked_attempts == 5 and failed.asked_attempts == 1  # a failure is released without waiting
+    unknown = FakeSubmission(0, "application_1_10", None)
+    out = io.StringIO()
+    assert submit.main([str(job_file), "--num-workers", "2"], deps(
+        out, submission=unknown, ensure_archive=lambda y, ident: packaging.EnvArchive(ENV, "0123abcd", False))) == 0
+    assert "application_1_10 ended (state unknown: the `yarn` command is not on PATH; put your Hadoop client's bin " \
+           "folder on PATH); logs: yarn logs -applicationId application_1_10" in out.getvalue()
 
 
 def test_cluster_mode_failure_still_kills_the_application(tmp_path: Path) -> None:
