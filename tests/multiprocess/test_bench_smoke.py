@@ -53,9 +53,6 @@ def test_quick_benchmarks_write_json_markdown_and_charts(tmp_path):
         else:
             assert e["ratio"] == pytest.approx(e["value"] / e["baseline_value"], rel=1e-3)
         assert e["passed"] is None if e["target"] is None else isinstance(e["passed"], bool)
-    mwms = next(e for e in doc["entries"] if e["name"] == "train_vs_mwms")
-    same = mwms["notes"]["ratio_to_mwms_same_malloc"]  # the peer given hvdtrain's malloc setting, same run
-    assert 0 < same["min"] <= same["median"] <= same["max"] and mwms["notes"]["malloc"]["MALLOC_TOP_PAD_"]
     table = (tmp_path / "latest.md").read_text()
     assert all(f"| {n} |" in table for n in EXPECTED)
     assert (tmp_path / "ratios.png").stat().st_size > 1000 and (tmp_path / "allreduce_busbw.png").stat().st_size > 1000
