@@ -31,7 +31,7 @@ def horovodrun() -> str:
 # glibc's malloc gives the free memory at the top of an arena back to the kernel as soon as it passes a small
 # threshold. A training step frees its activations and allocates them again in the next step, so every step faults
 # the same pages back in: on the benchmark host that was 7.6 million page faults and about half of a step's time.
-# Keeping 64 MB of free memory per arena stops it (benchmarks/README.md, "The step"). Only glibc reads it.
+# Keeping 64 MB of free memory per arena stops it (benchmarks/README.md, "Malloc and the step"). Only glibc reads it.
 MALLOC_TOP_PAD = str(64 << 20)
 
 
