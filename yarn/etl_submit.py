@@ -48,7 +48,7 @@ def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Input
     if not local and deploy_mode == "cluster":  # the driver publishes the dataset from its container
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
-    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
+    conf += submit.worker_env_conf(cfg)
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 

@@ -37,7 +37,7 @@ def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inp
             ("spark.sql.catalogImplementation", "hive"), ("spark.python.worker.reuse", "true")]
     if not local and deploy_mode == "cluster":
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
-    conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
+    conf += submit.worker_env_conf(cfg)
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 

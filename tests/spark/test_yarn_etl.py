@@ -28,7 +28,8 @@ def test_cluster_mode_ships_env_code_kerberos_queue_and_yarn_env_like_training()
         "--num-executors", "40", "--py-files", ZIP, "--files", YAML,
         *confs("spark.pyspark.python=./env/bin/python", "spark.pyspark.driver.python=./env/bin/python",
                "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python", "spark.yarn.appMasterEnv.TZ=UTC",
-               "spark.executorEnv.TZ=UTC", "spark.sql.shuffle.partitions=400"),
+               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", "spark.executorEnv.TZ=UTC",
+               "spark.sql.shuffle.partitions=400"),
         etl_submit.ETL_SCRIPT, "--config", "hvdtrain-job.yaml", "--overwrite",
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1"} and p.result_uri == "hdfs://nn:8020/data/reviews/manifest.json"
@@ -41,7 +42,8 @@ def test_client_mode_without_a_fixed_executor_count_leaves_allocation_to_the_clu
         SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "client", "--name", "hvdtrain-etl-reviews",
         "--driver-memory", "4g", "--executor-memory", "8g", "--executor-cores", "4", "--archives", f"{ENV}#env",
         "--py-files", ZIP, "--files", YAML,
-        *confs("spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}"),
+        *confs("spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}",
+               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}"),
         etl_submit.ETL_SCRIPT, "--config", YAML,
     ]
 

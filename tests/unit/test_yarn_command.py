@@ -191,6 +191,16 @@ def test_yarn_env_reaches_executors_and_rank_processes() -> None:
                                        "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}
 
 
+def test_etl_and_scoring_executors_get_mallocs_top_pad_unless_the_job_sets_one() -> None:
+    pad = ("spark.executorEnv.MALLOC_TOP_PAD_", str(64 << 20))
+    assert pad in submit.worker_env_conf(job())
+    assert submit.worker_env_conf(job(env={"MALLOC_TOP_PAD_": "0"})) == [("spark.executorEnv.MALLOC_TOP_PAD_", "0")]
+    assert submit.worker_env_conf(job(env={"GLIBC_TUNABLES": "glibc.malloc.top_pad=1"})) == [
+        ("spark.executorEnv.GLIBC_TUNABLES", "glibc.malloc.top_pad=1")]
+    # set cluster-wide in spark_conf: that entry (added after these) is the only one
+    assert submit.worker_env_conf(job(spark_conf={"spark.executorEnv.MALLOC_TOP_PAD_": "4096"})) == []
+
+
 def test_rank_processes_get_mallocs_top_pad_unless_the_job_sets_one() -> None:
     assert driver.horovod_env(job(env={"MALLOC_TOP_PAD_": "0"}))["MALLOC_TOP_PAD_"] == "0"
     tunables = {"GLIBC_TUNABLES": "glibc.malloc.top_pad=1048576"}

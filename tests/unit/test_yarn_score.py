@@ -24,7 +24,8 @@ def test_cluster_mode_ships_env_code_and_kerberos_like_training() -> None:
         "--py-files", ZIP, "--files", YAML,
         *confs("spark.pyspark.python=./env/bin/python", "spark.pyspark.driver.python=./env/bin/python",
                "spark.sql.catalogImplementation=hive", "spark.python.worker.reuse=true",
-               "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python", "spark.executorEnv.TZ=UTC"),
+               "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python",
+               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", "spark.executorEnv.TZ=UTC"),
         yarn_score.SCORE_SCRIPT, "--config", "hvdtrain-job.yaml", *args,
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1"}
