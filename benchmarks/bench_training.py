@@ -16,6 +16,7 @@ import tempfile
 from benchmarks.common import Entry
 from benchmarks.launch import horovodrun, plain, plain_many
 from hvdtrain.config import TrainConfig
+from hvdtrain.launch import malloc_env
 
 MODEL_SIZES = {"hvd_overhead": "demo", "hvd_overhead_large": "large"}
 
@@ -41,9 +42,11 @@ def run(quick: bool, extra: dict) -> list[Entry]:
         two = median_of(lambda: horovodrun(2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]),
                         reps)
         # The host's own ceiling for scaling_np2: 2 plain 1-thread processes at once, no Horovod (they share
-        # the 2 cores' caches and memory bandwidth, and neither has a spare core for tf.data).
+        # the 2 cores' caches and memory bandwidth, and neither has a spare core for tf.data), with the malloc
+        # setting the ranks of both sides have.
         at_once = median_of(lambda: {"samples_per_sec": sum(r["samples_per_sec"] for r in plain_many(
-            2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"]))}, reps)
+            2, "benchmarks.train_worker", [root, "hvd", steps, "--threads", "1"],
+            env=malloc_env(os.environ)))}, reps)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return [

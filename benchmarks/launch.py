@@ -54,9 +54,11 @@ def tf_workers(n: int, module: str, args: list[str], timeout: int = 900,
     return result(f"{module} {args}", outs[0][0], outs[0][1], codes)
 
 
-def plain_many(n: int, module: str, args: list[str], timeout: int = 900) -> list[dict]:
-    """n plain processes of ``python -m module args`` at once (no launcher, no Horovod); each one's result."""
-    outs, codes = concurrent([{} for _ in range(n)], module, args, timeout)
+def plain_many(n: int, module: str, args: list[str], timeout: int = 900,
+               env: Optional[dict[str, str]] = None) -> list[dict]:
+    """n plain processes of ``python -m module args`` at once (no launcher, no Horovod), each with ``env`` added to
+    this process's environment; each one's result."""
+    outs, codes = concurrent([dict(env or {}) for _ in range(n)], module, args, timeout)
     return [result(f"{module} {args}", out, err, code) for (out, err), code in zip(outs, codes)]
 
 
