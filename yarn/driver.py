@@ -34,20 +34,17 @@ from hvdtrain import checkpoint, console, fs, startup, supervise  # noqa: E402
 from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
-from hvdtrain.launch import malloc_env  # noqa: E402
+from hvdtrain.launch import spark_malloc_env  # noqa: E402
 from yarn import executor
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
-EXECUTOR_ENV = "spark.executorEnv."
 
 
 def horovod_env(cfg: JobConfig) -> dict[str, str]:
     """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`),
     then yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...). A top pad set in yarn.env or as the executors' environment in
     yarn.spark_conf is left to win."""
-    executor_env = {key[len(EXECUTOR_ENV):]: value for key, value in cfg.yarn.spark_conf.items()
-                    if key.startswith(EXECUTOR_ENV)}
-    return {"PYTHONUNBUFFERED": "1", **malloc_env({**executor_env, **cfg.yarn.env}), **cfg.yarn.env}
+    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf), **cfg.yarn.env}
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from hvdtrain import console, envcheck, fs, hadoop_conf, secrets, startup
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
-from hvdtrain.launch import LAUNCHER_RECORD, malloc_env
+from hvdtrain.launch import LAUNCHER_RECORD, spark_malloc_env
 from yarn import packaging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,9 +112,7 @@ def worker_env_conf(cfg: JobConfig) -> list[tuple[str, str]]:
     """``spark.executorEnv.*`` of a job whose executors' Python workers do the work (ETL, scoring): yarn.env, and
     glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`) unless yarn.env or yarn.spark_conf sets one (pure).
     A training job's ranks get theirs from the driver (``yarn/driver.py:horovod_env``)."""
-    own = {k[len("spark.executorEnv."):]: v for k, v in cfg.yarn.spark_conf.items()
-           if k.startswith("spark.executorEnv.")}
-    env = {**malloc_env({**own, **cfg.yarn.env}), **cfg.yarn.env}
+    env = {**spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf), **cfg.yarn.env}
     return [(f"spark.executorEnv.{k}", v) for k, v in sorted(env.items())]
 
 
