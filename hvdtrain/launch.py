@@ -44,11 +44,11 @@ def malloc_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def spark_malloc_env(env: Mapping[str, str], spark_conf: Mapping[str, str]) -> dict[str, str]:
-    """:func:`malloc_env` for a Spark job's executors and ranks: a top pad in ``env`` (yarn.env) or among the
-    ``spark.executorEnv.*`` entries of ``spark_conf`` is the user's and wins (pure)."""
+    """``env`` (yarn.env) plus :func:`malloc_env` for a Spark job's executors and ranks: a top pad in ``env`` or among
+    the ``spark.executorEnv.*`` entries of ``spark_conf`` is the user's and wins (pure)."""
     executor_env = {key[len("spark.executorEnv."):]: value for key, value in spark_conf.items()
                     if key.startswith("spark.executorEnv.")}
-    return malloc_env({**executor_env, **env})
+    return {**malloc_env({**executor_env, **env}), **env}
 
 
 def child_env() -> dict[str, str]:

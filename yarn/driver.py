@@ -44,7 +44,7 @@ def horovod_env(cfg: JobConfig) -> dict[str, str]:
     """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`),
     then yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...). A top pad set in yarn.env or as the executors' environment in
     yarn.spark_conf is left to win."""
-    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf), **cfg.yarn.env}
+    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf)}
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

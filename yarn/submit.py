@@ -112,8 +112,7 @@ def worker_env_conf(cfg: JobConfig) -> list[tuple[str, str]]:
     """``spark.executorEnv.*`` of a job whose executors' Python workers do the work (ETL, scoring): yarn.env, and
     glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`) unless yarn.env or yarn.spark_conf sets one (pure).
     A training job's ranks get theirs from the driver (``yarn/driver.py:horovod_env``)."""
-    env = {**spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf), **cfg.yarn.env}
-    return [(f"spark.executorEnv.{k}", v) for k, v in sorted(env.items())]
+    return [(f"spark.executorEnv.{k}", v) for k, v in sorted(spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf).items())]
 
 
 def carrier_jvm_options(own: Optional[str]) -> str:
