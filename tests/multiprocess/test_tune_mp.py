@@ -44,6 +44,16 @@ def _trial_processes(marker: str) -> list[int]:
     return out
 
 
+def _describe(pid: int) -> str:
+    """A process for a failure message: pid, state, parent and command line."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} state {stat[0]} ppid {stat[1]}: {cmdline[:400]}"
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tune")
@@ -76,7 +86,7 @@ def study(tmp_path_factory):
     deadline = time.time() + 60
     while _trial_processes(marker) and time.time() < deadline:  # the trials follow their driver
         time.sleep(1)
-    orphans = _trial_processes(marker)
+    orphans = [_describe(pid) for pid in _trial_processes(marker)]  # what outlived it, should one ever do so
     second = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1200)
     assert second.returncode == 0, f"first run:\n{''.join(seen)[-3000:]}\nsecond run:\n{second.stdout[-4000:]}\n" \
                                    f"{second.stderr[-6000:]}"
@@ -134,7 +144,7 @@ def test_the_killed_drivers_trials_were_failed_and_queued_again(study):
         assert len(retry) == 1 and retry[0].params == t.params, (t.number, [r.number for r in retry])
         assert retry[0].state.name in ("COMPLETE", "PRUNED")
     assert "tune: trial 3 started" in study["first"]
-    assert study["orphans"] == [], "trial processes outlived their killed driver"
+    assert study["orphans"] == [], f"trial processes outlived their killed driver: {study['orphans']}"
 
 
 def test_mlflow_has_one_parent_and_a_child_per_trial(study):
