@@ -1,7 +1,6 @@
 """The standalone tier's cluster: one Spark standalone cluster (scripts/standalone_cluster.sh) per session."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -57,9 +56,6 @@ def cannot_create_namespaces() -> str:
 @pytest.fixture(scope="session")
 def standalone_cluster() -> Iterator[StandaloneCluster]:
     reason = cannot_create_namespaces()
-    if not reason and os.environ.get("HVDTRAIN_TEST_STANDALONE") != "1":
-        reason = ("standalone tier: opt-in: it passes here in about 2.5 min, more than the suite's 20 min can spare; "
-                  "HVDTRAIN_TEST_STANDALONE=1 runs it")
     if reason:
         pytest.skip(reason)
     folder = Path(tempfile.mkdtemp(prefix="hvdtrain-standalone-"))
