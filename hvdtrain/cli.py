@@ -350,6 +350,7 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """``hvdtrain cluster up|status|down``: the one-machine Hadoop (hvdtrain/minicluster)."""
     spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
+                                   secure=args.secure,
                                    ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())
     return minicluster.main(args.action, spec, args.json)
 
@@ -454,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("action", choices=["up", "status", "down"])
     cl.add_argument("--home", help="the cluster's folder (default $HVDTRAIN_CLUSTER_HOME or ~/.hvdtrain/cluster)")
     cl.add_argument("--json", action="store_true", help="print the cluster's details as JSON")
+    cl.add_argument("--secure", action="store_true", help="up: Kerberos on every daemon, with a MiniKdc and a keytab "
+                    "for the user hvdtrain@EXAMPLE.COM (submit with --principal/--keytab)")
     cl.add_argument("--timeout", type=float, default=300.0, help="seconds `up` waits for the cluster (default 300)")
     cl.add_argument("--standard-ports", action="store_true", help="Hadoop's usual ports (NameNode 8020 and 9870, "
                     "ResourceManager 8032 and 8088, ...) instead of free ones")

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from hvdtrain import hadoop_conf
+from hvdtrain import hadoop_conf, hadoop_tokens
 from hvdtrain.errors import ANY_ERROR, DataError, EnvironmentProblem, StorageError
 from hvdtrain.webhdfs import WebHdfsHandler
 
@@ -133,9 +133,18 @@ def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
 
 
 @functools.lru_cache(maxsize=16)
-def _webhdfs(netloc: str, user: Optional[str], tls: bool = False) -> pafs.FileSystem:
-    """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``)."""
-    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user))
+def _webhdfs(netloc: str, user: Optional[str], tls: bool = False, token: Optional[str] = None) -> pafs.FileSystem:
+    """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``); with a
+    delegation token on a Kerberos cluster."""
+    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user, token=token))
+
+
+def _token(netloc: str) -> Optional[str]:
+    """A delegation token for the NameNode ``netloc`` when $HADOOP_CONF_DIR says the cluster uses Kerberos."""
+    props = _hadoop_props(os.environ.get("HADOOP_CONF_DIR"))
+    if not hadoop_tokens.kerberos_enabled(props):
+        return None
+    return hadoop_tokens.webhdfs_token(f"hdfs://{netloc}" if netloc else props.get("fs.defaultFS", ""))
 
 
 def libhdfs_dir(env: Mapping[str, str], is_file: Callable[[str], bool] = os.path.isfile) -> Optional[str]:
@@ -188,7 +197,8 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if parsed.scheme == "hdfs":
         web = None if libhdfs_dir(os.environ) else _namenode_web(_netloc(parsed))
         if web:
-            return _webhdfs(web, user), parsed.path
+            token = _token(_netloc(parsed))
+            return _webhdfs(web, None if token else user, token=token), parsed.path
         return _hadoop(parsed.hostname or "", parsed.port or 0, user), parsed.path
     if parsed.scheme in ("webhdfs", "swebhdfs"):
         tls = parsed.scheme == "swebhdfs"

@@ -45,10 +45,12 @@ def _builtin_errors(method):
 class WebHdfsHandler(pafs.FileSystemHandler):
     """A pyarrow ``FileSystemHandler`` backed by ``hdfs.Client``."""
 
-    def __init__(self, url: str, user: Optional[str] = None):
+    def __init__(self, url: str, user: Optional[str] = None, token: Optional[str] = None):
         import hdfs
 
-        if os.environ.get("HVDTRAIN_WEBHDFS_KERBEROS") == "1":
+        if token is not None:  # a Kerberos cluster: a delegation token (hvdtrain.hadoop_tokens)
+            self.client = hdfs.TokenClient(url, token)
+        elif os.environ.get("HVDTRAIN_WEBHDFS_KERBEROS") == "1":
             from hdfs.ext.kerberos import KerberosClient
 
             self.client = KerberosClient(url)
@@ -69,12 +71,18 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         return path
 
     def _info(self, path: str) -> pafs.FileInfo:
-        status = self.client.status(path, strict=False)
-        if status is None:
-            return pafs.FileInfo(path, pafs.FileType.NotFound)
+        from hdfs.util import HdfsError
+
+        try:  # strict: the package's non-strict mode reads any refusal (an invalid token, 403) as "not found"
+            status = self.client.status(path)
+        except HdfsError as exc:
+            if getattr(exc, "exception", None) == "FileNotFoundException":
+                return pafs.FileInfo(path, pafs.FileType.NotFound)
+            raise
+        mtime = status.get("modificationTime", 0) / 1000  # ms since the epoch
         if status["type"] == "DIRECTORY":
-            return pafs.FileInfo(path, pafs.FileType.Directory)
-        return pafs.FileInfo(path, pafs.FileType.File, size=status["length"])
+            return pafs.FileInfo(path, pafs.FileType.Directory, mtime=mtime)
+        return pafs.FileInfo(path, pafs.FileType.File, size=status["length"], mtime=mtime)
 
     @_builtin_errors
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:

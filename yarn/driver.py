@@ -25,12 +25,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Mapping, Optional, Sequence  # noqa: E402
+from typing import Any, Iterator, Mapping, Optional, Sequence  # noqa: E402
 
-from hvdtrain import checkpoint, console, fs, startup, supervise  # noqa: E402
+from hvdtrain import checkpoint, console, fs, hadoop_conf, hadoop_tokens, startup, supervise  # noqa: E402
 from hvdtrain import config as config_mod  # noqa: E402
 from hvdtrain.config import JobConfig  # noqa: E402
 from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
@@ -92,9 +93,10 @@ def job_exit_code(records: Sequence[dict[str, Any]], script: bool) -> int:
     return records_exit_code(records)
 
 
-def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome]:
+def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, Any]], supervise.Outcome, dict[str, Any]]:
     """Start Spark, run the ranks (relaunched inside this application after a restartable failure, up to
-    ``fault.max_restarts`` times), stop Spark; returns the last try's rank records and the outcome."""
+    ``fault.max_restarts`` times), write every rank's record to ``args.result``, stop Spark; returns the last
+    try's rank records, the outcome and the summary written."""
     import horovod.spark
     from pyspark import SparkContext
 
@@ -107,13 +109,15 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     fn, fn_args = rank_job(cfg, args)
 
     submitted_at = startup.launched_at()
+    stack = contextlib.ExitStack()
+    token_env: dict[str, str] = {}
 
     def once(env: Mapping[str, str]) -> tuple[int, str]:
         # The first try's ranks time their start-up from the command (hvdtrain yarn submit passes its start: in
         # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
         # are their launcher phase; a relaunch, or cluster mode, from the try's start.
         first = supervise.RESTARTS_ENV not in env
-        rank_env = {**horovod_env(cfg), **env, **startup.try_clock(first, submitted_at, time.time())}
+        rank_env = {**horovod_env(cfg), **env, **token_env, **startup.try_clock(first, submitted_at, time.time())}
         try:
             last["records"] = launch(horovod.spark, cfg, fn, fn_args, args, rank_env)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
@@ -122,13 +126,36 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         return job_exit_code(last["records"], bool(args.script_zip)), ""
 
     try:
+        token_env = stack.enter_context(hdfs_token_for_ranks(cfg))
         outcome = supervise.run_with_restarts(
             once, cfg.fault.max_restarts,
             resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
             wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
-        return last["records"], outcome
+        summary = {**summarize(last["records"]), "restarts": [vars(r) for r in outcome.restarts]}
+        # Before Spark stops: on a Kerberos cluster this driver reaches HDFS with the application's delegation
+        # token (hvdtrain.hadoop_tokens), which the ResourceManager cancels once the application ends.
+        fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
+        return last["records"], outcome, summary
     finally:
+        stack.close()
         sc.stop()
+
+
+@contextlib.contextmanager
+def hdfs_token_for_ranks(cfg: JobConfig) -> Iterator[dict[str, str]]:
+    """On a Kerberos cluster, with ``yarn.principal``/``yarn.keytab`` on this host (client mode): the ranks'
+    environment gets an HDFS delegation token for ``fs.defaultFS`` that this driver renews while they run
+    (:class:`hvdtrain.hadoop_tokens.TokenRenewer`). Otherwise nothing: the ranks use their containers' tokens."""
+    y, props = cfg.yarn, hadoop_conf.load()
+    if not (hadoop_tokens.kerberos_enabled(props) and y.principal and y.keytab and os.path.isfile(y.keytab)
+            and props.get("fs.defaultFS", "").startswith("hdfs://")):
+        yield {}
+        return
+    hadoop_tokens.use_keytab(y.principal, y.keytab)
+    with hadoop_tokens.TokenRenewer(props["fs.defaultFS"]) as renewer:
+        yield {hadoop_tokens.TOKEN_ENV: renewer.token}
+    print(f"hvdtrain: the ranks' HDFS delegation token was renewed {renewer.renewals} times while they ran",
+          flush=True)
 
 
 def launch(spark_hvd: Any, cfg: JobConfig, fn: Any, fn_args: tuple[Any, ...], args: argparse.Namespace,
@@ -166,9 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.config)
-        records, outcome = run_job(cfg, args)
-        summary = {**summarize(records), "restarts": [vars(r) for r in outcome.restarts]}
-        fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
+        records, outcome, summary = run_job(cfg, args)
     except HvdtrainError as exc:
         return console.print_error(exc, "hvdtrain")
     if outcome.failure is not None and not records:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs, hadoop_conf, secrets, startup
+from hvdtrain import console, envcheck, fs, hadoop_conf, hadoop_tokens, secrets, startup
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
@@ -469,6 +469,32 @@ def status_command(app_id: str) -> list[str]:
     return ["yarn", "application", "-status", app_id]
 
 
+def jvm_yarn_cli(argv: Sequence[str]) -> envcheck.CommandResult:
+    """``yarn application -status|-kill ID`` through Hadoop's YarnClient in a JVM logged in from the keytab, for a
+    ``--principal/--keytab`` submission on a host with no ticket cache (the ``yarn`` CLI would find no
+    credentials and retry for minutes). The status is printed as the CLI prints it, for :func:`parse_final_state`."""
+    from py4j.protocol import Py4JError
+
+    action, app_id = argv[2], argv[3]
+    try:
+        with hadoop_tokens.logged_in_jvm() as (jvm, conf):
+            client = jvm.org.apache.hadoop.yarn.client.api.YarnClient.createYarnClient()
+            client.init(jvm.org.apache.hadoop.yarn.conf.YarnConfiguration(conf))
+            client.start()
+            try:
+                app = jvm.org.apache.hadoop.yarn.api.records.ApplicationId.fromString(app_id)
+                if action == "-kill":
+                    client.killApplication(app)
+                    return envcheck.CommandResult(0, f"Killed application {app_id}")
+                report = client.getApplicationReport(app)
+                return envcheck.CommandResult(0, f"{APP_REPORT} : \n\tState : {report.getYarnApplicationState()}\n"
+                                                 f"\tFinal-State : {report.getFinalApplicationStatus()}\n")
+            finally:
+                client.stop()
+    except (Py4JError, HvdtrainError) as exc:
+        return envcheck.CommandResult(1, f"YarnClient (logged in from the keytab): {str(exc).splitlines()[0][:300]}")
+
+
 def state_unknown_reason(result: envcheck.CommandResult) -> str:
     """Why ``yarn application -status`` gave no state, for the closing line (pure)."""
     first = next((line.strip() for line in result.output.splitlines() if line.strip()), "no output")
@@ -520,9 +546,10 @@ class Submission:
     """
 
     def __init__(self, plan: SubmitPlan, popen: Callable[..., Any] = subprocess.Popen,
-                 run: envcheck.Runner = envcheck.run_command, out: IO[str] = sys.stdout,
+                 run: Optional[envcheck.Runner] = None, out: IO[str] = sys.stdout,
                  err: IO[str] = sys.stderr, grace: float = 60.0):
         self.plan = plan
+        run = run or (jvm_yarn_cli if hadoop_tokens.keytab_without_ticket() else envcheck.run_command)
         self._popen, self._run, self._out, self._err, self._grace = popen, run, out, err, grace
         self.proc: Any = None
         self.app_id: Optional[str] = None
@@ -686,6 +713,8 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
     if args.master == "yarn" and not args.dry_run and not (deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR")):
         raise EnvironmentProblem("--master yarn needs the cluster's client configs: export "
                                  "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
+    if args.master == "yarn" and not args.dry_run:
+        kerberos_login(deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR"), cfg.yarn)
     staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-{kind}-{cfg.name}") if args.dry_run
                else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
@@ -701,6 +730,19 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def kerberos_login(conf_dir: Optional[str], y: Any) -> None:
+    """On a Kerberos cluster: this process's HDFS calls (the env cache) log in as ``yarn.principal`` from
+    ``yarn.keytab``; without them a missing ticket is one line now, not spark-submit retrying for minutes."""
+    if not conf_dir or not hadoop_tokens.kerberos_enabled(hadoop_conf.load(conf_dir)):
+        return
+    if y.principal and y.keytab:
+        hadoop_tokens.use_keytab(y.principal, y.keytab)
+        return
+    problem = hadoop_tokens.ticket_problem()
+    if problem:
+        raise hadoop_tokens.no_ticket(problem, f"{conf_dir}/core-site.xml")
 
 
 def check_resourcemanager(conf_dir: Optional[str],

@@ -11,6 +11,7 @@ import java.nio.file.attribute.PosixFilePermissions;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.util.Map;
+import java.util.Properties;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.ChecksumFs;
@@ -22,6 +23,8 @@ import org.apache.hadoop.fs.RawLocalFileSystem;
 import org.apache.hadoop.fs.local.LocalConfigKeys;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.minikdc.MiniKdc;
+import org.apache.hadoop.security.UserGroupInformation;
 import org.apache.hadoop.util.VersionInfo;
 import org.apache.hadoop.yarn.conf.YarnConfiguration;
 import org.apache.hadoop.yarn.server.MiniYARNCluster;
@@ -38,6 +41,9 @@ import org.apache.hadoop.yarn.webapp.WebApp;
  * The NodeManagers' local filesystem sets permissions through java.nio (NioLocalFs below), as a production
  * NodeManager does through libhadoop's native chmod: without that library Hadoop forks `chmod` once per file,
  * and localizing a 45,000-file Python environment took 100 s per NodeManager instead of about 15.
+ *
+ * Secure mode (`hvdtrain cluster up --secure`, settings under hvdtrain.kdc.*): a MiniKdc (Apache Kerby) starts
+ * first and writes the principals' keytabs; every daemon then runs with Kerberos as cluster.py configured it.
  *
  * args: BASE_DIR CONF_DIR READY_FILE NN_PORT NN_HTTP_PORT NODE_MANAGERS [key=value ...]
  * Writes CONF_DIR/{core,hdfs,yarn}-site.xml, then READY_FILE (JSON) once the NodeManagers are registered
@@ -66,6 +72,7 @@ public final class HvdtrainMiniCluster {
       String[] kv = args[i].split("=", 2);
       conf.set(kv[0], kv[1]);
     }
+    MiniKdc kdc = conf.get(KDC + "dir") == null ? null : startKdc(conf);
     MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
         .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
         .format(true).build();
@@ -75,6 +82,9 @@ public final class HvdtrainMiniCluster {
       stopNodeManagersTogether(yarn, nodeManagers);
       yarn.stop();
       dfs.shutdown();
+      if (kdc != null) {
+        kdc.stop();
+      }
     }));
     dfs.waitActive();
     conf.set("fs.defaultFS", dfs.getURI().toString());
@@ -98,11 +108,42 @@ public final class HvdtrainMiniCluster {
         + ", \"namenode_web\": \"http://" + all.get("dfs.namenode.http-address") + "\""
         + ", \"resourcemanager\": \"" + all.get("yarn.resourcemanager.address") + "\""
         + ", \"resourcemanager_web\": \"http://" + all.get("yarn.resourcemanager.webapp.address") + "\""
-        + ", \"nodemanagers\": " + args[5] + "}\n";
+        + ", \"nodemanagers\": " + args[5]
+        + (kdc == null ? "" : ", \"kdc\": \"" + kdc.getHost() + ":" + kdc.getPort() + "\", \"realm\": \""
+            + kdc.getRealm() + "\"") + "}\n";
     File tmp = new File(ready.getPath() + ".tmp");
     Files.write(tmp.toPath(), json.getBytes(StandardCharsets.UTF_8));
     Files.move(tmp.toPath(), ready.toPath(), StandardCopyOption.ATOMIC_MOVE);
     Thread.currentThread().join();
+  }
+
+  private static final String KDC = "hvdtrain.kdc.";
+
+  /**
+   * Starts the KDC (bound to hvdtrain.kdc.host, tickets of at most hvdtrain.kdc.ticket-seconds), copies the
+   * krb5.conf it writes to hvdtrain.kdc.dir/krb5.conf (this JVM's too), creates every hvdtrain.kdc.keytab.FILE=PRINCIPAL,...
+   * and logs this JVM in as the NameNode's principal: MiniYARNCluster's daemons skip their own keytab login and
+   * run as the JVM's login user, so every daemon here shares that one service principal.
+   */
+  private static MiniKdc startKdc(Configuration conf) throws Exception {
+    File dir = new File(conf.get(KDC + "dir"));
+    dir.mkdirs();
+    Properties kdcConf = MiniKdc.createConf();
+    kdcConf.setProperty(MiniKdc.KDC_BIND_ADDRESS, conf.get(KDC + "host"));
+    kdcConf.setProperty(MiniKdc.MAX_TICKET_LIFETIME, conf.get(KDC + "ticket-seconds"));
+    kdcConf.setProperty(MiniKdc.MAX_RENEWABLE_LIFETIME, conf.get(KDC + "renewable-seconds"));
+    MiniKdc kdc = new MiniKdc(kdcConf, dir);
+    kdc.start();  // writes a krb5.conf into a new folder of its own
+    File krb5 = new File(dir, "krb5.conf");  // where cluster.py told the clients and containers to look
+    Files.copy(kdc.getKrb5conf().toPath(), krb5.toPath(), StandardCopyOption.REPLACE_EXISTING);
+    System.setProperty(MiniKdc.JAVA_SECURITY_KRB5_CONF, krb5.getAbsolutePath());
+    for (Map.Entry<String, String> entry : conf.getPropsWithPrefix(KDC + "keytab.").entrySet()) {
+      kdc.createPrincipal(new File(dir, entry.getKey()), entry.getValue().split(","));
+    }
+    UserGroupInformation.setConfiguration(conf);
+    UserGroupInformation.loginUserFromKeytab(conf.get("dfs.namenode.kerberos.principal"),
+        conf.get("dfs.namenode.keytab.file"));
+    return kdc;
   }
 
   /**

@@ -7,7 +7,8 @@ enforced) into a cache, once: ``pom.xml`` beside this file, at the Hadoop
 version of the ``hadoop-client-api`` jar inside the installed pyspark, so the
 client Spark uses and the cluster agree. ``up`` writes a ``HADOOP_CONF_DIR``
 and ``bin/yarn`` / ``bin/hdfs`` (Hadoop's own CLIs from the same jars) under the
-cluster's home folder.
+cluster's home folder. ``up --secure`` adds a MiniKdc and runs every daemon with
+Kerberos (:func:`kerberos_settings`; docs/hadoop.md, "Kerberos").
 
 Plan, then act: :func:`hadoop_settings`, :func:`java_command` and
 :func:`wrapper_script` are pure; :func:`up`, :func:`down` and :func:`status`
@@ -20,6 +21,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -38,6 +40,7 @@ LAUNCHER_SOURCE = os.path.join(HERE, f"{LAUNCHER}.java")
 POM = os.path.join(HERE, "pom.xml")
 HADOOP_API_JAR = re.compile(r"hadoop-client-api-(\d+(?:\.\d+)+)\.jar$")
 LOOPBACK = "127.0.0.1"
+REALM = "EXAMPLE.COM"  # MiniKdc's
 LOG4J = ("log4j.rootLogger=WARN, console\nlog4j.appender.console=org.apache.log4j.ConsoleAppender\n"
          "log4j.appender.console.layout=org.apache.log4j.PatternLayout\n"
          "log4j.appender.console.layout.ConversionPattern=%d{ISO8601} %p %c{2}: %m%n\n"
@@ -106,6 +109,12 @@ class ClusterSpec:
     # 3 hours by default. A NodeManager stopping holds its applications until then, so a cluster that ran one
     # takes about 16 s to stop; a throwaway cluster (the test tier's, deleted at once) sets 0.
     container_log_seconds: int = 10800
+    # Kerberos (`up --secure`): a MiniKdc, every daemon and client authenticated by it, a keytab for ``user``.
+    secure: bool = False
+    user: str = "hvdtrain"
+    ticket_seconds: int = 36000  # the KDC's longest ticket (MIT's usual 10 hours)
+    token_renew_seconds: int = 86400  # HDFS/YARN delegation tokens: renewal interval and longest life (Hadoop's)
+    token_max_seconds: int = 604800
 
     @property
     def conf_dir(self) -> str:
@@ -126,6 +135,22 @@ class ClusterSpec:
     @property
     def log_file(self) -> str:
         return os.path.join(self.home, "cluster.log")
+
+    @property
+    def kerberos_dir(self) -> str:
+        return os.path.join(self.home, "kerberos")
+
+    @property
+    def user_principal(self) -> str:
+        return f"{self.user}@{REALM}"
+
+    @property
+    def user_keytab(self) -> str:
+        return os.path.join(self.kerberos_dir, f"{self.user}.keytab")
+
+    @property
+    def krb5_conf(self) -> str:
+        return os.path.join(self.kerberos_dir, "krb5.conf")  # MiniKdc writes it there
 
 
 def hadoop_version_of(jar_names: Iterable[str]) -> Optional[str]:
@@ -200,7 +225,38 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "dfs.replication": "1",
            "dfs.permissions.enabled": "false",
            "hadoop.tmp.dir": os.path.join(spec.home, "data", "tmp")}
-    return out
+    return {**out, **kerberos_settings(spec)} if spec.secure else out
+
+
+def kerberos_settings(spec: ClusterSpec) -> dict[str, str]:
+    """Kerberos for every daemon (pure): the KDC the launcher starts (``hvdtrain.kdc.*``), one service principal
+    for the daemons (they share the launcher JVM's login), SPNEGO for WebHDFS, block access tokens, and the
+    krb5.conf every container's JVM reads (a production node has it in /etc)."""
+    kdir = spec.kerberos_dir
+    service_keytab = os.path.join(kdir, "hadoop.keytab")
+    service, http = f"hadoop/{LOOPBACK}@{REALM}", f"HTTP/{LOOPBACK}@{REALM}"
+    renew_ms, max_ms = str(spec.token_renew_seconds * 1000), str(spec.token_max_seconds * 1000)
+    return {"hvdtrain.kdc.dir": kdir, "hvdtrain.kdc.host": LOOPBACK,
+            "hvdtrain.kdc.ticket-seconds": str(spec.ticket_seconds),
+            "hvdtrain.kdc.renewable-seconds": str(spec.ticket_seconds),
+            "hvdtrain.kdc.keytab.hadoop.keytab": f"hadoop/{LOOPBACK},HTTP/{LOOPBACK}",
+            f"hvdtrain.kdc.keytab.{os.path.basename(spec.user_keytab)}": spec.user,
+            "hadoop.security.authentication": "kerberos",
+            "dfs.namenode.kerberos.principal": service, "dfs.namenode.keytab.file": service_keytab,
+            "dfs.datanode.kerberos.principal": service, "dfs.datanode.keytab.file": service_keytab,
+            "dfs.web.authentication.kerberos.principal": http,
+            "dfs.web.authentication.kerberos.keytab": service_keytab,
+            "dfs.block.access.token.enable": "true",
+            # A secure DataNode wants privileged ports or SASL over HTTPS; Hadoop's own tests waive that (loopback).
+            "ignore.secure.ports.for.testing": "true",
+            "yarn.resourcemanager.principal": service, "yarn.resourcemanager.keytab": service_keytab,
+            "yarn.nodemanager.principal": service, "yarn.nodemanager.keytab": service_keytab,
+            "dfs.namenode.delegation.token.renew-interval": renew_ms,
+            "dfs.namenode.delegation.token.max-lifetime": max_ms,
+            "yarn.resourcemanager.delegation.token.renew-interval": renew_ms,
+            "yarn.resourcemanager.delegation.token.max-lifetime": max_ms,
+            "yarn.nodemanager.admin-env":
+                f"MALLOC_ARENA_MAX=$MALLOC_ARENA_MAX,JAVA_TOOL_OPTIONS=-Djava.security.krb5.conf={spec.krb5_conf}"}
 
 
 def java_command(java: str, classpath: str, spec: ClusterSpec, ports: Ports) -> list[str]:
@@ -211,13 +267,15 @@ def java_command(java: str, classpath: str, spec: ClusterSpec, ports: Ports) -> 
             str(ports.namenode_http), str(spec.nodemanagers), *(f"{k}={v}" for k, v in settings.items())]
 
 
-def wrapper_script(java: str, classpath: str, conf_dir: str, clis: dict[str, tuple[str, bool]], tool: str) -> str:
+def wrapper_script(java: str, classpath: str, conf_dir: str, clis: dict[str, tuple[str, bool]], tool: str,
+                   krb5_conf: Optional[str] = None) -> str:
     """``bin/yarn`` or ``bin/hdfs``: Hadoop's own CLI classes from the cluster's jars (pure)."""
+    krb5 = f"-Djava.security.krb5.conf={krb5_conf} " if krb5_conf else ""
     cases = "\n".join(f'  {sub}) cls={cls}; {"" if keep else "shift; "};;' for sub, (cls, keep) in clis.items())
     return (f"#!/bin/sh\n# {tool} for the hvdtrain minicluster: Hadoop's own CLI classes, this cluster's configs.\n"
             f'case "$1" in\n{cases}\n'
             f'  *) echo "usage: {tool} {{{"|".join(clis)}}} ..." >&2; exit 2;;\nesac\n'
-            f'exec "{java}" -Xmx256m -cp "{conf_dir}:{classpath}" "$cls" "$@"\n')
+            f'exec "{java}" -Xmx256m {krb5}-cp "{conf_dir}:{classpath}" "$cls" "$@"\n')
 
 
 # -- act: jars and launcher ------------------------------------------------------------------------
@@ -236,13 +294,17 @@ def require_tools(which: Callable[[str], Optional[str]] = shutil.which) -> tuple
 
 def maven_error(output: str) -> str:
     """Maven's own error lines, joined (what a blocked artifact looks like)."""
-    lines = [ln.strip() for ln in output.splitlines() if ln.startswith("[ERROR]") and ln.strip() != "[ERROR]"]
+    lines = [ln.strip() for ln in output.splitlines() if ln.startswith(("[FATAL]", "[ERROR]"))
+             and ln.strip() not in ("[ERROR]", "[FATAL]")]
+    lines = [ln for ln in lines if ln.startswith("[FATAL]")] + [ln for ln in lines if ln.startswith("[ERROR]")]
     return " ".join(lines[:3]) or output.strip()[-500:]
 
 
 def ensure_jars(version: str, mvn: str, cache: Optional[str] = None) -> str:
     """The folder of the cluster's jars, fetched once by Maven (``-C``: a checksum mismatch fails)."""
-    root = os.path.join(cache or cache_root(), f"hadoop-{version}")
+    with open(POM, "rb") as fh:  # a changed pom (a jar added) is a new folder, fetched again
+        pom_digest = hashlib.sha256(fh.read()).hexdigest()[:8]
+    root = os.path.join(cache or cache_root(), f"hadoop-{version}-{pom_digest}")
     lib, stamp = os.path.join(root, "lib"), os.path.join(root, "lib.complete")
     if os.path.exists(stamp):
         return lib
@@ -353,8 +415,21 @@ def status(spec: ClusterSpec) -> Optional[dict]:
         return None
     with open(spec.ready_file) as fh:
         details = json.load(fh)
-    return {**details, "pid": pid, "hadoop_conf_dir": spec.conf_dir, "bin": spec.bin_dir, "log": spec.log_file,
-            "home": spec.home}
+    out = {**details, "pid": pid, "hadoop_conf_dir": spec.conf_dir, "bin": spec.bin_dir, "log": spec.log_file,
+           "home": spec.home}
+    if "kdc" in details:  # a secure cluster: what a client needs to log in
+        out.update(principal=spec.user_principal, keytab=spec.user_keytab, krb5_conf=spec.krb5_conf)
+    return out
+
+
+def client_env(details: dict) -> dict[str, str]:
+    """The variables a shell (or a test) sets to use the cluster: its configs, its CLIs and, when it is secure,
+    its krb5.conf for MIT tools (KRB5_CONFIG) and for spark-submit's JVM (SPARK_SUBMIT_OPTS) (pure)."""
+    env = {"HADOOP_CONF_DIR": details["hadoop_conf_dir"], "SPARK_LOCAL_IP": LOOPBACK}
+    if "krb5_conf" in details:
+        env.update(KRB5_CONFIG=details["krb5_conf"],
+                   SPARK_SUBMIT_OPTS=f"-Djava.security.krb5.conf={details['krb5_conf']}")
+    return env
 
 
 def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
@@ -416,7 +491,7 @@ def _write_wrappers(spec: ClusterSpec, java: str, classpath: str) -> None:
     for tool, clis in (("yarn", YARN_CLIS), ("hdfs", HDFS_CLIS)):
         path = os.path.join(spec.bin_dir, tool)
         with open(path, "w") as fh:
-            fh.write(wrapper_script(java, classpath, spec.conf_dir, clis, tool))
+            fh.write(wrapper_script(java, classpath, spec.conf_dir, clis, tool, spec.krb5_conf if spec.secure else None))
         os.chmod(path, 0o755)
 
 
@@ -452,15 +527,16 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def describe(details: dict) -> str:
     """What a user needs to reach the cluster (pure)."""
-    return "\n".join([
-        f"  HDFS           {details['fs_default']}",
-        f"  NameNode UI    {details['namenode_web']}  (WebHDFS: {details['namenode_web']}/webhdfs/v1/)",
-        f"  ResourceManager UI  {details['resourcemanager_web']}",
-        f"  NodeManagers   {details['nodemanagers']}",
-        f"  log            {details['log']}",
-        "use it from this shell:",
-        f"  export HADOOP_CONF_DIR={details['hadoop_conf_dir']} PATH={details['bin']}:$PATH SPARK_LOCAL_IP=127.0.0.1",
-    ])
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in client_env(details).items())
+    lines = [f"  HDFS           {details['fs_default']}",
+             f"  NameNode UI    {details['namenode_web']}  (WebHDFS: {details['namenode_web']}/webhdfs/v1/)",
+             f"  ResourceManager UI  {details['resourcemanager_web']}",
+             f"  NodeManagers   {details['nodemanagers']}",
+             f"  log            {details['log']}"]
+    if "kdc" in details:
+        lines += [f"  Kerberos       realm {details['realm']}, KDC {details['kdc']}",
+                  f"  submit with    --principal {details['principal']} --keytab {details['keytab']}"]
+    return "\n".join([*lines, "use it from this shell:", f"  export {exports} PATH={details['bin']}:$PATH"])
 
 
 def main(action: str, spec: ClusterSpec, as_json: bool = False, out: TextIO = sys.stdout) -> int:

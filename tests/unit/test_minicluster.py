@@ -76,6 +76,27 @@ def test_maven_error_quotes_mavens_own_lines():
     out = ("[INFO] Scanning\n[ERROR] Failed to execute goal ... Could not resolve dependencies: "
            "Could not transfer artifact x:y:1 from central: status code: 403\n[ERROR] \n[ERROR] -> [Help 1]\n")
     assert cluster.maven_error(out).startswith("[ERROR] Failed to execute goal ... Could not resolve")
+    fatal = ("[ERROR] [ERROR] Some problems were encountered while processing the POMs:\n"
+             "[FATAL] Non-parseable POM /c/pom.xml: in comment after two dashes (--) @ line 35\n[ERROR] \n")
+    assert cluster.maven_error(fatal).startswith("[FATAL] Non-parseable POM /c/pom.xml")  # the cause first
+
+
+def test_secure_mode_plans_kerberos_for_every_daemon_and_plain_mode_none(tmp_path):
+    plain = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path)), cluster.Ports())
+    assert not any(k.startswith("hvdtrain.kdc.") or "kerberos" in k for k in plain)
+    spec = cluster.ClusterSpec(home=str(tmp_path), secure=True, ticket_seconds=80, token_renew_seconds=60)
+    secure = cluster.hadoop_settings(spec, cluster.Ports())
+    assert secure["hadoop.security.authentication"] == "kerberos"
+    service = "hadoop/127.0.0.1@EXAMPLE.COM"  # literal: the cluster binds 127.0.0.1, never _HOST
+    assert {secure[k] for k in ("dfs.namenode.kerberos.principal", "dfs.datanode.kerberos.principal",
+                                "yarn.resourcemanager.principal", "yarn.nodemanager.principal")} == {service}
+    assert secure["hvdtrain.kdc.keytab.hvdtrain.keytab"] == "hvdtrain" and spec.user_principal == "hvdtrain@EXAMPLE.COM"
+    assert secure["hvdtrain.kdc.ticket-seconds"] == "80"
+    assert secure["dfs.namenode.delegation.token.renew-interval"] == "60000"
+    assert f"-Djava.security.krb5.conf={spec.krb5_conf}" in secure["yarn.nodemanager.admin-env"]
+    details = {"hadoop_conf_dir": "/c", "krb5_conf": spec.krb5_conf}
+    assert cluster.client_env(details)["SPARK_SUBMIT_OPTS"] == f"-Djava.security.krb5.conf={spec.krb5_conf}"
+    assert "SPARK_SUBMIT_OPTS" not in cluster.client_env({"hadoop_conf_dir": "/c"})
 
 
 def test_hdfs_uri_maps_to_the_namenodes_webhdfs_address():
