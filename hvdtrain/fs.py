@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from hvdtrain import hadoop_conf, hadoop_tokens
+from hvdtrain import hadoop_conf, hadoop_tokens, secrets
 from hvdtrain.errors import ANY_ERROR, DataError, EnvironmentProblem, StorageError
 from hvdtrain.webhdfs import WebHdfsHandler
 
@@ -102,10 +102,11 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
                                    "ask its admin (hdfs dfsadmin -safemode get), then rerun") from exc
             if not is_transient(exc) or attempt == policy.attempts:
                 if is_transient(exc):
-                    raise StorageError(f"{what}: failed after {attempt} attempts; last error: {exc}") from exc
+                    raise StorageError(f"{what}: failed after {attempt} attempts; last error: "
+                                       f"{secrets.redact_text(str(exc))}") from exc
                 raise
             delay = policy.delay(attempt, rng)
-            log.warning("%s: transient error (%s), retry %d/%d in %.1fs", what, exc, attempt,
+            log.warning("%s: transient error (%s), retry %d/%d in %.1fs", what, secrets.redact_text(str(exc)), attempt,
                         policy.attempts - 1, delay)
             sleep(delay)
             attempt += 1

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
+from hvdtrain import secrets
 from hvdtrain.errors import ANY_ERROR, EnvironmentProblem
 
 log = logging.getLogger("hvdtrain.hadoop_tokens")
@@ -43,6 +44,7 @@ log = logging.getLogger("hvdtrain.hadoop_tokens")
 HDFS_TOKEN_KIND = "HDFS_DELEGATION_TOKEN"
 # A token the driver keeps renewed (:class:`TokenRenewer`), handed to the ranks; before the container's own.
 TOKEN_ENV = "HVDTRAIN_HDFS_TOKEN"
+TOKEN_FS_ENV = "HVDTRAIN_HDFS_TOKEN_FS"  # the hdfs://host:port that token is for
 TOKEN_FILE_ENV = "HADOOP_TOKEN_FILE_LOCATION"
 MAGIC = b"HDTS"
 
@@ -151,12 +153,16 @@ def url_string(token: Token) -> str:
 
 
 def hdfs_token(tokens: list[Token], namenode: str) -> Optional[Token]:
-    """The HDFS delegation token for ``namenode`` (``host:port``; its service), else the only HDFS one (pure)."""
+    """The HDFS delegation token for ``namenode`` (``host[:port]``) (pure): the one whose service is that address,
+    else the only one on that port (services are usually ``ip:port``), else the only HDFS token; None when that
+    leaves a choice between NameNodes (federation) or none."""
     hdfs = [t for t in tokens if t.kind == HDFS_TOKEN_KIND]
-    port = namenode.rpartition(":")[2]
-    same = [t for t in hdfs if t.service == namenode or (port and t.service.endswith(f":{port}"))]
-    found = same or hdfs
-    return found[0] if found else None
+    host, _, port = namenode.rpartition(":") if ":" in namenode else (namenode, "", "8020")
+    for candidates in ([t for t in hdfs if t.service in (namenode, f"{host}:{port}")],
+                       [t for t in hdfs if t.service.rpartition(":")[2] == port], hdfs):
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
 
 
 def kerberos_enabled(props: Mapping[str, str]) -> bool:
@@ -186,24 +192,36 @@ def forget() -> None:
 def webhdfs_token(fs_uri: str, env: Mapping[str, str] = os.environ) -> str:
     """A delegation token (URL string) for the NameNode of ``fs_uri`` (``hdfs://host:port``): from the
     container's token file, else from this process's Spark driver JVM, else from a JVM logged in here."""
-    if env.get(TOKEN_ENV):
-        return env[TOKEN_ENV]
     namenode = fs_uri.split("://", 1)[-1].split("/", 1)[0]
+    if env.get(TOKEN_ENV) and env.get(TOKEN_FS_ENV, "").split("://", 1)[-1] == namenode:
+        return _known(env[TOKEN_ENV])
     token_file = env.get(TOKEN_FILE_ENV)
     if token_file and os.path.isfile(token_file):
         with open(token_file, "rb") as fh:
-            token = hdfs_token(read_token_file(fh.read()), namenode)
+            data = fh.read()
+        try:
+            token = hdfs_token(read_token_file(data), namenode)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EnvironmentProblem(f"{TOKEN_FILE_ENV}={token_file} is not a Hadoop token file this can read "
+                                     f"({exc}); was it written by Hadoop's Credentials?") from None
         if token is not None:
-            return url_string(token)
+            return _known(url_string(token))
     spark = sys.modules.get("pyspark")
     context = spark.SparkContext._active_spark_context if spark else None
-    if context is not None:  # asked each time: Spark replaces the driver's tokens before they lapse
-        return str(_token_from_jvm(context._jvm, context._jsc.hadoopConfiguration(), fs_uri).encodeToUrlString())
+    held = _held_token(context._jvm, fs_uri) if context is not None else None
+    if held is not None:  # asked each time: Spark replaces the driver's tokens before they lapse
+        return _known(held)
     with _lock:
         if fs_uri not in _fetched or time.time() >= _fetched[fs_uri][1]:
             fresh, expires = _fetch(fs_uri)
-            _fetched[fs_uri] = fresh, _renew_at(expires)
+            _fetched[fs_uri] = _known(fresh), _renew_at(expires)
         return _fetched[fs_uri][0]
+
+
+def _known(token: str) -> str:
+    """``token``, masked from here on in every log line (WebHDFS URLs carry it as ``delegation=``)."""
+    secrets.protect_logging(token)
+    return token
 
 
 def _renew_at(expires: float, fraction: float = 0.75) -> float:
@@ -303,6 +321,7 @@ def renew(token_url: str) -> float:
 
 
 def _in_own_process(action: str, arg: str) -> dict[str, Any]:
+    """(``arg`` goes on stdin: a token must not be on a command line, which every local user can read.)"""
     """Run :func:`main` in a Python process of its own: pyspark's ``launch_gateway`` in a Spark driver would join
     (and its shutdown stop) the driver's own JVM (PYSPARK_GATEWAY_PORT), so the logged-in JVM is started apart."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # a folder or the code zip
@@ -311,7 +330,7 @@ def _in_own_process(action: str, arg: str) -> dict[str, Any]:
     if _login:
         env.update({PRINCIPAL_ENV: _login["principal"], KEYTAB_ENV: _login["keytab"]})
     try:
-        proc = subprocess.run([sys.executable, "-m", "hvdtrain.hadoop_tokens", action, arg], env=env,
+        proc = subprocess.run([sys.executable, "-m", "hvdtrain.hadoop_tokens", action], env=env, input=arg,
                               capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"getting an HDFS delegation token ({action}) took over 300 s") from None
@@ -325,18 +344,24 @@ def _in_own_process(action: str, arg: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m hvdtrain.hadoop_tokens fetch FS_URI | renew TOKEN``: one JSON answer line (see
-    :func:`_in_own_process`); logs in from $HVDTRAIN_TOKEN_KEYTAB when set."""
+    """``python -m hvdtrain.hadoop_tokens fetch|renew`` with the FS URI or the token on stdin: one JSON answer
+    line (see :func:`_in_own_process`); logs in from $HVDTRAIN_TOKEN_KEYTAB when set."""
+    from py4j.protocol import Py4JJavaError
+
     use_keytab(os.environ.get(PRINCIPAL_ENV), os.environ.get(KEYTAB_ENV))
+    arg = sys.stdin.read().strip()
     try:
         if argv[0] == "fetch":
-            token, expires = _fetch_here(argv[1])
+            token, expires = _fetch_here(arg)
             answer: dict[str, Any] = {"token": token, "expires": expires}
         else:
-            answer = {"expires": _renew_here(argv[1])}
+            answer = {"expires": _renew_here(arg)}
     except EnvironmentProblem as exc:
         print(f"hvdtrain: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Py4JJavaError as exc:  # the NameNode's or the KDC's refusal, as Java states it
+        print(f"hvdtrain: error: {str(exc.java_exception.toString()).splitlines()[0]}", file=sys.stderr)
+        return 4
     print(_ANSWER + json.dumps(answer), flush=True)
     return 0
 
@@ -353,7 +378,8 @@ class TokenRenewer:
 
     def __init__(self, fs_uri: str, retry: float = 30.0):
         self.fs_uri, self._retry = fs_uri, retry
-        self.token, self.expires = _fetch(fs_uri)
+        token, self.expires = _fetch(fs_uri)
+        self.token = _known(token)
         self.renewals = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hvdtrain-hdfs-token", daemon=True)
@@ -362,7 +388,13 @@ class TokenRenewer:
         wait = _renew_at(self.expires, 0.5) - time.time()
         while not self._stop.wait(max(1.0, wait)):
             try:
-                self.expires = renew(self.token)
+                expires = renew(self.token)
+                if expires <= self.expires:  # its max lifetime: renewing cannot extend it any more
+                    log.warning("the ranks' HDFS delegation token reached its max lifetime (the cluster's "
+                                "dfs.namenode.delegation.token.max-lifetime); it lapses at %s",
+                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires)))
+                    return
+                self.expires = expires
                 self.renewals += 1
                 wait = _renew_at(self.expires, 0.5) - time.time()
             except ANY_ERROR as exc:  # the ranks keep the token until it lapses: try again soon
@@ -379,15 +411,20 @@ class TokenRenewer:
         self._thread.join(timeout=60)
 
 
-def _token_from_jvm(jvm: Any, conf: Any, fs_uri: str) -> Any:
-    """A Java ``Token``: the HDFS one this JVM's user holds (a Spark driver's), else a new one."""
+def _held_token(jvm: Any, fs_uri: str) -> Optional[str]:
+    """The HDFS token for ``fs_uri`` this JVM's user holds (a Spark driver's: the ones Spark got for the
+    application; a token login cannot ask for more), or None (a local or standalone Spark session holds none)."""
     current = jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser()
     held = [t for t in current.getCredentials().getAllTokens().toArray() if str(t.getKind()) == HDFS_TOKEN_KIND]
-    if held:  # a Spark driver: the tokens Spark got for the application (a token login cannot ask for more)
-        namenode = fs_uri.split("://", 1)[-1].split("/", 1)[0]
-        services = [str(t.getService()) for t in held]
-        found = hdfs_token([Token(b"", b"", HDFS_TOKEN_KIND, service) for service in services], namenode)
-        return held[services.index(found.service) if found else 0]
+    services = [str(t.getService()) for t in held]
+    namenode = fs_uri.split("://", 1)[-1].split("/", 1)[0]
+    found = hdfs_token([Token(b"", b"", HDFS_TOKEN_KIND, service) for service in services], namenode)
+    return str(held[services.index(found.service)].encodeToUrlString()) if found else None
+
+
+def _token_from_jvm(jvm: Any, conf: Any, fs_uri: str) -> Any:
+    """A new Java ``Token`` for ``fs_uri``, this user its renewer."""
+    current = jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser()
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI(fs_uri), conf)
     user = current.getShortUserName()
     token = fs.getDelegationToken(user)

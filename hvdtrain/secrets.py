@@ -29,6 +29,7 @@ MASK = "***"
 SECRET_KEY = re.compile(r"(?:^|[._-])(?:token|secret|password|passwd|credentials?|api[_-]?key)(?:$|[._-])",
                         re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)(?P<password>[^\s@'\"/]+)(?=@)")
+_DELEGATION = re.compile(r"(?<=[?&]delegation=)[^&\s'\"]+")
 PRIVATE_UMASK = 0o077  # files 0600, folders 0700
 
 
@@ -38,8 +39,8 @@ def is_secret_key(key: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """Free text with every URL password masked."""
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    """Free text with every URL password and WebHDFS delegation token (``delegation=`` in a query) masked."""
+    return _DELEGATION.sub(MASK, _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text))
 
 
 def redact_url(url: str) -> str:

@@ -16,6 +16,8 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from hvdtrain import secrets
+
 _ERRORS = {"FileNotFoundException": FileNotFoundError, "AccessControlException": PermissionError}
 
 
@@ -30,7 +32,7 @@ def _remote_errors(path: str):
         kind = _ERRORS.get(getattr(exc, "exception", None) or "")
         if kind is None:
             raise
-        raise kind(f"{path}: {exc}") from exc
+        raise kind(f"{path}: {secrets.redact_text(str(exc))}") from exc
 
 
 def _builtin_errors(method):
@@ -76,7 +78,7 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         try:  # strict: the package's non-strict mode reads any refusal (an invalid token, 403) as "not found"
             status = self.client.status(path)
         except HdfsError as exc:
-            if getattr(exc, "exception", None) == "FileNotFoundException":
+            if getattr(exc, "exception", None) in ("FileNotFoundException", "ParentNotDirectoryException"):
                 return pafs.FileInfo(path, pafs.FileType.NotFound)
             raise
         mtime = status.get("modificationTime", 0) / 1000  # ms since the epoch

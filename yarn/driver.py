@@ -153,7 +153,7 @@ def hdfs_token_for_ranks(cfg: JobConfig) -> Iterator[dict[str, str]]:
         return
     hadoop_tokens.use_keytab(y.principal, y.keytab)
     with hadoop_tokens.TokenRenewer(props["fs.defaultFS"]) as renewer:
-        yield {hadoop_tokens.TOKEN_ENV: renewer.token}
+        yield {hadoop_tokens.TOKEN_ENV: renewer.token, hadoop_tokens.TOKEN_FS_ENV: props["fs.defaultFS"]}
     print(f"hvdtrain: the ranks' HDFS delegation token was renewed {renewer.renewals} times while they ran",
           flush=True)
 

@@ -54,7 +54,7 @@ from hvdtrain import config as config_mod
 from hvdtrain import console, envcheck, fs, hadoop_conf, hadoop_tokens, secrets, startup
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
+from hvdtrain.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
 from hvdtrain.launch import LAUNCHER_RECORD, spark_malloc_env
 from yarn import packaging
 
@@ -473,7 +473,7 @@ def jvm_yarn_cli(argv: Sequence[str]) -> envcheck.CommandResult:
     """``yarn application -status|-kill ID`` through Hadoop's YarnClient in a JVM logged in from the keytab, for a
     ``--principal/--keytab`` submission on a host with no ticket cache (the ``yarn`` CLI would find no
     credentials and retry for minutes). The status is printed as the CLI prints it, for :func:`parse_final_state`."""
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JJavaError
 
     action, app_id = argv[2], argv[3]
     try:
@@ -491,7 +491,10 @@ def jvm_yarn_cli(argv: Sequence[str]) -> envcheck.CommandResult:
                                                  f"\tFinal-State : {report.getFinalApplicationStatus()}\n")
             finally:
                 client.stop()
-    except (Py4JError, HvdtrainError) as exc:
+    except Py4JJavaError as exc:  # the ResourceManager's answer, as Java states it
+        why = str(exc.java_exception.toString()).splitlines()[0]
+        return envcheck.CommandResult(1, f"YarnClient (logged in from the keytab): {why[:300]}")
+    except ANY_ERROR as exc:  # no JVM, a gateway that would not start or stop: the state stays unknown, not a crash
         return envcheck.CommandResult(1, f"YarnClient (logged in from the keytab): {str(exc).splitlines()[0][:300]}")
 
 

@@ -436,6 +436,10 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
     """Start the cluster (or find it running) and wait until it serves; returns :func:`status`."""
     running = status(spec)
     if running:
+        if ("kdc" in running) != spec.secure:
+            raise EnvironmentProblem(f"a {'secure' if 'kdc' in running else 'plain'} cluster already runs in "
+                                     f"{spec.home} (pid {running['pid']}); stop it (hvdtrain cluster down) to start a "
+                                     f"{'secure' if spec.secure else 'plain'} one, or use another --home")
         print(f"hvdtrain cluster: already running (pid {running['pid']})", file=out)
         return running
     down(spec, quiet=True)  # a JVM still starting, or stale files of one that died

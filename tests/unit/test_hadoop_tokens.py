@@ -82,3 +82,33 @@ def test_a_kerberos_cluster_without_a_ticket_is_one_line_and_a_keytab_is_used(tm
     (tmp_path / "core-site.xml").write_text("<configuration/>")  # not a Kerberos cluster: nothing asked
     (tmp_path / "none").unlink()
     submit.kerberos_login(str(tmp_path), SimpleNamespace(principal=None, keytab=None))
+
+
+def test_two_namenodes_on_one_port_are_never_guessed_between() -> None:
+    a = Token(b"a", b"", "HDFS_DELEGATION_TOKEN", "10.0.0.1:8020")
+    b = Token(b"b", b"", "HDFS_DELEGATION_TOKEN", "10.0.0.2:8020")
+    assert hadoop_tokens.hdfs_token([a, b], "10.0.0.2:8020") is b  # the exact service first
+    assert hadoop_tokens.hdfs_token([a, b], "nn1.example.com:8020") is None  # two on that port: no guess
+    assert hadoop_tokens.hdfs_token([a], "nn1.example.com") is a  # no port: 8020
+
+
+def test_the_drivers_token_serves_only_its_namenode_and_a_bad_token_file_is_named(tmp_path) -> None:
+    env = {hadoop_tokens.TOKEN_ENV: "T0KEN", hadoop_tokens.TOKEN_FS_ENV: "hdfs://nn:8020",
+           hadoop_tokens.TOKEN_FILE_ENV: str(DATA / "hadoop-tokens-writable.bin")}
+    try:
+        assert hadoop_tokens.webhdfs_token("hdfs://nn:8020", env) == "T0KEN"
+        assert hadoop_tokens.webhdfs_token("hdfs://other:44365", env) == JAVA_URL  # the container's, by its port
+        bad = tmp_path / "tokens"
+        bad.write_bytes(b"HDTS\x07junk")
+        with pytest.raises(EnvironmentProblem, match=rf"HADOOP_TOKEN_FILE_LOCATION={bad} is not a Hadoop token file"):
+            hadoop_tokens.webhdfs_token("hdfs://other:1", {hadoop_tokens.TOKEN_FILE_ENV: str(bad)})
+    finally:
+        hadoop_tokens.forget()
+
+
+def test_a_delegation_token_in_an_error_is_masked() -> None:
+    from hvdtrain import secrets
+
+    text = ("HTTPConnectionPool(host='nn', port=9870): Max retries exceeded with url: "
+            "/webhdfs/v1/a?op=GETFILESTATUS&delegation=LgAUaHZkdHJh-_x&user.name=x (Caused by ...)")
+    assert secrets.redact_text(text) == text.replace("LgAUaHZkdHJh-_x", "***")
