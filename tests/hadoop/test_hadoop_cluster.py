@@ -7,8 +7,8 @@ container request (refused in seconds, naming why), and one YARN job: ``hvdtrain
 on two NodeManagers, with the env archive packed, uploaded to HDFS and localized, one executor's container killed
 mid-training and the job resumed exactly from its HDFS checkpoint. The other YARN jobs (``hvdtrain yarn etl``,
 a plain ``submit`` and a second submission reusing the archive, ``score``, Ctrl-C killing a cluster-mode
-application) are opt-in (HVDTRAIN_TEST_YARN_JOBS=1; see YARN_JOBS): they pass here, but would take the suite
-past its 20 minutes.
+application) are opt-in (HVDTRAIN_TEST_YARN_JOBS=1; see YARN_JOBS): they pass here, but would take the tier
+past its 10 minutes.
 """
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words":
 # with the one YARN job it runs, cannot spare them.
 YARN_JOBS = os.environ.get("HVDTRAIN_TEST_YARN_JOBS") == "1"
 yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the other YARN jobs (etl, submit twice, score, Ctrl-C) add "
-                               "about 2.5 min on a 2-core host, more than the suite's 20 min can spare: set "
-                               "HVDTRAIN_TEST_YARN_JOBS=1 to run them")
+                               "about 5 min on a 2-core host, past the hadoop tier's 10 min (538 s without them): "
+                               "set HVDTRAIN_TEST_YARN_JOBS=1 to run them")
 PYSPARK_JARS = cluster.pyspark_jars_dir()
 
 
