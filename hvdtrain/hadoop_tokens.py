@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -36,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
-from hvdtrain import secrets
+from hvdtrain import envcheck, secrets
 from hvdtrain.errors import ANY_ERROR, EnvironmentProblem
 
 log = logging.getLogger("hvdtrain.hadoop_tokens")
@@ -192,20 +193,14 @@ def forget() -> None:
 def webhdfs_token(fs_uri: str, env: Mapping[str, str] = os.environ) -> str:
     """A delegation token (URL string) for the NameNode of ``fs_uri`` (``hdfs://host:port``): from the
     container's token file, else from this process's Spark driver JVM, else from a JVM logged in here."""
-    namenode = fs_uri.split("://", 1)[-1].split("/", 1)[0]
-    if env.get(TOKEN_ENV) and env.get(TOKEN_FS_ENV, "").split("://", 1)[-1] == namenode:
+    namenode = _namenode(fs_uri)
+    if env.get(TOKEN_ENV) and _namenode(env.get(TOKEN_FS_ENV, "")) == namenode:
         return _known(env[TOKEN_ENV])
     token_file = env.get(TOKEN_FILE_ENV)
     if token_file and os.path.isfile(token_file):
-        with open(token_file, "rb") as fh:
-            data = fh.read()
-        try:
-            token = hdfs_token(read_token_file(data), namenode)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise EnvironmentProblem(f"{TOKEN_FILE_ENV}={token_file} is not a Hadoop token file this can read "
-                                     f"({exc}); was it written by Hadoop's Credentials?") from None
-        if token is not None:
-            return _known(url_string(token))
+        from_file = _file_token(token_file, os.stat(token_file).st_mtime_ns, namenode)
+        if from_file is not None:
+            return from_file
     spark = sys.modules.get("pyspark")
     context = spark.SparkContext._active_spark_context if spark else None
     held = _held_token(context._jvm, fs_uri) if context is not None else None
@@ -216,6 +211,24 @@ def webhdfs_token(fs_uri: str, env: Mapping[str, str] = os.environ) -> str:
             fresh, expires = _fetch(fs_uri)
             _fetched[fs_uri] = _known(fresh), _renew_at(expires)
         return _fetched[fs_uri][0]
+
+
+def _namenode(fs_uri: str) -> str:
+    """``host:port`` of ``hdfs://host:port/path`` (pure)."""
+    return fs_uri.split("://", 1)[-1].split("/", 1)[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _file_token(token_file: str, mtime_ns: int, namenode: str) -> Optional[str]:
+    """The URL string of the token for ``namenode`` in a token file (cached per file version: every fs call asks)."""
+    with open(token_file, "rb") as fh:
+        data = fh.read()
+    try:
+        token = hdfs_token(read_token_file(data), namenode)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EnvironmentProblem(f"{TOKEN_FILE_ENV}={token_file} is not a Hadoop token file this can read "
+                                 f"({exc}); was it written by Hadoop's Credentials?") from None
+    return _known(url_string(token)) if token is not None else None
 
 
 def _known(token: str) -> str:
@@ -231,12 +244,12 @@ def _renew_at(expires: float, fraction: float = 0.75) -> float:
     return now + max(0.0, expires - now) * fraction
 
 
-def ticket_problem(run_klist: Optional[Any] = None) -> Optional[str]:
+def ticket_problem() -> Optional[str]:
     """None when this host has a Kerberos ticket (or cannot tell), else what to do, in one line."""
     klist = shutil.which("klist")
     if klist is not None:
-        ok = (run_klist or (lambda: subprocess.run([klist, "-s"], capture_output=True, timeout=30).returncode))()
-        return None if ok == 0 else "klist -s finds no valid ticket"
+        return None if envcheck.run_command([klist, "-s"], timeout=30).returncode == 0 else \
+            "klist -s finds no valid ticket"
     cache = os.environ.get("KRB5CCNAME", f"FILE:/tmp/krb5cc_{os.getuid()}")
     path = cache.split(":", 1)[1] if cache.startswith("FILE:") else cache
     if cache.startswith(("FILE:", "/")) and not os.path.exists(path):
@@ -417,8 +430,7 @@ def _held_token(jvm: Any, fs_uri: str) -> Optional[str]:
     current = jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser()
     held = [t for t in current.getCredentials().getAllTokens().toArray() if str(t.getKind()) == HDFS_TOKEN_KIND]
     services = [str(t.getService()) for t in held]
-    namenode = fs_uri.split("://", 1)[-1].split("/", 1)[0]
-    found = hdfs_token([Token(b"", b"", HDFS_TOKEN_KIND, service) for service in services], namenode)
+    found = hdfs_token([Token(b"", b"", HDFS_TOKEN_KIND, service) for service in services], _namenode(fs_uri))
     return str(held[services.index(found.service)].encodeToUrlString()) if found else None
 
 
