@@ -348,7 +348,7 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    """``hvdtrain cluster up|status|down``: the one-machine Hadoop (hvdtrain/minicluster)."""
+    """``hvdtrain cluster up|status|down|fetch``: the one-machine Hadoop (hvdtrain/minicluster)."""
     spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
                                    secure=args.secure,
                                    ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())
@@ -451,8 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                     config=False, add_help=False)
     yarn.add_argument("rest", nargs=argparse.REMAINDER, help="submit CONFIG [options]; see hvdtrain yarn submit -h")
     cl = _command(sub, "cluster", cmd_cluster, "a one-machine Hadoop (HDFS + YARN, Apache Hadoop's minicluster) for "
-                  "tests and trying --master yarn: hvdtrain cluster up|status|down", config=False)
-    cl.add_argument("action", choices=["up", "status", "down"])
+                  "tests and trying --master yarn: hvdtrain cluster up|status|down|fetch", config=False)
+    cl.add_argument("action", choices=["up", "status", "down", "fetch"],
+                    help="fetch: only get the jars with Maven and compile the launcher (what up does first, once)")
     cl.add_argument("--home", help="the cluster's folder (default $HVDTRAIN_CLUSTER_HOME or ~/.hvdtrain/cluster)")
     cl.add_argument("--json", action="store_true", help="print the cluster's details as JSON")
     cl.add_argument("--secure", action="store_true", help="up: Kerberos on every daemon, with a MiniKdc and a keytab "

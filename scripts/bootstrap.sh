@@ -16,4 +16,10 @@ fi
 echo "[env] installing hvdtrain and its dependencies (TensorFlow, Spark, MLflow; a few minutes the first time)"
 "$VENV/bin/python" -m pip install --quiet -e "$HERE/..[dev]"
 bash "$HERE/build_horovod.sh" "$VENV/bin/python"
+# The one-machine Hadoop's jars (hvdtrain cluster, the hadoop test tier): fetched once by Maven, here rather
+# than inside the first test session. Without a JDK and Maven the tier says so itself; nothing else needs them.
+if command -v javac > /dev/null && command -v mvn > /dev/null; then
+  "$VENV/bin/hvdtrain" cluster fetch \
+    || echo "[env] note: the Hadoop minicluster jars could not be fetched (above); hvdtrain cluster up will try again" >&2
+fi
 echo "[env] ready: $VENV"

@@ -548,6 +548,11 @@ def main(action: str, spec: ClusterSpec, as_json: bool = False, out: TextIO = sy
     if action == "down":
         down(spec, out=out)
         return 0
+    if action == "fetch":
+        version, classpath = prepare()
+        print(f"hvdtrain cluster: Hadoop {version} jars and launcher ready in {os.path.dirname(classpath.split(':')[0])}",
+              file=out)
+        return 0
     details = up(spec, out=sys.stderr if as_json else out) if action == "up" else status(spec)
     if details is None:
         print(json.dumps({"running": False, "home": spec.home}) if as_json
