@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Iterator
 
@@ -27,18 +28,56 @@ def hadoop_cluster() -> Iterator[dict]:
     # Container logs are not kept past their application: the cluster (home and all) is deleted at the end,
     # and a NodeManager holding finished applications' logs takes 16 s to stop.
     spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0)
+    # The pack cache: the venv is packed once per environment, not once per session (HDFS starts empty).
+    pack_cache = os.environ.get(PACK_CACHE_ENV) or os.path.join(cluster.cache_root(), "env-archives")
+    prepack = _start_prepack(pack_cache)
     try:
         details = cluster.up(spec)
         # SPARK_LOCAL_IP: the drivers spark-submit starts here bind to loopback, as the cluster does.
-        # The pack cache: the venv is packed once per environment, not once per session (HDFS starts empty).
         details["env"] = {"HADOOP_CONF_DIR": spec.conf_dir, "PATH": f"{spec.bin_dir}{os.pathsep}{os.environ['PATH']}",
-                          "HVDTRAIN_CLUSTER_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
-                          PACK_CACHE_ENV: os.environ.get(PACK_CACHE_ENV)
-                          or os.path.join(cluster.cache_root(), "env-archives")}
+                          "HVDTRAIN_CLUSTER_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1", PACK_CACHE_ENV: pack_cache}
+        details["prepack"] = prepack
         yield details
     finally:
+        if prepack.poll() is None:
+            prepack.kill()
         cluster.down(spec, quiet=True)
         _delete_in_background(home)  # the cluster's HDFS blocks and container folders
+
+
+# The first YARN job of a session packs this venv (3 GB) into the pack cache unless an earlier session did: a
+# minute on 2 cores, on a fresh machine (CI). The packing starts with the session instead, in the background,
+# while the cluster starts and the tier's first tests run (they wait on JVMs); the YARN jobs wait for it
+# (``packed_env``). It runs the same code as a submission (the environment's hash from the Horovod build probe,
+# then ``yarn.packaging``'s packing into the cache); a failure here only means the first job packs.
+PREPACK = """
+import tempfile
+from hvdtrain import envcheck
+from yarn import packaging
+digest = packaging.env_hash(packaging.current_identity(envcheck.probe_horovod_build()))
+with tempfile.TemporaryDirectory(prefix="hvdtrain-prepack-") as tmp:
+    packaging._packed(digest, None, packaging.venv_pack, print, tmp)
+"""
+
+
+def _start_prepack(pack_cache: str) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, PACK_CACHE_ENV: pack_cache, "PYTHONPATH": root, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    log = tempfile.TemporaryFile(mode="w+")  # not a pipe: nobody reads it until a YARN job waits
+    proc = subprocess.Popen([sys.executable, "-c", PREPACK], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def packed_env(details: dict) -> None:
+    """Wait for the session's background packing (every YARN job of the tier calls this before submitting: two
+    packings of one environment must not write the cache at once)."""
+    prepack: subprocess.Popen = details["prepack"]
+    if prepack.wait(timeout=900) != 0:
+        prepack.log.seek(0)  # type: ignore[attr-defined]
+        print(f"background packing failed (exit {prepack.returncode}); the first YARN job packs:\n"
+              f"{prepack.log.read()[-2000:]}")  # type: ignore[attr-defined]
 
 
 def _delete_in_background(folder: str) -> None:

@@ -3,12 +3,16 @@
 tests/hadoop/conftest.py starts it once per session and always stops it. What runs here meets a real NameNode,
 DataNode, ResourceManager and two NodeManagers: the cluster on loopback with two NodeManagers, hdfs:// from
 Python, safe mode during a checkpoint write (waited out), an unreachable ResourceManager and an oversized
-container request (refused in seconds, naming why), and one YARN job: ``hvdtrain yarn submit`` on two executors
-on two NodeManagers, with the env archive packed, uploaded to HDFS and localized, one executor's container killed
-mid-training and the job resumed exactly from its HDFS checkpoint. The other YARN jobs (``hvdtrain yarn etl``,
-a plain ``submit`` and a second submission reusing the archive, ``score``, Ctrl-C killing a cluster-mode
-application) are opt-in (HVDTRAIN_TEST_YARN_JOBS=1; see YARN_JOBS): they pass here, but would take the tier
-past its 10 minutes.
+container request (refused in seconds, naming why), and four YARN applications, each a step of a team's loop:
+
+1. ``hvdtrain yarn etl --master yarn``: a Hive table whose warehouse is on HDFS to TFRecords published on HDFS;
+   the first job, so it packs the env archive, uploads it to the env cache on HDFS, and the NodeManagers
+   localize it;
+2. ``hvdtrain yarn submit --num-workers 2`` on that dataset: the archive reused (no second upload), two
+   executors on two NodeManagers, one executor's container killed mid-training and the job resumed exactly from
+   its HDFS checkpoint, the export on HDFS;
+3. ``hvdtrain yarn score --master yarn`` with that export, its predictions table's warehouse on HDFS;
+4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left.
 """
 from __future__ import annotations
 
@@ -36,29 +40,13 @@ from benchmarks import kill_drill
 from hvdtrain import checkpoint, config, fs, manifest, startup
 from hvdtrain.errors import ANY_FAILURE
 from hvdtrain.minicluster import cluster
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
-from tests.hadoop.conftest import cluster_env
-from tests.multiprocess.test_yarn_local import (
-    REPO,
-    assert_trained,
-    read_records,
-    run_submit,
-    submit_command,
-    submit_env,
-    write_job,
-)
+from tests.hadoop.conftest import cluster_env, packed_env
+from tests.multiprocess.test_yarn_local import REPO, read_records, run_submit, submit_command, submit_env, write_job
 
 pytestmark = pytest.mark.hadoop
 
 SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
           "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
-# Four more YARN applications (spark-submit, an application master and two executor JVMs each, TensorFlow in
-# every rank): about 2.5 more minutes on an idle 2-core host (docs/hadoop.md); the suite, at about 20 minutes
-# with the one YARN job it runs, cannot spare them.
-YARN_JOBS = os.environ.get("HVDTRAIN_TEST_YARN_JOBS") == "1"
-yarn_jobs = pytest.mark.skipif(not YARN_JOBS, reason="the other YARN jobs (etl, submit twice, score, Ctrl-C) add "
-                               "about 5 min on a 2-core host, past the hadoop tier's 10 min (538 s without them): "
-                               "set HVDTRAIN_TEST_YARN_JOBS=1 to run them")
 PYSPARK_JARS = cluster.pyspark_jars_dir()
 
 
@@ -91,6 +79,9 @@ def test_cluster_is_up_on_loopback_with_two_nodemanagers(hadoop_cluster: dict) -
     assert status["hadoop_version"] == "3.4.1" and status["pid"] == hadoop_cluster["pid"]
     again = subprocess.run([*cli, "up"], capture_output=True, text=True, env=env)  # up twice is harmless
     assert again.returncode == 0 and f"already running (pid {status['pid']})" in again.stdout
+    fetch = subprocess.run([*cli, "fetch"], capture_output=True, text=True, env=env)  # what make env runs: cached
+    assert fetch.returncode == 0 and "hvdtrain cluster: Hadoop 3.4.1 jars and launcher ready in" in fetch.stdout, \
+        fetch.stdout + fetch.stderr
     nodes = hadoop_cli("yarn", "node", "-list")
     assert "Total Nodes:2" in nodes and nodes.count("RUNNING") == 2
     listening = [c.laddr for c in psutil.Process(status["pid"]).net_connections("inet")
@@ -245,29 +236,13 @@ def hdfs_dataset(hadoop_cluster: dict, etl_job: Path) -> str:
     NameNode). The first YARN job: it packs the env archive and uploads it to the env cache on HDFS."""
     cmd = [sys.executable, "-m", "hvdtrain.cli", "yarn", "etl", str(etl_job), "--master", "yarn",
            "--create-sample-table", "--overwrite", "--num-executors", "2"]
+    packed_env(hadoop_cluster)
     with cluster_env(hadoop_cluster):
         proc = run_submit(cmd, timeout=1500)
     assert "env archive: uploading" in proc.stdout + proc.stderr
     return config.load(str(etl_job)).etl.output
 
 
-@pytest.fixture(scope="module")
-def trained(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
-            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """``hvdtrain yarn submit --master yarn --num-workers 2``; returns (train.output, the launcher's output)."""
-    folder = tmp_path_factory.mktemp("hadoop-train")
-    output = f"{hdfs_root}/train"
-    job = write_job(folder, "clustertrain", hdfs_dataset, output, epochs=2, tracking=True,
-                    yarn=yarn_block(hdfs_root, **SPREAD, env={"SPARK_LOCAL_IP": "127.0.0.1",
-                                                              "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db"}))
-    job.write_text(job.read_text() + f"checkpoint:\n  dir: {output}-checkpoints\n")  # checkpoints on HDFS too
-    with cluster_env(hadoop_cluster):
-        proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "submit", str(job), "--num-workers", "2"],
-                          timeout=1500)
-    return output, proc.stdout + proc.stderr
-
-
-@yarn_jobs
 @pytest.mark.timeout(1800)
 def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str) -> None:
     m = manifest.read(hdfs_dataset)
@@ -278,66 +253,9 @@ def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str)
     assert fs.listdir(f"{hdfs_root}/warehouse/hvdtrain_test.db/reviews")  # the Hive table's files, on HDFS
 
 
-@yarn_jobs
-@pytest.mark.timeout(1800)
-def test_yarn_submit_trains_on_two_nodemanagers_and_reuses_the_archive(trained: tuple[str, str]) -> None:
-    output, out = trained
-    assert "env archive: reusing" in out and "env archive: uploading" not in out  # packed by the ETL already
-    app = re.search(r"application_\d+_\d+", out)
-    assert app, out[-3000:]
-    assert f"result: {output}/yarn_result.json" in out
-    assert f"hvdtrain: {app.group(0)} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId" in out
-    doc = read_records(f"{output}/yarn_result.json")
-    assert_trained(doc, world_size=2, min_accuracy=0.5)
-    assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
-    assert all(r["container"].startswith("container_") for r in doc["ranks"])
-    assert checkpoint.latest_valid(f"{output}-checkpoints") is not None
-    assert fs.exists(f"{output}/model.keras")
-    status = hadoop_cli("yarn", "application", "-status", app.group(0))
-    assert re.search(r"Final-State\s*:\s*SUCCEEDED", status), status
-    # The ranks' start-up clock starts at the command: spark-submit, the application master, the containers and
-    # the archive's localization are its "launcher" phase (seconds at least: a JVM start alone is one).
-    phases = json.loads(fs.read_bytes(f"{output}/eval_report.json"))["startup"]
-    assert list(phases)[0] == "launcher" and phases["launcher"] > 5, phases
-    print(f"hvdtrain yarn submit (archive cached on HDFS): {startup.describe(phases)}")
-
-
-@yarn_jobs
-@pytest.mark.timeout(1800)
-def test_yarn_score_writes_predictions_with_the_warehouse_on_hdfs(trained: tuple[str, str], etl_job: Path,
-                                                                  hdfs_root: str) -> None:
-    output, _ = trained
-    run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "score", str(etl_job), "--model", output,
-                "--output-table", "hvdtrain_test.preds", "--partition", "ds=1"], timeout=1500)
-    assert fs.listdir(f"{hdfs_root}/warehouse/hvdtrain_test.db/preds/ds=1")
-
-
-@yarn_jobs
-@pytest.mark.timeout(1800)
-def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: str, tmp_path: Path) -> None:
-    job = write_job(tmp_path, "clusterstop", hdfs_dataset, f"{hdfs_root}/train-stop", epochs=200,
-                    yarn=yarn_block(hdfs_root, deploy_mode="cluster"))
-    log = tmp_path / "submit.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(submit_command(job, "--num-workers", "2"), cwd=REPO, env=submit_env(), stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
-        try:
-            app_id = _wait_for_app(log, proc, timeout=900)
-            _wait_for_state(app_id, {"RUNNING"}, timeout=600)
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert f"{app_id} killed" in log.read_text()
-    assert _wait_for_state(app_id, {"KILLED", "FAILED", "FINISHED"}, timeout=300) == "KILLED"
-    nodes = hadoop_cli("yarn", "node", "-list")
-    assert re.findall(r"RUNNING\s+\S+\s+(\d+)", nodes) == ["0", "0"], nodes  # no container left
-
-
 # -- a container lost mid-training -------------------------------------------------------------------------
 
-KILL_EVERY, KILL_EPOCHS = 4, 2  # checkpoint.every_steps and epochs of the killed run (15 steps an epoch)
+KILL_EVERY, KILL_EPOCHS = 4, 2  # checkpoint.every_steps and epochs of the killed run (29 steps an epoch)
 
 
 def _executor_jvms(app_id: str) -> list[psutil.Process]:
@@ -352,29 +270,14 @@ def _executor_jvms(app_id: str) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def hdfs_synthetic(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A generated TFRecord dataset (known ceiling, 15 steps an epoch at 2 ranks) copied to HDFS: the killed
-    run reads it so that it needs no YARN ETL before it (the ETL's own publish to HDFS has its tests)."""
-    local = tmp_path_factory.mktemp("synthetic")
-    make_text_dataset(str(local), TextSpec(layout=Layout(n_per_split={"train": 480, "validation": 61, "test": 67},
-                                                         shards_per_split=4), class_rate=0.35, seed=11))
-    remote = f"{hdfs_root}/synthetic"
-    with cluster_env(hadoop_cluster):
-        for name in sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()):
-            fs.copy_from_local(str(local / name), f"{remote}/{name}")
-    return remote
-
-
-@pytest.fixture(scope="module")
-def killed(hadoop_cluster: dict, hdfs_synthetic: str, hdfs_root: str,
+def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``hvdtrain yarn submit --max-restarts 1`` whose first executor's JVM is SIGKILLed (its container lost)
-    once the first checkpoint is committed on HDFS; the driver relaunches the ranks in the same application.
-    In the suite it is the first YARN job: it packs the env archive (unless $HVDTRAIN_PACK_CACHE holds it),
-    uploads it to the fresh HDFS, and the NodeManagers localize it."""
+    """``hvdtrain yarn submit --num-workers 2 --max-restarts 1`` on the ETL's dataset, whose first executor's JVM
+    is SIGKILLed (its container lost) once the first checkpoint is committed on HDFS; the driver relaunches the
+    ranks in the same application. The second YARN job of the session: it reuses the archive the ETL uploaded."""
     folder = tmp_path_factory.mktemp("hadoop-kill")
     output = f"{hdfs_root}/train-killed"
-    job = write_job(folder, "clusterkill", hdfs_synthetic, output, epochs=KILL_EPOCHS, tracking=True,
+    job = write_job(folder, "clusterkill", hdfs_dataset, output, epochs=KILL_EPOCHS, tracking=True,
                     record_trace=str(folder / "trace"),
                     yarn=yarn_block(hdfs_root, **SPREAD,
                                     env={"SPARK_LOCAL_IP": "127.0.0.1",
@@ -422,22 +325,33 @@ def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: s
 
 
 @pytest.mark.timeout(1800)
-def test_a_killed_executor_container_resumes_from_its_hdfs_checkpoint_exactly(killed: dict[str, Any],
-                                                                             hdfs_synthetic: str,
-                                                                             hdfs_root: str) -> None:
-    """The YARN job in the suite: the env archive on HDFS localized by the NodeManagers, two executors on two
-    NodeManagers, input, checkpoints and the export on HDFS, the MLflow run, a lost container resumed exactly,
-    and the command's closing line (id, final state, where the logs are)."""
-    doc, app_id = killed["doc"], killed["app_id"]
+def test_yarn_submit_on_two_nodemanagers_resumes_a_killed_container_exactly(killed: dict[str, Any],
+                                                                           hdfs_dataset: str,
+                                                                           hdfs_root: str) -> None:
+    """``hvdtrain yarn submit``: the env archive cached on HDFS (the ETL uploaded it; no second upload) and
+    localized by the NodeManagers, two executors on two NodeManagers, input, checkpoints and the export on HDFS,
+    the MLflow run, a lost container resumed exactly, and the command's closing lines (the result's path; the
+    application's id, final state and where its logs are)."""
+    doc, app_id, output, log = killed["doc"], killed["app_id"], killed["output"], killed["log"]
+    assert "env archive: reusing" in log and "env archive: uploading" not in log, log[-3000:]
     assert doc["ok"] and doc["world_size"] == 2 and len(doc["restarts"]) == 1, doc
-    assert doc["result"]["ranks_agree"] is True, doc["result"]
+    result = doc["result"]
+    assert result["ranks_agree"] is True and result["world_size"] == 2, result
+    assert result["test_accuracy"] >= 0.5, result
+    assert all(r["container"].startswith("container_") for r in doc["ranks"]), doc["ranks"]
     assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
     assert killed["report"]["resumed_from"], killed["report"]  # the relaunch continued from the HDFS checkpoint
     assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
-    assert f"hvdtrain: {app_id} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId {app_id}" in killed["log"]
+    assert f"hvdtrain: {app_id} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId {app_id}" in log
+    assert f"result: {output}/yarn_result.json" in log
     assert any(n.endswith(".tar.gz") for n in fs.listdir(f"{hdfs_root}/envs"))  # the archive the containers ran
-    assert fs.exists(f"{killed['output']}/model.keras")
-    steps = manifest.read(hdfs_synthetic).split("train").records // (16 * 2)
+    assert fs.exists(f"{output}/model.keras") and checkpoint.latest_valid(f"{output}-checkpoints") is not None
+    # The ranks' start-up clock starts at the command: spark-submit, the application master, the containers and
+    # the archive's localization are its "launcher" phase (seconds at least: a JVM start alone is one).
+    phases = killed["report"]["startup"]
+    assert list(phases)[0] == "launcher" and phases["launcher"] > 5, phases
+    print(f"hvdtrain yarn submit (archive cached on HDFS): {startup.describe(phases)}")
+    steps = manifest.read(hdfs_dataset).split("train").records // (16 * 2)
     kill_drill.assert_resumed_once_exactly(str(killed["trace"]), 2, KILL_EPOCHS, steps, 16, KILL_EVERY)
     import mlflow
 
@@ -481,3 +395,34 @@ def _wait_for_state(app_id: str, states: set[str], timeout: float) -> str:
             return state
         time.sleep(3)
     pytest.fail(f"{app_id} stayed {state} for {timeout}s (waiting for {sorted(states)})")
+
+
+@pytest.mark.timeout(1800)
+def test_yarn_score_writes_predictions_with_the_warehouse_on_hdfs(killed: dict[str, Any], etl_job: Path,
+                                                                  hdfs_root: str) -> None:
+    """``hvdtrain yarn score --master yarn`` with the model the killed-and-resumed job exported."""
+    run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "score", str(etl_job), "--model", killed["output"],
+                "--output-table", "hvdtrain_test.preds", "--partition", "ds=1"], timeout=1500)
+    assert fs.listdir(f"{hdfs_root}/warehouse/hvdtrain_test.db/preds/ds=1")
+
+
+@pytest.mark.timeout(1800)
+def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, "clusterstop", hdfs_dataset, f"{hdfs_root}/train-stop", epochs=200,
+                    yarn=yarn_block(hdfs_root, deploy_mode="cluster"))
+    log = tmp_path / "submit.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(submit_command(job, "--num-workers", "2"), cwd=REPO, env=submit_env(), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            app_id = _wait_for_app(log, proc, timeout=900)
+            _wait_for_state(app_id, {"RUNNING"}, timeout=600)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert f"{app_id} killed" in log.read_text()
+    assert _wait_for_state(app_id, {"KILLED", "FAILED", "FINISHED"}, timeout=300) == "KILLED"
+    nodes = hadoop_cli("yarn", "node", "-list")
+    assert re.findall(r"RUNNING\s+\S+\s+(\d+)", nodes) == ["0", "0"], nodes  # no container left
