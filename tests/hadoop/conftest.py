@@ -39,8 +39,9 @@ def hadoop_cluster() -> Iterator[dict]:
         details["prepack"] = prepack
         yield details
     finally:
-        if prepack.poll() is None:
-            prepack.kill()
+        # Waited for, never killed: a killed venv-pack leaves its half-written archive in /tmp. In a session
+        # without YARN jobs (one module run alone) that is up to a minute here, and the cache is filled for later.
+        prepack.wait(timeout=900)
         cluster.down(spec, quiet=True)
         _delete_in_background(home)  # the cluster's HDFS blocks and container folders
 
