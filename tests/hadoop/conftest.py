@@ -14,12 +14,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Iterator
+from pathlib import Path
+from typing import IO, Iterator
 
 import pytest
 
 from hvdtrain.minicluster import cluster
 from yarn.packaging import PACK_CACHE_ENV
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +44,7 @@ def hadoop_cluster() -> Iterator[dict]:
     finally:
         # Waited for, never killed: a killed venv-pack leaves its half-written archive in /tmp. In a session
         # without YARN jobs (one module run alone) that is up to a minute here, and the cache is filled for later.
-        prepack.wait(timeout=900)
+        prepack[0].wait(timeout=900)
         cluster.down(spec, quiet=True)
         _delete_in_background(home)  # the cluster's HDFS blocks and container folders
 
@@ -61,24 +64,22 @@ with tempfile.TemporaryDirectory(prefix="hvdtrain-prepack-") as tmp:
 """
 
 
-def _start_prepack(pack_cache: str) -> subprocess.Popen:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, PACK_CACHE_ENV: pack_cache, "PYTHONPATH": root, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    log = tempfile.TemporaryFile(mode="w+")  # not a pipe: nobody reads it until a YARN job waits
-    proc = subprocess.Popen([sys.executable, "-c", PREPACK], cwd=root, env=env, stdin=subprocess.DEVNULL,
+def _start_prepack(pack_cache: str) -> tuple[subprocess.Popen, IO[str]]:
+    """The packing process and its output (a file, not a pipe: nobody reads it until a YARN job waits)."""
+    env = {**os.environ, PACK_CACHE_ENV: pack_cache, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-c", PREPACK], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log = log  # type: ignore[attr-defined]
-    return proc
+    return proc, log
 
 
 def packed_env(details: dict) -> None:
     """Wait for the session's background packing (every YARN job of the tier calls this before submitting: two
     packings of one environment must not write the cache at once)."""
-    prepack: subprocess.Popen = details["prepack"]
-    if prepack.wait(timeout=900) != 0:
-        prepack.log.seek(0)  # type: ignore[attr-defined]
-        print(f"background packing failed (exit {prepack.returncode}); the first YARN job packs:\n"
-              f"{prepack.log.read()[-2000:]}")  # type: ignore[attr-defined]
+    proc, log = details["prepack"]
+    if proc.wait(timeout=900) != 0:
+        log.seek(0)
+        print(f"background packing failed (exit {proc.returncode}); the first YARN job packs:\n{log.read()[-2000:]}")
 
 
 def _delete_in_background(folder: str) -> None:
