@@ -206,10 +206,11 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
-    # Partition = shard: (split offset + a hash of the key), rows sorted by key inside it,
-    # so shard contents are the same on every rerun, whatever the input partitioning.
-    keyed = rows.rdd.map(lambda r: (
-        (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["key"]),
+    # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
+    # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
+    # target. Shard contents and order are the same on every rerun, whatever the input partitioning.
+    keyed = split_mod.add_order(rows, cfg.etl.seed, "_order").rdd.map(lambda r: (
+        (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["_order"], r["key"]),
         (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,

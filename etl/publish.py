@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etl import accounting, sample, sources, tabular, text, writer
+from etl import split as split_mod
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
 from hvdtrain import fs, manifest, tasks
@@ -111,7 +112,8 @@ def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.
         features=features, label_feature="label", labels=fitted.labels, splits=splits,
         compression=cfg.etl.compression, vocab=vocab_info, preprocessing=preprocessing,
         source=source_info(cfg, counts), etl_config_hash=cfg.section_hash("source", "validation", "etl"),
-        versions=run.versions, created_at=run.created_at, task=cfg.task.kind)
+        versions=run.versions, created_at=run.created_at, task=cfg.task.kind,
+        row_order=split_mod.row_order(cfg.etl.seed))
     dirs = sorted({fs.join(out, prefix + r.split) for r in results})
     return PublishPlan(output=out, clear_existing=cfg.etl.overwrite and not generation, dirs=dirs, moves=moves,
                        files=_small_files(fitted, out, prefix), manifest=m, report=report, side_moves=side_moves,

@@ -51,3 +51,32 @@ def split_predicate(key_column: str, fractions: dict[str, float], split: str) ->
     lo, hi = next((lo, hi) for name, lo, hi in bucket_bounds(fractions) if name == split)
     bucket = f"pmod(crc32(encode(CAST(`{key_column}` AS STRING), 'UTF-8')), {BUCKETS})"
     return f"({bucket} >= {lo} AND {bucket} < {hi})"
+
+
+# -- the order of rows inside a shard ----------------------------------------------------------------
+# Rows are written in the order of a seeded hash of their key, never by the key itself: on a table whose key
+# follows time or the target (auto-increment IDs, timestamps, sorted exports), key order puts near-identical rows
+# side by side, and every training batch drawn from a window of them is a biased sample. The hash is SHA-256 of
+# "<seed>:<key>" (the first 16 hex digits; the key breaks ties), the same in Spark SQL and in Python's hashlib, so a
+# shard's contents and order are identical on every rerun and input partitioning, and tests can recompute them.
+ORDER_DIGITS = 16
+
+
+def row_order(seed: int) -> str:
+    """The manifest's ``row_order`` for datasets written in seeded-hash order (see :func:`order_of`)."""
+    return f"hash:{seed}"
+
+
+def order_of(key: str, seed: int) -> str:
+    """A row's place inside its shard (the reference the Spark expression of :func:`add_order` must match)."""
+    import hashlib
+
+    return hashlib.sha256(f"{seed}:{key}".encode("utf-8")).hexdigest()[:ORDER_DIGITS]
+
+
+def add_order(df: Any, seed: int, column: str = "order") -> Any:
+    """``df`` with ``column``: :func:`order_of` of its ``key`` column, computed by Spark SQL on the JVM."""
+    from pyspark.sql import functions as F
+
+    salted = F.concat(F.lit(f"{seed}:"), F.col("key"))
+    return df.withColumn(column, F.substring(F.sha2(F.encode(salted, "UTF-8"), 256), 1, ORDER_DIGITS))

@@ -92,10 +92,11 @@ class ShardResult:
 
 def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str, fitted: Fitted,
                     compression: str, fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
-    """Runs in a Spark task: encode sorted rows and write one shard.
+    """Runs in a Spark task: encode ordered rows and write one shard.
 
-    ``rows`` are ((partition, key), (text, label_id, numeric values, categorical
-    values)) pairs. Yields one :class:`ShardResult` (nothing for an empty
+    ``rows`` are ((partition, order, key), (text, label_id, numeric values, categorical
+    values)) pairs, in the order they go into the shard (``etl.split.add_order``).
+    Yields one :class:`ShardResult` (nothing for an empty
     partition). ``fitted`` holds the tokenizer, statistics and packed encodings
     fitted on the training split; ``fault`` is the test-only hook (``etl.faults``).
     """
@@ -108,7 +109,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     encode = RecordEncoder(fitted)
     drop = fault.drops("write") if fault else None
     if drop is not None:
-        rows = (r for r in rows if r[0][1] != drop)
+        rows = (r for r in rows if r[0][-1] != drop)
     path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
     if fault and fault.fails_write(partition, ctx.attemptNumber() if ctx else 0):
         _write_shard(list(rows)[:1], path, encode, compression)  # part of the shard reaches storage
@@ -161,7 +162,7 @@ class RecordEncoder:
         self.task = fitted.task
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
-        keys = [k for (_, k), _ in batch]
+        keys = [sort_key[-1] for sort_key, _ in batch]
         labels = np.array([v[1] for _, v in batch], dtype=np.int64 if self.task in ("multiclass", "binary")
                           else np.float32)
         feats = self.features.encode([v[0] for _, v in batch] if self.features.tok is not None else None,

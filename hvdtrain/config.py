@@ -244,6 +244,9 @@ class EtlConfig:
     # narrowest that holds the vocabulary; the mask as uint8): far cheaper to parse than int64 lists. false writes
     # int64 lists, which any TFRecord reader decodes without the manifest.
     packed_tokens: bool = True
+    # Seeds the order of rows inside each shard: a hash of (seed, key), so that a table whose key follows time or
+    # the target is not written in that order (etl/split.py: add_order). The same seed gives the same shards.
+    seed: int = 1
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -423,7 +426,9 @@ class TrainConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 0
-    shuffle_buffer: int = 2048  # records per shuffle window (hvdtrain.data.pipeline.shuffled_windows)
+    # Records per shuffle window (hvdtrain.data.pipeline.shuffled_windows), at most a rank's share and 128 MB of
+    # parsed records (hvdtrain.data.plan.shuffle_window); MosaicML Streaming's default block is the same 262,144.
+    shuffle_buffer: int = 262_144
     seed: int = 1234
     output: str = path_field("{workdir}/runs/{name}")
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, to epochs x steps

@@ -99,6 +99,9 @@ class Manifest:
     created_at: str = ""
     format_version: int = FORMAT_VERSION
     task: str = "multiclass"  # how the labels are encoded (hvdtrain.tasks); regression: labels is empty
+    # How rows are ordered inside a shard: "hash:<etl.seed>" (a seeded hash of the key, etl/split.py); "" in
+    # datasets written before it, whose shards are sorted by key (see :func:`order_warning`).
+    row_order: str = ""
     # Where the manifest was read from (not serialized).
     location: Optional[str] = field(default=None, compare=False, repr=False)
 
@@ -108,6 +111,8 @@ class Manifest:
         data.pop("location")
         if data["task"] == "multiclass":
             del data["task"]  # the layout (and digest) of datasets written before tasks existed
+        if not data["row_order"]:
+            del data["row_order"]  # the layout (and digest) of datasets sorted by key
         for feature in data["features"].values():
             if not feature["encoding"]:
                 del feature["encoding"]  # stored as the protobuf list of its dtype (the format 1 layout)
@@ -153,6 +158,7 @@ class Manifest:
                 created_at=data.get("created_at", ""),
                 format_version=data["format_version"],
                 task=data.get("task", "multiclass"),
+                row_order=data.get("row_order", ""),
                 location=location,
             )
         except (KeyError, TypeError) as exc:
@@ -181,6 +187,19 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+
+def order_warning(manifest: Manifest) -> Optional[str]:
+    """The warning training gives on a dataset whose shards are sorted by key (None for seeded-hash order).
+
+    Training shuffles within windows of a rank's records; on a table whose key follows time or the label, key
+    order makes those windows (and so the batches) biased samples, and the model trains worse.
+    """
+    if manifest.row_order:
+        return None
+    return (f"{manifest.location or 'the dataset'} was written by an hvdtrain ETL that sorted each shard's rows by "
+            "key: on a table whose key follows time or the label, batches are biased samples and the model trains "
+            "worse than it should; rerun the ETL with this hvdtrain version (rows in a seeded-hash order)")
 
 
 def check_relative(path: Any, entry: str) -> None:

@@ -27,6 +27,7 @@ from hvdtrain.tfrecord import BYTES, FLOAT, INT64, TFRecordWriter, int_column
 
 SPECIAL = 5  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK], as etl/text.py lays them out
 SPLITS = ("train", "validation", "test")
+IID = "iid"  # the manifest's row_order: rows are generated independently, so any order is a random one
 
 
 def _documents(rng: np.random.Generator, n: int, num_classes: int, max_length: int, vocab_size: int,
@@ -174,7 +175,7 @@ def make_text_dataset(root: str, spec: TextSpec = TextSpec()) -> Manifest:
         source={"synthetic": True, "seed": s.seed},
         etl_config_hash="synthetic",
         versions={"hvdtrain": "test"},
-        created_at="1970-01-01T00:00:00Z",
+        created_at="1970-01-01T00:00:00Z", row_order=IID,
     )
     manifest_lib.write(manifest, root)
     return manifest_lib.read(root)
@@ -248,7 +249,7 @@ def make_tabular_dataset(root: str, spec: TabularSpec = TabularSpec()) -> Manife
         label_feature="label", labels=labels, splits=splits, compression=s.layout.compression,
         preprocessing={"tabular": tabular_preprocessing(num_numeric, cards)},
         source={"synthetic": True, "seed": s.seed, "kind": "tabular"}, etl_config_hash="synthetic",
-        versions={"hvdtrain": "test"}, created_at="1970-01-01T00:00:00Z",
+        versions={"hvdtrain": "test"}, created_at="1970-01-01T00:00:00Z", row_order=IID,
     )
     manifest_lib.write(manifest, root)
     return manifest_lib.read(root)

@@ -146,8 +146,9 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     steps = data.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, rank.size,
                                  cfg.train.grad_accum_steps)
     few_shards = data.shard_warning("train", len(manifest.split("train").shards), rank.size)
-    if few_shards and rank.is_chief:
-        log.warning("%s", few_shards)
+    for warning in (few_shards, manifest_lib.order_warning(manifest)):
+        if warning and rank.is_chief:
+            log.warning("%s", warning)
     if cfg.train.validates_each_epoch and manifest.split("validation").records == 0:
         raise DataError(f"{manifest.location}: the validation split is empty, but train.early_stopping / "
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "

@@ -4,8 +4,10 @@ evaluation batches that read each record of a split exactly once across ranks.
 chunk (sequential, deterministic order) -> one vectorized ``tf.io.parse_example``
 per chunk (in parallel, in order), with a spec built from the manifest's
 features only; packed features decoded to their narrow stored type ->
-shuffle windows of ``shuffle_buffer`` parsed records, each permuted uniformly,
-with boundaries that move from pass to pass -> batch -> packed features cast
+shuffle windows of ``shuffle_buffer`` parsed records (262,144 by default, fewer for long
+records: :func:`hvdtrain.data.plan.shuffle_window`), each permuted uniformly,
+with boundaries that move from pass to pass; the next window is assembled while
+one is read -> batch -> packed features cast
 to int64 -> prefetch. Every step handles whole tensors: tf.data's cost per
 element is paid per chunk or window, and the shuffle moves parsed rows, not
 serialized strings (``make bench``: input_pipeline).
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
-from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, share, shuffle_seed
+from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, share, shuffle_seed, shuffle_window
 from hvdtrain.data.staging import FileSource, check_local_shards, file_paths
 from hvdtrain.errors import DataError
 from hvdtrain.manifest import ENCODINGS, Manifest
@@ -29,8 +31,9 @@ from hvdtrain.manifest import ENCODINGS, Manifest
 if TYPE_CHECKING:
     import tensorflow as tf
 
-INPUT_ORDER = 4  # version of the record order for a given seed (checkpoints record it): 2 shuffle windows,
-# 3 contiguous shares, 4 chunks aligned to the file (a range's first and last chunks are short)
+INPUT_ORDER = 5  # version of the record order for a given seed (checkpoints record it): 2 shuffle windows,
+# 3 contiguous shares, 4 chunks aligned to the file (a range's first and last chunks are short), 5 windows capped
+# by the pass and by memory (plan.shuffle_window), a pass that fits one window shuffled whole
 
 _TF_DTYPES = {"int64": "int64", "float32": "float32", "bytes": "string"}
 
@@ -177,6 +180,29 @@ def _batches(records: "tf.data.Dataset", parser: Parser, batch_size: int,
             .prefetch(tf.data.AUTOTUNE))
 
 
+# Bytes a parsed bytes value holds beyond its contents (tf.string's tstring header), and the contents assumed for
+# one (the record key: IDs and timestamps are short).
+_STRING_BYTES = 24 + 24
+
+
+def record_bytes(manifest: Manifest, features: Optional[Sequence[str]] = None) -> int:
+    """Bytes of one parsed record as a shuffle window holds it (packed features narrow), estimated from the
+    manifest's feature specs."""
+    import numpy as np
+
+    total = 0
+    for name in features if features is not None else list(manifest.features):
+        spec = manifest.features[name]
+        values = int(np.prod(spec.shape)) if spec.shape else 1
+        if spec.encoding:
+            total += values * np.dtype(ENCODINGS[spec.encoding]).itemsize
+        elif spec.dtype == "bytes":
+            total += values * _STRING_BYTES
+        else:
+            total += values * (8 if spec.dtype == "int64" else 4)
+    return max(1, total)
+
+
 def _length(records: Any) -> Any:
     """Records in a dict of tensors with a leading record axis."""
     import tensorflow as tf
@@ -202,7 +228,8 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
 
     The pass is cut into windows of ``window`` records, except the first,
     whose size is drawn in ``[1, window]`` so that window boundaries move from
-    pass to pass (no two records are kept apart for good). Each window is
+    pass to pass (no two records are kept apart for good); a pass that fits in
+    one window is one window, shuffled whole. Each window is
     permuted uniformly. ``seed`` is this pass's shape-[2] int64 seed; the first
     window's size and each window's permutation fold a distinct index into it.
     Only positions ``skip .. limit - 1`` of the shuffled pass are kept
@@ -214,7 +241,10 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
     import tensorflow as tf
 
     fold = tf.random.experimental.stateless_fold_in
-    first = 1 + tf.random.stateless_uniform([], seed=fold(seed, 0), maxval=window, dtype=tf.int64)
+    if window >= per_pass:
+        first = tf.constant(per_pass, tf.int64)
+    else:
+        first = 1 + tf.random.stateless_uniform([], seed=fold(seed, 0), maxval=window, dtype=tf.int64)
     windows = chunks.rebatch(window_sizes(per_pass, window, first))
     skip = tf.cast(skip, tf.int64)
     limit = tf.constant(per_pass if limit is None else limit, tf.int64)
@@ -226,7 +256,9 @@ def shuffled_windows(chunks: "tf.data.Dataset", *, per_pass: int, window: int, s
         order = order[tf.clip_by_value(skip - start, 0, n):tf.clip_by_value(limit - start, 0, n)]
         return {name: tf.gather(t, order) for name, t in w.items()}
 
-    return windows.enumerate().map(as_written(shuffle)).filter(as_written(lambda w: _length(w) > 0))
+    # prefetch(1): the next window is parsed and shuffled while this one is read, so a large window costs memory
+    # (plan.WINDOW_BYTES) rather than a pause at every window boundary.
+    return windows.enumerate().map(as_written(shuffle)).filter(as_written(lambda w: _length(w) > 0)).prefetch(1)
 
 
 @dataclass(frozen=True)
@@ -272,14 +304,15 @@ def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional
     files = _PassFiles(source, mine, order_seed, first_pass)
     base_seed = shuffle_seed(stream.seed, stream.rank)
     parser = Parser(manifest, features)
+    window = shuffle_window(stream.shuffle_buffer, per_pass, record_bytes(manifest, features), stream.batch_size)
     # A window spans chunks of every file in the cycle, however small the window.
     cycles = min(n, stream.cycle_length)
-    chunk = min(CHUNK, max(1, -(-stream.shuffle_buffer // cycles)))
+    chunk = min(CHUNK, max(1, -(-window // cycles)))
 
     def one_pass(p: tf.Tensor) -> tf.data.Dataset:
         ranges = tf.data.Dataset.from_generator(files, args=(p,), output_signature=_range_spec())
         return shuffled_windows(_parsed(_chunks(manifest, source, cycles, ranges, chunk), parser),
-                                per_pass=per_pass, window=stream.shuffle_buffer,
+                                per_pass=per_pass, window=window,
                                 seed=tf.random.experimental.stateless_fold_in(tf.constant([base_seed, 0], tf.int64), p),
                                 skip=tf.where(tf.equal(p, first_pass), skip, 0), limit=per_epoch)
 

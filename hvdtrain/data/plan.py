@@ -100,6 +100,19 @@ def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps:
     return steps
 
 
+# The most bytes of parsed records one shuffle window may hold: a window is assembled while the one before it is
+# being read, so a rank holds about two. 128 MB fits the default window of 262,144 records of any tabular dataset
+# and of text up to max_length ~250; longer records get a window of fewer records (shuffle_window).
+WINDOW_BYTES = 128 << 20
+
+
+def shuffle_window(shuffle_buffer: int, per_pass: int, record_bytes: int, batch_size: int) -> int:
+    """Records per shuffle window (pure): ``train.shuffle_buffer``, but no more than the pass holds and no more
+    than :data:`WINDOW_BYTES` of records of ``record_bytes`` each (never fewer than one batch)."""
+    by_memory = max(batch_size, WINDOW_BYTES // max(1, record_bytes))
+    return max(1, min(shuffle_buffer, per_pass, by_memory))
+
+
 def resume_point(consumed: int, per_pass: int) -> tuple[int, int]:
     """(pass, records to skip in it) after a rank has read ``consumed`` records (pure)."""
     if per_pass < 1:

@@ -552,3 +552,47 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
         assert w["CLASSPATH"] == f"{jars}:{hdfs_standin.CONTAINER_CLASSPATH}", w
         assert w["ARROW_LIBHDFS_DIR"] == os.path.join(home, "lib", "native"), w
     assert all((root / "data" / "_staging" / "r1" / os.path.basename(r.staged)).is_file() for r in results)
+
+
+# -- row order (issue 53): shards never follow the key ----------------------------------------------------------
+
+def test_rows_follow_a_seeded_hash_of_the_key_not_the_key(spark, hive_cfg, tmp_path):
+    """A table whose label follows its key (an auto-increment ID over a sorted export): every shard holds its
+    rows in the order of a seeded hash of the key, so consecutive records are an i.i.d.-like sample of the split
+    even read in file order; the order is Spark SQL's, recomputed here in Python, and follows etl.seed."""
+    from etl import job as etl_job
+    from etl import split
+
+    n = 4000
+    rows = [(f"{i:07d}", float(i % 97), "late" if i >= 0.7 * n else "on_time") for i in range(n)]
+    spark.createDataFrame(rows, "id string, delay double, label string").repartition(3) \
+        .write.mode("overwrite").saveAsTable("etltest.sorted_labels")
+    source = {"table": "etltest.sorted_labels", "text_column": None, "numeric_columns": ["delay"]}
+    cfg = file_job(hive_cfg, tmp_path, source, min_shards_per_split=1)
+    etl_job.run(spark, cfg)
+    m = manifest.read(cfg.etl.output)
+    assert m.row_order == "hash:1" and manifest.order_warning(m) is None
+    late = m.labels.index("late")
+    for name in ("train", "test"):
+        keys = [k.decode() for k in read_back(m, name)["key"]]
+        assert keys == sorted(keys, key=lambda k: (split.order_of(k, 1), k)) and keys != sorted(keys)
+    # file order, batches of 64: the label mean varies as i.i.d. batches would (p(1-p)/64; the ratio's standard
+    # error with ~50 batches is about 0.2, so [0.4, 2] is wide; key order gives a ratio near 64)
+    labels = read_back(m, "train")["label"]
+    means = (labels[:len(labels) // 64 * 64] == late).reshape(-1, 64).mean(axis=1)
+    p = float(np.mean(labels == late))
+    assert 0.4 < float(np.var(means, ddof=1)) / (p * (1 - p) / 64) < 2.0
+    # another seed: the same rows in another order
+    other = file_job(hive_cfg, tmp_path / "seed2", source, min_shards_per_split=1, seed=2)
+    etl_job.run(spark, other)
+    m2 = manifest.read(other.etl.output)
+    first, second = ([k.decode() for k in read_back(d, "train")["key"]] for d in (m, m2))
+    assert m2.row_order == "hash:2" and sorted(second) == sorted(first) and second != first
+
+
+def test_the_spark_row_order_matches_python_on_any_key(spark):
+    from etl import split
+
+    keys = ["0000001", "", "ключ-7", "日本語キー", "a:b", "x" * 300, "naïve café", "😀 emoji"]
+    df = split.add_order(spark.createDataFrame([(k,) for k in keys], "key string"), 11)
+    assert {r["key"]: r["order"] for r in df.collect()} == {k: split.order_of(k, 11) for k in keys}
