@@ -10,7 +10,8 @@ mixed precision):
 * regression: squared error of the one output.
 
 ``class_weights`` (binary, multiclass) multiplies each example's loss by its
-true class's weight. Training "accuracy" is the fraction of correct decisions:
+true class's weight; the reported ``log_loss`` stays scikit-learn's, unweighted
+(:meth:`Head.unweighted_loss`). Training "accuracy" is the fraction of correct decisions:
 per example (multiclass, binary at ``threshold``), per label (multilabel);
 regression has none (0).
 """
@@ -40,7 +41,14 @@ class Head:
         return math.log(self.threshold / (1 - self.threshold))
 
     def loss(self, labels: Tensor, logits: Tensor) -> Tensor:
-        """Per-example loss ``[batch]`` (float32)."""
+        """Per-example training loss ``[batch]`` (float32): :meth:`unweighted_loss` times the class weight."""
+        per = self.unweighted_loss(labels, logits)
+        if self.class_weights is not None:
+            per = per * tf.gather(tf.constant(self.class_weights, tf.float32), tf.cast(labels, tf.int64))
+        return per
+
+    def unweighted_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
+        """Per-example loss ``[batch]`` (float32) without class weights (for classes, the log loss)."""
         logits = tf.cast(logits, tf.float32)
         if self.task == "multiclass":
             per = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int64), logits)
@@ -50,8 +58,6 @@ class Head:
             per = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(labels, tf.float32), logits), -1)
         else:
             per = tf.square(tf.cast(labels, tf.float32) - logits[:, 0])
-        if self.class_weights is not None:
-            per = per * tf.gather(tf.constant(self.class_weights, tf.float32), tf.cast(labels, tf.int64))
         return per
 
     def correct(self, labels: Tensor, logits: Tensor) -> Tensor:
@@ -68,9 +74,12 @@ class Head:
         return tf.reduce_sum(tf.cast(hits, tf.float64))
 
     def eval_outputs(self, labels: Tensor, logits: Tensor) -> dict[str, Tensor]:
-        """What evaluation counts: the loss and the scores (``pred`` and ``margin`` for multiclass)."""
+        """What evaluation counts: the loss, the scores (``pred`` and ``margin`` for multiclass) and, for
+        classes, the unweighted ``log_loss`` (the same tensor as ``loss`` without class weights)."""
         logits = tf.cast(logits, tf.float32)
         out = {"loss": self.loss(labels, logits)}
+        if self.task in ("multiclass", "binary"):
+            out["log_loss"] = out["loss"] if self.class_weights is None else self.unweighted_loss(labels, logits)
         if self.task == "multiclass":
             out["pred"] = tf.argmax(logits, axis=-1)
             if logits.shape[-1] == 2:

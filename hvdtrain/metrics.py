@@ -156,12 +156,15 @@ def binary_counts(labels: np.ndarray, logits: np.ndarray, threshold: float) -> t
     return confusion_matrix(labels, (logits >= cut).astype(np.int64), 2), score_histogram(labels, logits)
 
 
-def binary_report(cm: np.ndarray, hist: np.ndarray, loss_sum: float, labels: Sequence[str]) -> dict[str, Any]:
-    """Binary metrics from summed counts: ROC AUC (with its binning error), PR AUC, log loss, accuracy, F1."""
+def binary_report(cm: np.ndarray, hist: np.ndarray, log_loss_sum: float, labels: Sequence[str]) -> dict[str, Any]:
+    """Binary metrics from summed counts: ROC AUC (with its binning error), PR AUC, log loss, accuracy, F1.
+
+    ``log_loss_sum``: the sum of the unweighted per-example log losses (scikit-learn's ``log_loss`` is
+    unweighted whatever class weights training used)."""
     out = report(cm, labels)
     records = int(np.asarray(cm).sum())
     out.update(roc_auc=roc_auc_from_histogram(hist), roc_auc_max_binning_error=auc_binning_error(hist),
-               pr_auc=pr_auc_from_histogram(hist), log_loss=loss_sum / records if records else 0.0,
+               pr_auc=pr_auc_from_histogram(hist), log_loss=log_loss_sum / records if records else 0.0,
                f1=float(per_class(cm)["f1"][1]))
     return out
 
@@ -204,28 +207,61 @@ def multilabel_report(counts: dict[str, np.ndarray], loss_sum: float, labels: Se
             "loss": loss_sum / records if records else 0.0, "per_label": per_label}
 
 
-# -- regression: summed moments -------------------------------------------------------------
+# -- regression: per-rank moments, merged --------------------------------------------------
+
+MOMENTS = 5  # a row of regression moments: [n, mean y, M2 of y, sum (y - p)^2, sum |y - p|]
+
 
 def regression_moments(targets: np.ndarray, predictions: np.ndarray) -> np.ndarray:
-    """float64 ``[n, sum y, sum y^2, sum (y - p)^2, sum |y - p|]``: everything RMSE, MAE and R^2 need, summable."""
+    """float64 ``[n, mean y, sum (y - mean y)^2, sum (y - p)^2, sum |y - p|]`` of one batch.
+
+    Centred on the batch's own mean rather than the raw ``sum y^2``: with a target of mean 1e8 and
+    spread 1, ``sum y^2 - (sum y)^2 / n`` loses every digit of the spread to cancellation (R^2 came out
+    0.0 instead of 0.75). Combine rows with :func:`merge_moments`, never by adding them.
+    """
     y = np.asarray(targets, dtype=np.float64).ravel()
     p = np.asarray(predictions, dtype=np.float64).ravel()
     if y.shape != p.shape:
         raise ValueError(f"targets and predictions differ in length ({y.size} vs {p.size})")
+    if not y.size:
+        return np.zeros(MOMENTS, np.float64)
+    mean = y.mean()
     err = y - p
-    return np.array([y.size, y.sum(), (y * y).sum(), (err * err).sum(), np.abs(err).sum()], np.float64)
+    return np.array([y.size, mean, ((y - mean) ** 2).sum(), (err * err).sum(), np.abs(err).sum()], np.float64)
+
+
+def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The moments of two disjoint parts' union (Chan, Golub and LeVeque's pairwise update; pure).
+
+    ``M2 = M2_a + M2_b + delta^2 n_a n_b / n`` with ``delta`` the difference of the means: no sum of
+    squares of raw values anywhere, so a large mean costs no precision.
+    """
+    na, nb = float(a[0]), float(b[0])
+    if nb == 0:
+        return np.array(a, np.float64)
+    if na == 0:
+        return np.array(b, np.float64)
+    n = na + nb
+    delta = float(b[1]) - float(a[1])
+    mean = float(a[1]) + delta * nb / n
+    m2 = float(a[2]) + float(b[2]) + delta * delta * na * nb / n
+    return np.array([n, mean, m2, float(a[3]) + float(b[3]), float(a[4]) + float(b[4])], np.float64)
 
 
 def regression_report(moments: np.ndarray) -> dict[str, Any]:
     """RMSE, MAE and R^2 (scikit-learn's conventions: R^2 of a constant target is 1.0 if exact, else 0.0).
 
-    Sums of float64 over ranks equal the single-process sums up to rounding
-    (the order of additions differs), far below the metrics' printed digits.
+    ``moments``: one row of :func:`regression_moments`, or ``[ranks, MOMENTS]`` (one row per rank, as the
+    evaluation's all-reduce gathers them), merged here in rank order. The result equals the single-process
+    value up to rounding of the order of additions, far below the metrics' printed digits.
     """
-    n, sum_y, sum_y2, sse, sae = (float(v) for v in moments)
+    rows = np.atleast_2d(np.asarray(moments, dtype=np.float64))
+    total = np.zeros(MOMENTS, np.float64)
+    for row in rows:
+        total = merge_moments(total, row)
+    n, mean, sst, sse, sae = (float(v) for v in total)
     if n == 0:
         return {"records": 0, "rmse": 0.0, "mae": 0.0, "r2": 0.0, "loss": 0.0}
-    sst = max(sum_y2 - sum_y * sum_y / n, 0.0)
     r2 = 1.0 - sse / sst if sst > 0 else (1.0 if sse == 0 else 0.0)
     return {"records": int(n), "rmse": float(np.sqrt(sse / n)), "mae": sae / n, "r2": r2, "loss": sse / n,
-            "target_mean": sum_y / n, "target_std": float(np.sqrt(sst / n))}
+            "target_mean": mean, "target_std": float(np.sqrt(sst / n))}

@@ -11,10 +11,16 @@ loss and ROC-AUC equal the single-process values.
 The other tasks keep counts the same way (:mod:`hvdtrain.tasks`): binary a
 confusion matrix at ``task.threshold`` and a logit histogram (ROC and PR AUC);
 multilabel one confusion matrix and one histogram per label and the exact
-matches; regression the sums of y, y^2, squared and absolute errors, plus the
-(target, prediction) pairs of the first :data:`RESIDUAL_SAMPLE` records each
-rank evaluates, in that rank's row of a ``[ranks, RESIDUAL_SAMPLE, 2]`` array
-(so summing gathers them) for the residual chart.
+matches; regression its count, mean and centred sum of squares of y and the
+sums of squared and absolute errors (:func:`hvdtrain.metrics.regression_moments`),
+plus the (target, prediction) pairs of the first :data:`RESIDUAL_SAMPLE` records
+each rank evaluates for the residual chart. Neither of those two adds across
+ranks, so each rank fills its own row of a ``[ranks, ...]`` array: summing
+gathers the rows, and the report merges the moments in rank order.
+
+Binary and multiclass also keep the sum of the unweighted per-example log loss
+(``log_loss_sum``): with ``task.class_weights`` the loss is weighted, but the
+reported ``log_loss`` is scikit-learn's, which is not.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ class SplitCounts:
     @property
     def records(self) -> int:
         if self.task == "regression":
-            return int(self.arrays["moments"][0])
+            return int(np.atleast_2d(self.arrays["moments"])[:, 0].sum())
         if self.task == "multilabel":
             return int(self.arrays["exact"][1])
         return int(self.confusion.sum())
@@ -52,13 +58,13 @@ def empty_counts(task: str, num_classes: int, rank: int = 0, size: int = 1) -> S
     """Zero counts of one split for ``task`` over ``num_classes`` classes or labels (rank ``rank`` of ``size``)."""
     width = 2 if task == "binary" else num_classes if task == "multiclass" else 0
     hist = np.zeros((2, metrics.AUC_BINS), np.int64) if width == 2 else None
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {"log_loss_sum": np.zeros(1, np.float64)} if width else {}
     if task == "multilabel":
         arrays = {"label_confusion": np.zeros((num_classes, 2, 2), np.int64),
                   "label_histogram": np.zeros((num_classes, 2, metrics.AUC_BINS), np.int64),
                   "exact": np.zeros(2, np.int64)}
     elif task == "regression":
-        arrays = {"moments": np.zeros(5, np.float64), "sample": np.zeros((size, RESIDUAL_SAMPLE, 2), np.float64),
+        arrays = {"moments": np.zeros((size, metrics.MOMENTS), np.float64), "sample": np.zeros((size, RESIDUAL_SAMPLE, 2), np.float64),
                   "sample_n": np.zeros(size, np.int64)}
     return SplitCounts(np.zeros((width, width), np.int64), 0.0, hist, task, arrays, rank)
 
@@ -66,6 +72,8 @@ def empty_counts(task: str, num_classes: int, rank: int = 0, size: int = 1) -> S
 def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], threshold: float = 0.5) -> None:
     """Add one batch's eval-step outputs to this rank's counts (in place)."""
     counts.loss_sum += float(np.asarray(out["loss"], dtype=np.float64).sum())
+    if "log_loss_sum" in counts.arrays:  # a step without class weights may give its loss alone: the same values
+        counts.arrays["log_loss_sum"] += float(np.asarray(out.get("log_loss", out["loss"]), np.float64).sum())
     if counts.task == "multiclass":
         counts.confusion += metrics.confusion_matrix(labels, np.asarray(out["pred"]), counts.confusion.shape[0])
         if counts.histogram is not None:
@@ -79,7 +87,8 @@ def add_batch(counts: SplitCounts, labels: np.ndarray, out: dict[str, Any], thre
             counts.arrays[name] += value
     else:
         scores = np.asarray(out["scores"])
-        counts.arrays["moments"] += metrics.regression_moments(labels, scores)
+        moments = counts.arrays["moments"]
+        moments[counts.rank] = metrics.merge_moments(moments[counts.rank], metrics.regression_moments(labels, scores))
         kept = int(counts.arrays["sample_n"][counts.rank])
         take = min(RESIDUAL_SAMPLE - kept, len(labels))
         if take > 0:
@@ -114,9 +123,11 @@ def allreduce_counts(counts: SplitCounts, name: str) -> SplitCounts:
 def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: int) -> dict[str, Any]:
     """JSON-ready metrics of one split (pure), as the task defines them (:mod:`hvdtrain.tasks`)."""
     loss = counts.loss_sum / counts.records if counts.records else 0.0
+    # counts built without the unweighted sum (no class weights) have it in loss_sum
+    log_loss_sum = float(counts.arrays["log_loss_sum"][0]) if "log_loss_sum" in counts.arrays else counts.loss_sum
     if counts.task == "binary":
         assert counts.histogram is not None  # a binary split always counts its score histogram
-        out = metrics.binary_report(counts.confusion, counts.histogram, counts.loss_sum, labels)
+        out = metrics.binary_report(counts.confusion, counts.histogram, log_loss_sum, labels)
         out["loss"] = loss
     elif counts.task == "multilabel":
         out = metrics.multilabel_report(counts.arrays, counts.loss_sum, labels)
@@ -124,7 +135,8 @@ def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: i
         out = metrics.regression_report(counts.arrays["moments"])
         out["residual_sample"] = residual_sample(counts)
     else:
-        out = {**metrics.report(counts.confusion, labels), "loss": loss, "log_loss": loss}
+        out = {**metrics.report(counts.confusion, labels), "loss": loss,
+               "log_loss": log_loss_sum / counts.records if counts.records else 0.0}
         if counts.histogram is not None:
             out["roc_auc"] = metrics.roc_auc_from_histogram(counts.histogram)
             out["roc_auc_max_binning_error"] = metrics.auc_binning_error(counts.histogram)

@@ -104,3 +104,59 @@ def test_scalar_metrics_follow_the_task() -> None:
     report = evaluation.split_report(evaluation.SplitCounts(np.zeros((0, 0), np.int64), 0.0, task="regression",
                                                             arrays={"moments": moments}), [], 3)
     assert set(evaluation.scalar_metrics(report, "val")) == {"val_rmse", "val_mae", "val_r2", "val_loss"}
+
+
+def test_regression_metrics_of_a_large_mean_target_are_exact() -> None:
+    """A target of mean 1e8 and spread 1: the one-pass sum y^2 - (sum y)^2 / n gave R^2 0.0 for 0.75."""
+    y = 1e8 + np.tile([-1.0, 1.0], 500)
+    pred = 1e8 + np.tile([-0.5, 0.5], 500)
+    report = metrics.regression_report(metrics.regression_moments(y, pred))
+    assert skm.r2_score(y, pred) == pytest.approx(0.75, abs=1e-12)
+    assert report["r2"] == pytest.approx(0.75, abs=1e-6)
+    assert report["rmse"] == pytest.approx(0.5, abs=1e-6) and report["mae"] == pytest.approx(0.5, abs=1e-6)
+    assert report["target_std"] == pytest.approx(1.0, abs=1e-6)
+    # over ranks, batch by batch, as evaluation counts it
+    counts = _counts_over_ranks("regression", y, pred, (y - pred) ** 2, 0)
+    assert evaluation.split_report(counts, [], y.size)["r2"] == pytest.approx(0.75, abs=1e-6)
+
+
+def test_regression_moments_of_parts_merge_to_the_whole() -> None:
+    """Per-rank moments of unequal parts with far-apart means, merged, equal the one-pass moments of the whole."""
+    rng = np.random.default_rng(11)
+    parts = [rng.normal(mean, spread, size) for mean, spread, size in ((1e8, 1.0, 7), (1e8 + 3, 2.0, 1000),
+                                                                       (-5.0, 0.1, 64), (0.0, 1.0, 0))]
+    preds = [y + rng.normal(0, 0.3, y.size) for y in parts]
+    merged = np.zeros(metrics.MOMENTS)
+    for y, p in zip(parts, preds):
+        merged = metrics.merge_moments(merged, metrics.regression_moments(y, p))
+    y_all, p_all = np.concatenate(parts), np.concatenate(preds)
+    whole = metrics.regression_moments(y_all, p_all)
+    np.testing.assert_allclose(merged, whole, rtol=1e-12)
+    gathered = np.stack([metrics.regression_moments(y, p) for y, p in zip(parts, preds)])  # the all-reduce's rows
+    report = metrics.regression_report(gathered)
+    assert report["r2"] == pytest.approx(skm.r2_score(y_all, p_all), abs=1e-9)
+    assert report["rmse"] == pytest.approx(np.sqrt(skm.mean_squared_error(y_all, p_all)), rel=1e-12)
+    assert report["mae"] == pytest.approx(skm.mean_absolute_error(y_all, p_all), rel=1e-12)
+    assert report["records"] == y_all.size
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass"])
+def test_log_loss_is_scikit_learns_unweighted_with_class_weights(task: str) -> None:
+    """``loss`` is the class-weighted objective; ``log_loss`` is scikit-learn's, which weighs no class."""
+    from hvdtrain.heads import Head
+
+    rng = np.random.default_rng(13)
+    y = (rng.random(4000) < 0.1).astype(np.int64)
+    margin = rng.normal(0, 1, y.size) + 2 * y - 2
+    weights = (0.55, 5.0)
+    head = Head(task, class_weights=weights)
+    logits = margin[:, None] if task == "binary" else np.stack([np.zeros_like(margin), margin], axis=1)
+    counts = evaluation.empty_counts(task, 2)
+    for idx in np.array_split(np.arange(y.size), 4):
+        out = {k: v.numpy() for k, v in head.eval_outputs(y[idx], logits[idx].astype(np.float32)).items()}
+        evaluation.add_batch(counts, y[idx], out)
+    report = evaluation.split_report(counts, ["no", "yes"], y.size)
+    assert report["log_loss"] == pytest.approx(skm.log_loss(y, _sigmoid(margin)), rel=1e-5)
+    weighted = skm.log_loss(y, _sigmoid(margin), sample_weight=np.take(weights, y)) * np.take(weights, y).mean()
+    assert report["loss"] == pytest.approx(weighted, rel=1e-5)
+    assert report["loss"] != pytest.approx(report["log_loss"], rel=1e-2)
