@@ -8,6 +8,9 @@ global norm is the optimizer's ``global_clipnorm``, applied inside ``apply``,
 i.e. after the all-reduce (every rank clips the same averaged gradients the
 same way) and, under float16 loss scaling, after unscaling.
 
+The loss is Keras's: the task's batch-mean loss (:mod:`hvdtrain.heads`) plus
+``model.losses`` (kernel regularizers, ``add_loss``), as ``model.fit`` has it.
+
 Gradient accumulation (``k > 1``): each of the k micro-batches adds its
 gradients into non-trainable accumulators with no communication; the k-th
 call averages them (``sum / k``), all-reduces once and applies. All
@@ -102,13 +105,25 @@ def _head(allreduce: Any) -> Head:
     return getattr(allreduce, "head", Head())
 
 
+def model_penalty(model: keras.Model) -> tf.Tensor:
+    """The sum of ``model.losses`` (weight regularizers, ``add_loss``) as float32; read after the forward pass."""
+    losses = [tf.reduce_sum(tf.cast(loss, tf.float32)) for loss in model.losses]  # summed, as Keras sums them
+    return tf.add_n(losses) if losses else tf.constant(0.0, tf.float32)
+
+
 def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, head: Head,
                batch: Batch, inputs: Sequence[str], label_feature: str) -> tuple[list[Any], tf.Tensor, tf.Tensor]:
-    """This rank's (loss-scaled) gradients of the batch-mean loss, loss sum and correct count."""
+    """This rank's (loss-scaled) gradients of the objective, its sum over the batch and the correct count.
+
+    The objective is Keras's: the batch-mean loss plus :func:`model_penalty` (added once per batch, as
+    ``model.fit`` adds it). The penalty is the same on every rank, so averaging over ranks and over
+    accumulated micro-batches keeps it once per optimizer step. The sum returned counts it once per
+    example, so the epoch's loss (sum / records) is the objective ``model.fit`` reports.
+    """
     labels = batch[label_feature]
     with tf.GradientTape() as tape:
         logits = model({k: batch[k] for k in inputs}, training=True)
-        per_example = head.loss(labels, logits)
+        per_example = head.loss(labels, logits) + model_penalty(model)
         scaled = optimizer.scale_loss(tf.reduce_mean(per_example))
     grads = tape.gradient(scaled, model.trainable_variables)
     return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), head.correct(labels, logits)
