@@ -2,7 +2,8 @@
 
 Every statistic the ETL fits (category vocabularies and counts, numeric summaries, drift bins) and the
 drift check of scoring are computed here. Categorical columns are unpivoted to long format, one
-``(c, v)`` row per cell (``c`` the column's index, ``v`` its value as a string), and counted with one
+``(c, v)`` row per cell (``c`` the column's index, ``v`` its value as a string, in the one form encoding
+looks up: :func:`hvdtrain.features.category_string`), and counted with one
 ``groupBy``: a plan holds a few expressions per *column*, never one per category, and the count of
 a value lives in a shuffle on the executors. Only bounded results reach the driver: the ``limit``
 most frequent values of each column (ties by value) and per-column totals. Known categories that a
@@ -54,11 +55,42 @@ def long_format(df: Any, columns: Sequence[str], value: Callable[[str], Any]) ->
     return df.select(F.explode(cells).alias("cell")).select("cell.c", "cell.v")
 
 
+def category_value(df: Any, name: str) -> Any:
+    """Column ``name`` of ``df`` as the strings encoding looks up (:func:`hvdtrain.features.category_string`).
+
+    Spark's cast to string, except for FLOAT and DOUBLE: their digits come from the JVM's
+    ``Double.toString`` (``1.0E10``, and before Java 19 not always the shortest: ``8.409999999999999E21``),
+    which Python cannot reproduce, so those columns are made strings by ``category_string`` itself in a
+    pandas UDF, over the exact double (a FLOAT widened, as Python receives it). NULL stays NULL.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
+
+    column = _col(name)
+    if isinstance(df.schema[name].dataType, (FloatType, DoubleType)):
+        return F.when(column.isNull(), F.lit(None).cast("string")).otherwise(_python_string(column.cast("double")))
+    return column.cast("string")
+
+
+def _python_string(column: Any) -> Any:
+    """A double column through :func:`hvdtrain.features.category_string` (a pandas UDF: one Arrow batch a call)."""
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def strings(values: Any) -> Any:
+        from hvdtrain.features import category_string
+
+        return values.map(category_string)
+
+    strings.__annotations__ = {"values": pd.Series, "return": pd.Series}  # Series to Series: a scalar pandas UDF
+    return pandas_udf(strings, "string")(column)  # type: ignore[call-overload]  # hints set just above
+
+
 def value_counts(df: Any, columns: Sequence[str]) -> Any:
-    """``(c, v, n)``: rows per value of each column, NULL (missing) included as its own ``v``."""
+    """``(c, v, n)``: rows per value of each column (:func:`category_value`), NULL (missing) as its own ``v``."""
     from pyspark.sql import functions as F
 
-    cells = long_format(df, columns, lambda name: _col(name).cast("string"))
+    cells = long_format(df, columns, lambda name: category_value(df, name))
     return cells.groupBy("c", "v").agg(F.count(F.lit(1)).alias("n"))
 
 

@@ -26,6 +26,8 @@ Labels: names to class indexes in the manifest's order.
 """
 from __future__ import annotations
 
+import datetime
+import decimal
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
@@ -147,7 +149,7 @@ def fill_values(stats: dict[str, Any]) -> list[float]:
 
 
 def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]],
-              categorical: Sequence[Sequence[Optional[str]]]) -> tuple[np.ndarray, np.ndarray]:
+              categorical: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Apply fitted statistics to rows: (numeric float32 [n, k], categorical int64 [n, m])."""
     n = len(numeric) if stats["numeric_columns"] else len(categorical)
     cols = stats["numeric_columns"]
@@ -162,14 +164,50 @@ def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]
     return x.astype(np.float32), category_ids(stats, categorical, n)
 
 
-def category_ids(stats: dict[str, Any], categorical: Sequence[Sequence[Optional[str]]], n: int) -> np.ndarray:
-    """int64 [n, m]: per column, 1 + the value's vocabulary index, or its hash bucket (hashed columns); 0 for a
-    missing value (and, in a vocabulary column, an unseen or rare one)."""
+def category_string(value: Any) -> Optional[str]:
+    """A categorical value in the one string form the ETL fits and every encoder looks up (None: missing).
+
+    The ETL counts these strings (:func:`etl.stats.category_value`): Spark's ``CAST(value AS STRING)``, and
+    this function itself for floating point. Here the same string is made from the Python value a Spark row
+    or an Arrow batch holds. Per type: booleans ``true``/``false`` (Python's ``str`` says ``True``); integers
+    their digits; floating point Python's shortest round-trip ``repr`` of the double (``0.1``, ``1e-05``;
+    a FLOAT column as the exact double Python receives, ``0.10000000149011612``), since Spark's digits come
+    from the JVM's ``Double.toString``, not the shortest before Java 19 (``8.409999999999999E21``);
+    decimals plain with the column's scale (``0.000000010``, where ``str`` gives ``1.0E-8``); dates
+    ``2024-01-31``; timestamps ``2024-01-31 12:34:56.5`` (fraction without trailing zeros; the wall clock as
+    received: Spark renders it in the session time zone, PySpark in the process's, the same by default).
+    Anything else: ``str``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime.datetime):
+        if value != value:  # pandas' NaT (a missing timestamp) is a datetime that differs from itself
+            return None
+        if value.tzinfo is not None:  # an aware value (Arrow): the wall clock of this process's zone
+            value = value.astimezone().replace(tzinfo=None)
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+        return f"{text}.{value.microsecond:06d}".rstrip("0") if value.microsecond else text
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
+
+
+def category_ids(stats: dict[str, Any], categorical: Sequence[Sequence[Any]], n: int) -> np.ndarray:
+    """int64 [n, m]: per column, 1 + the vocabulary index of the value's :func:`category_string`, or its hash
+    bucket (hashed columns); 0 for a missing value (and, in a vocabulary column, an unseen or rare one)."""
     names = stats["categorical_columns"]
     buckets = stats.get("hash_buckets") or {}
     out = np.zeros((n, len(names)), dtype=np.int64)
     for j, c in enumerate(names):
-        values = [None if row[j] is None else str(row[j]) for row in categorical]
+        values = [category_string(row[j]) for row in categorical]
         if c in buckets:
             out[:, j] = [0 if v is None else hash_bucket(v, buckets[c]) for v in values]
         else:
@@ -235,7 +273,7 @@ class FeatureEncoder:
         self.stats = tabular_stats
 
     def encode(self, texts: Optional[Sequence[str]], numeric: Sequence[Sequence[Optional[float]]] = (),
-               categorical: Sequence[Sequence[Optional[str]]] = ()) -> dict[str, np.ndarray]:
+               categorical: Sequence[Sequence[Any]] = ()) -> dict[str, np.ndarray]:
         """Features by name: input_ids/attention_mask int64 [n, max_length], numeric float32, categorical int64."""
         out: dict[str, np.ndarray] = {}
         if self.tok is not None:

@@ -119,7 +119,7 @@ def _tokenizer_json(folder: str, labels_doc: dict[str, Any]) -> Optional[str]:
 
     dataset = labels_doc.get("dataset", "")
     m = manifest_lib.read(dataset) if dataset and fs.exists(manifest_lib.manifest_uri(dataset)) else None
-    if m is None or m.digest() != labels_doc.get("manifest_digest"):
+    if m is None or not m.matches_digest(labels_doc.get("manifest_digest")):
         raise DataError(f"model {folder} has no {TOKENIZER_FILE}, and its dataset {dataset or '?'} is gone or was "
                         f"rewritten (manifest digest {m.digest() if m else 'none'}, the model's "
                         f"{labels_doc.get('manifest_digest')}): retrain with this hvdtrain version, which saves the "
@@ -270,7 +270,9 @@ def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dic
         numeric = {c: frame[c].astype("float64").to_numpy() for c in spec.numeric_columns}
     num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in spec.numeric_columns]
                 for i in range(len(frame))]
-    cat_rows = [[None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in row]
+    # values as they come (a bool stays a bool): the encoder makes the string the ETL counted
+    # (hvdtrain.features.category_string); str() here made "True" where the ETL had counted "true"
+    cat_rows = [[None if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in row]
                 for row in frame[list(spec.categorical_columns)].itertuples(index=False)] \
         if spec.categorical_columns else [[] for _ in range(len(frame))]
     feats = encoder.encode(texts, num_rows if spec.numeric_columns else [[] for _ in range(len(frame))], cat_rows)
