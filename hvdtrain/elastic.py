@@ -305,7 +305,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     step_fn = VirtualStep(model, optimizer, shape, head)
     state = distributed.elastic_state(model, optimizer, step=0, history=[], sums=[0.0, 0.0, 0.0, 0.0], run_id=None,
                                       sizes=[], started=False, resumed_from=None)
-    layout = resume.layout(cfg, virtual, steps, manifest.digest())
+    layout = resume.layout(cfg, virtual, steps, manifest.digest(), manifest.legacy_digest())
     with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir, \
             contextlib.ExitStack() as opened:
         job = Job(cfg, manifest, shape, steps, virtual, stage_dir, layout, model, optimizer, opened)

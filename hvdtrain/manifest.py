@@ -20,6 +20,7 @@ from hvdtrain.errors import DataError
 FORMAT_VERSION = 2  # 2: some features are stored packed (FeatureSpec.encoding); written as 1 when none is
 READS = (1, 2)  # format versions this hvdtrain reads (1 is 2 without packed features)
 MANIFEST_NAME = "manifest.json"
+NOT_CONTENT = ("created_at", "versions")  # left out of Manifest.digest: when and with what, not what
 
 # Packed encodings: a fixed-shape integer feature stored as ONE bytes value per
 # record, the values laid end to end in this little-endian numpy dtype. Readers
@@ -181,8 +182,30 @@ class Manifest:
         return self.splits[name]
 
     def digest(self) -> str:
-        """A content hash of the manifest (logged with every training run)."""
+        """A hash of the dataset's content (logged with every training run, kept in every checkpoint).
+
+        Not content, so not hashed: when the ETL ran and with which versions (``NOT_CONTENT``), and the folder
+        its files sit in (an overwrite's ``v-<run>/``): an ETL rerun of the same data keeps its digest, and its
+        checkpoints stay resumable. File names, checksums, counts and everything fitted are hashed.
+        """
+        data = self.to_dict()
+        for key in NOT_CONTENT:
+            data.pop(key, None)
+        for split in data["splits"].values():
+            for shard in split["shards"]:
+                shard["path"] = shard["path"].rsplit("/", 1)[-1]
+        data["vocab"] = {k: (v.rsplit("/", 1)[-1] if k in ("path", "tokenizer") and isinstance(v, str) else v)
+                         for k, v in data["vocab"].items()}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def legacy_digest(self) -> str:
+        """The digest as hvdtrain wrote it before :meth:`digest` left out what is not content (the whole
+        manifest, ``created_at`` included): what older checkpoints and exported models carry."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def matches_digest(self, digest: Optional[str]) -> bool:
+        """Whether a recorded digest (either form) names this manifest's dataset."""
+        return digest is not None and digest in (self.digest(), self.legacy_digest())
 
     @property
     def num_classes(self) -> int:

@@ -104,13 +104,20 @@ POSITION_KEYS = ("world_size", "batch_size", "grad_accum_steps", "steps_per_epoc
 ORDER_KEYS = ("seed", "shuffle_buffer", "input_order")  # which records come in which order
 
 
-def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_digest: str) -> dict[str, Any]:
-    """Everything the data order and step numbering depend on, and the model config's digest (pure)."""
+def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_digest: str,
+           legacy_digest: str = "") -> dict[str, Any]:
+    """Everything the data order and step numbering depend on, and the model config's digest (pure).
+
+    ``manifest_digest`` is the dataset's content digest (:meth:`hvdtrain.manifest.Manifest.digest`);
+    ``legacy_digest`` the same manifest's digest in the older form, which checkpoints saved before the content
+    digest carry, so they still resume on their unchanged dataset.
+    """
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
             "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
-            "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model")}
+            "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model"),
+            **({"manifest_digest_legacy": legacy_digest} if legacy_digest else {})}
 
 
 def _describe(values: dict[str, Any], keys: Sequence[str]) -> str:
@@ -138,7 +145,7 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
     version (``data.INPUT_ORDER``) or model config is
     a warning: training continues, but not as an uninterrupted run would have.
     """
-    if saved.get("manifest_digest") != now["manifest_digest"]:
+    if saved.get("manifest_digest") not in (now["manifest_digest"], now.get("manifest_digest_legacy")):
         raise DataError(f"checkpoint {where} was trained on dataset digest {saved.get('manifest_digest')} but "
                         f"the manifest now has {now['manifest_digest']}: resuming would mix datasets; "
                         "point checkpoint.dir at a new folder or set checkpoint.resume=never")

@@ -98,7 +98,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
         log.info("world size %d (%s) on %s, dataset %s (digest %s), model %s, %d optimizer steps/epoch x %d "
                  "epochs, global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root,
                  manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
-        layout = resume.layout(cfg, rank.size, steps, manifest.digest())
+        layout = resume.layout(cfg, rank.size, steps, manifest.digest(), manifest.legacy_digest())
         dog.phase("looking for a checkpoint to resume from", cfg.fault.checkpoint_timeout)
         looking = time.perf_counter()
         resumed = resume.find(cfg.checkpoint, rank, layout)
