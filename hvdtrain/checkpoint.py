@@ -69,6 +69,9 @@ class CheckpointInfo:
         return self.status == "ok"
 
 
+PROVEN_BAD = ("uncommitted", "corrupt")  # what a successful listing or read showed; retention may delete these
+
+
 @dataclass(frozen=True)
 class Retention:
     keep: list[str]
@@ -79,9 +82,12 @@ def retention(infos: list[CheckpointInfo], keep_last: int, keep_best: int, metri
               mode: str = "max") -> Retention:
     """Keep the newest ``keep_last`` and the best ``keep_best`` by ``metric``; delete the rest.
 
-    Only valid checkpoints are ranked; invalid ones (no commit marker, bad
-    checksum) are deleted unless they are newer than every valid one (that
-    may be a publish still in flight).
+    Only valid checkpoints are ranked. Of the others, only those proven bad
+    (``PROVEN_BAD``: a listing that succeeded shows no commit marker, or a read
+    that succeeded shows a bad file) are deleted, and not when they are newer
+    than every valid one (that may be a publish still in flight). One the
+    storage failed to show (``unreadable``, a transient or denied read) proves
+    nothing: it is kept, whatever its rank (it may be the best).
     """
     valid = sorted((i for i in infos if i.valid), key=lambda i: i.step)
     keep = {i.name for i in valid[-keep_last:]} if keep_last else set()
@@ -90,7 +96,7 @@ def retention(infos: list[CheckpointInfo], keep_last: int, keep_best: int, metri
                   reverse=True)
     keep |= {i.name for i in best[:keep_best]}
     newest_valid = valid[-1].step if valid else -1
-    keep |= {i.name for i in infos if not i.valid and i.step > newest_valid}
+    keep |= {i.name for i in infos if not i.valid and (i.step > newest_valid or i.status not in PROVEN_BAD)}
     ordered = sorted(infos, key=lambda i: i.step)
     return Retention([i.name for i in ordered if i.name in keep], [i.name for i in ordered if i.name not in keep])
 
@@ -163,11 +169,11 @@ def inspect(uri: str, name: str, step: int, verify: bool = True) -> CheckpointIn
     except FileNotFoundError:
         info.status, info.detail = "missing", "no such folder"
         return info
-    except OSError as exc:
+    except (StorageError, OSError) as exc:  # the listing failed: it shows nothing about the COMMIT marker
         info.status, info.detail = "unreadable", _first_line(exc)
         return info
     try:
-        if COMMIT not in files:
+        if COMMIT not in files:  # a listing that succeeded: proof of an interrupted publish
             info.status, info.detail = "uncommitted", "no COMMIT marker (an interrupted publish)"
             return info
         sums = json.loads(fs.read_bytes(fs.join(uri, CHECKSUMS)))
