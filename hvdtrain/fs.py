@@ -30,7 +30,7 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -380,6 +380,29 @@ def listdir(uri: str) -> list[str]:
     fs, path = resolve(uri)
     infos = with_retries(lambda: fs.get_file_info(pafs.FileSelector(path)), f"list {uri}")
     return sorted(posixpath.basename(i.path) for i in infos)
+
+
+def walk(uri: str, skip: Sequence[str] = ()) -> list[str]:
+    """Every file under a directory, as sorted paths relative to it ("a/b.txt"); [] when it does not exist.
+    Names in ``skip`` right under ``uri`` are left out, and not listed (another owner's working folder)."""
+    fs, path = resolve(uri)
+    info = with_retries(lambda: fs.get_file_info(path), f"stat {uri}")
+    if info.type == pafs.FileType.NotFound:
+        return []
+    base = path.rstrip("/") + "/"
+    out = []
+    for top in with_retries(lambda: fs.get_file_info(pafs.FileSelector(path)), f"list {uri}"):
+        name = posixpath.basename(top.path)
+        if name in skip:
+            continue
+        if top.type != pafs.FileType.Directory:
+            out.append(name)
+            continue
+        below = with_retries(functools.partial(fs.get_file_info, pafs.FileSelector(top.path, recursive=True)),
+                             f"list {join(uri, name)}")
+        out += [i.path[len(base):] if i.path.startswith(base) else f"{name}/{posixpath.basename(i.path)}"
+                for i in below if i.type != pafs.FileType.Directory]
+    return sorted(out)
 
 
 def size(uri: str) -> int:

@@ -73,7 +73,7 @@ from hvdtrain.training.evaluate import evaluate_splits, task_head
 from hvdtrain.training.events import EpochStats, LoopPlan
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
-from hvdtrain.training.publish import check_replaceable, publish
+from hvdtrain.training.publish import claim_output, publish
 from hvdtrain.training.reports import build_report, global_batch_size, rank_digests, result_record
 from hvdtrain.training.state import build_state
 
@@ -136,7 +136,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
     """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
-    check_replaceable(cfg.train.output)  # before any training: a refused output would waste it all
+    claim_output(cfg.train.output, write=rank.is_chief)  # before any training: a refused output would waste it all
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:

@@ -6,12 +6,13 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid
 from typing import Any, Callable, Optional
 
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, launch, plots, secrets, tensorboard
+from hvdtrain import data, fs, launch, ledger, plots, secrets, tensorboard
 from hvdtrain import timeline as timeline_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, StorageError
@@ -20,7 +21,8 @@ from hvdtrain.training.context import TrainContext
 from hvdtrain.training.reports import CONFUSION_PNG, RESIDUALS_PNG, final_metrics, result_record
 
 log = logging.getLogger("hvdtrain.train")
-RESULT_NAME = "result.json"  # written last into train.output: marks a folder hvdtrain may replace
+RESULT_NAME = "result.json"  # written last into train.output
+WRITER = "hvdtrain train"  # the writer named in train.output's ledger (hvdtrain.ledger)
 
 
 
@@ -116,9 +118,11 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
     """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
 
     Files go to a sibling folder first (``progress`` hears each one, so a slow
-    storage restarts the stall clock per file, and the log shows where it is);
-    only when every file is there does that folder take ``output``'s place. A
-    failed upload names the file, and ``output`` is as it was.
+    storage restarts the stall clock per file, and the log shows where it is),
+    with a ledger naming each of them; only when every file is there does that
+    folder take ``output``'s place. The previous folder, moved aside, loses
+    exactly the files its ledger names (:func:`_retire`). A failed upload
+    names the file, and ``output`` is as it was.
     """
     files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
                    for root, _, names in os.walk(local) for name in names)
@@ -136,22 +140,86 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
             fs.discard(incoming)
             raise StorageError(f"uploading {rel} to {output} failed ({type(exc).__name__}: {exc}); the previous "
                                f"outputs in {output} are unchanged: fix the storage and rerun") from exc
+    ledger.write(incoming, ledger.Ledger(WRITER, (*(ledger.exact(rel) for rel in files), *WRITTEN_LATER)))
     progress(f"replacing {output} with the new outputs")
-    check_replaceable(output)  # again: something may have been put there while training ran
-    fs.swap_dir(incoming, output)
+    try:
+        owns = check_replaceable(output)  # again: something may have been put there while training ran
+    except DataError as exc:  # the trained model is not thrown away over it
+        raise DataError(f"{exc} (this run's outputs are kept in {incoming})") from None
+    previous = f"{incoming}.previous-{uuid.uuid4().hex[:8]}"  # a fresh name: never into an earlier leftover
+    if fs.exists(output):
+        fs.move(output, previous)
+    fs.move(incoming, output)
+    if fs.exists(previous):
+        _retire(previous, owns, output)
 
 
-def check_replaceable(output: str) -> None:
-    """``train.output`` is replaced whole: only a missing or empty folder, or a previous hvdtrain output
-    (it holds ``result.json``), may be; anything else raises DataError before it is touched. The TensorBoard
-    folder that this run publishes into ``train.output`` while it trains, and the record a Spark/YARN launch left
-    there (a failed try's), count as hvdtrain's own."""
-    own = (tensorboard.FOLDER, launch.LAUNCHER_RECORD)
-    names = [n for n in (fs.listdir(output) if fs.exists(output) else []) if n not in own]
-    if names and RESULT_NAME not in names:
-        raise DataError(f"train.output {output} holds files that are not a previous hvdtrain output "
-                        f"({', '.join(sorted(names)[:5])}; no {RESULT_NAME}): hvdtrain replaces the whole folder, "
-                        "so choose a new or empty folder for train.output")
+# Written into train.output after its ledger, by this run or its launcher: the TensorBoard events rank 0
+# publishes while it trains, and the record a Spark/YARN launch leaves (a failed try's, or the run's own).
+WRITTEN_LATER = (ledger.exact(launch.LAUNCHER_RECORD),
+                 ledger.exact(f"{tensorboard.FOLDER}/{tensorboard.EVENTS_PREFIX}") + "*")
+# What hvdtrain versions before the ledger wrote into train.output: owned only beside a result.json that names
+# this folder (:func:`_owner`).
+WRITTEN_BEFORE_LEDGERS = (*(ledger.exact(n) for n in (RESULT_NAME, "eval_report.json", "labels.json",
+                                                      "tokenizer.json", "model.keras", CONFUSION_PNG,
+                                                      RESIDUALS_PNG, timeline_lib.FILENAME)),
+                          ledger.tree("saved_model"), *WRITTEN_LATER)
+
+
+def _owner(output: str, files: list[str]) -> ledger.Ledger:
+    """What of ``output`` hvdtrain wrote: its ledger; for an output of an older hvdtrain (no ledger, but a
+    result.json whose report is this folder's eval_report.json) the names those versions wrote; else only what
+    a launch or TensorBoard may have put there already (:data:`WRITTEN_LATER`)."""
+    found = ledger.read(output)
+    if found is not None:
+        return found
+    if RESULT_NAME in files:
+        try:
+            doc = json.loads(fs.read_bytes(fs.join(output, RESULT_NAME)))
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("report") == fs.join(output, "eval_report.json"):
+            return ledger.Ledger(WRITER, WRITTEN_BEFORE_LEDGERS)
+    return ledger.Ledger(WRITER, WRITTEN_LATER)
+
+
+def check_replaceable(output: str) -> Callable[[str], bool]:
+    """Whether a file of ``train.output`` is hvdtrain's (a predicate on relative paths); raises DataError, before
+    anything is touched, when the folder holds a file hvdtrain did not write (its ledger does not name it)."""
+    files = fs.walk(output)
+    owns = _owner(output, files).owns
+    foreign = ledger.foreign(files, owns)
+    if foreign:
+        raise DataError(f"train.output {output} holds files hvdtrain did not write ({ledger.sample(foreign)}); "
+                        f"it replaces only what its ledger {ledger.NAME} names: move them out of {output}, or "
+                        "choose a new or empty folder for train.output")
+    return owns
+
+
+def claim_output(output: str, write: bool) -> None:
+    """Before training: refuse an output holding files hvdtrain did not write (:func:`check_replaceable`), then
+    (``write``: rank 0) record in its ledger what this run will put there before the outputs, so nothing
+    this run writes is ever mistaken for the user's, and nothing of the user's for this run's."""
+    check_replaceable(output)
+    if write:
+        found = ledger.read(output)
+        files = [f for f in fs.walk(output) if f != ledger.NAME]
+        claimed = found or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))  # files the check owned
+        fs.makedirs(output)
+        ledger.write(output, claimed.adding(*WRITTEN_LATER))
+
+
+def _retire(previous: str, owns: Callable[[str], bool], output: str) -> None:
+    """Delete what the replaced output's ledger names; anything else stays in ``previous`` and is named."""
+    try:
+        left = ledger.retire(previous, owns)
+    except ANY_ERROR as exc:  # the new outputs are in place; the old ones only take space
+        log.warning("could not delete the replaced outputs in %s (%s: %s); delete them by hand", previous,
+                    type(exc).__name__, exc)
+        return
+    if left:
+        log.warning("the replaced outputs of %s left files hvdtrain did not write in %s (%s): move them back "
+                    "where you want them", output, previous, ledger.sample(left))
 
 
 def _dump_json(path: str, doc: Any) -> None:

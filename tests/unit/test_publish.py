@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import fs
+from hvdtrain import fs, ledger
 from hvdtrain.errors import StorageError
 from tests.support import faulty_fs
 
@@ -25,9 +25,10 @@ def _previous(tmp: Path) -> Path:
     out = tmp / "out"
     (out / "saved_model").mkdir(parents=True)
     (out / "model.keras").write_bytes(b"old model")
-    (out / "result.json").write_text("{}")  # a previous hvdtrain output: it may be replaced
+    (out / "result.json").write_text("{}")
     (out / "saved_model" / "stale.pb").write_bytes(b"old")
-    return out
+    ledger.write(str(out), ledger.Ledger("hvdtrain train", ("model.keras", "result.json", "saved_model/*")))
+    return out  # a previous hvdtrain output: its ledger names its files, so it may be replaced
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -59,7 +60,7 @@ def test_an_upload_replaces_the_outputs_whole_reporting_each_file(tmp_path: Path
     local, out = _local(tmp_path), _previous(tmp_path)
     heard: list[str] = []
     publish.upload_dir(str(local), str(out), heard.append)
-    assert _tree(out) == _tree(local)  # the old saved_model/stale.pb is gone
+    assert {k: v for k, v in _tree(out).items() if k != ledger.NAME} == _tree(local)  # saved_model/stale.pb gone
     assert heard[0].startswith("uploading eval_report.json (1/4) to ") and heard[-1].startswith("replacing ")
     assert sorted(os.listdir(tmp_path)) == ["local", "out"]
 

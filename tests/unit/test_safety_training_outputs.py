@@ -59,18 +59,17 @@ def test_train_output_replaces_only_an_empty_folder_or_a_previous_hvdtrain_outpu
     home = tmp_path / "home"
     home.mkdir()
     (home / "notes.txt").write_text("mine")
-    with pytest.raises(DataError, match=r"train.output .*home holds files that are not a previous hvdtrain "
-                                        r"output \(notes.txt; no result.json\)"):
+    with pytest.raises(DataError, match=r"train.output .*home holds files hvdtrain did not write \(notes.txt\)"):
         train.upload_dir(str(local), str(home))
     assert (home / "notes.txt").read_text() == "mine"
     train.upload_dir(str(local), str(tmp_path / "new"))
     train.upload_dir(str(local), str(tmp_path / "new"))  # a previous output is replaced
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["result.json"]
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["_hvdtrain_ledger.json", "result.json"]
     failed_try = tmp_path / "failed"  # a YARN launch whose try failed left only its record of the ranks
     failed_try.mkdir()
     (failed_try / "yarn_result.json").write_text('{"ok": false}')
     train.upload_dir(str(local), str(failed_try))  # the rerun may replace it
-    assert sorted(p.name for p in failed_try.iterdir()) == ["result.json"]
+    assert sorted(p.name for p in failed_try.iterdir()) == ["_hvdtrain_ledger.json", "result.json"]
 
 
 def test_every_mlflow_upload_is_progress_the_stall_watchdog_sees(tmp_path):
