@@ -15,28 +15,41 @@ one rename (:func:`hvdtrain.manifest.write`), and only then are the old files
 deleted and ``rejects/`` and ``etl_report.json`` replaced. A run that fails or is
 killed before the rename leaves the old dataset whole and readable; a dead
 run's version folder is deleted by the next publish.
+
+What is deleted is only what hvdtrain recorded (:mod:`hvdtrain.ledger`): before
+the first file moves in, :func:`act` writes ``_hvdtrain_ledger.json`` naming
+what this publish will own, and a clean-up deletes only files that ledger, or the
+published manifest, names; never a file because of its name (``train/``,
+``v-*``). A folder holding a file nothing names is refused before anything moves.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import re
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from etl import accounting, sample, sources, tabular, text, writer
 from etl import split as split_mod
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import fs, manifest, tasks
+from hvdtrain import fs, ledger, manifest, tasks
 from hvdtrain.config import SPLITS, JobConfig
-from hvdtrain.errors import ANY_ERROR
+from hvdtrain.errors import ANY_ERROR, DataError
 
+log = logging.getLogger("hvdtrain.etl")
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
+WRITER = "hvdtrain etl"  # the writer named in etl.output's ledger (hvdtrain.ledger)
+STAGING = "_staging"  # etl.job's: it creates and clears it; a publish neither claims nor deletes it
 
-# The names hvdtrain writes right under ``etl.output``; nothing else there is ever deleted.
-WRITTEN_NAMES = frozenset({*SPLITS, "vocab.txt", "tokenizer.json", "rejects", "etl_report.json", "_staging",
-                           manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX})
+# The names hvdtrain writes right under ``etl.output``: etl.job.check_output refuses any other before a run
+# starts. A name alone never licenses a delete: the ledger and the published manifest do (:func:`act`).
+WRITTEN_NAMES = frozenset({*SPLITS, "vocab.txt", "tokenizer.json", "rejects", "etl_report.json", STAGING,
+                           ledger.NAME, manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX})
 _GENERATION = re.compile(r"v-[0-9a-zA-Z_-]+")
 
 
@@ -169,10 +182,9 @@ def act(plan: PublishPlan) -> dict[str, Any]:
     Returns the report with the manifest's URI added.
     """
     out = plan.output
-    if plan.clear_existing and fs.exists(out):  # no manifest there: nothing a reader could be using
-        for name in fs.listdir(out):
-            if name != "_staging" and written_by_hvdtrain(name):  # check_output refused foreign names
-                fs.delete(fs.join(out, name))
+    owned = _claim(plan)  # refuses a folder holding what nothing names; records this publish's files first
+    if plan.clear_existing:  # no manifest there: nothing a reader could be using
+        ledger.delete_owned(out, lambda rel: owned(rel) and not _ours_now(rel), skip=(STAGING,))
     try:
         for folder in plan.dirs:
             fs.makedirs(folder)
@@ -185,14 +197,100 @@ def act(plan: PublishPlan) -> dict[str, Any]:
             fs.discard(fs.join(out, plan.generation), LEFTOVER)
         raise
     if not plan.generation:
-        _place_side_outputs(plan)
+        _place_side_outputs(plan, owned)
     uri = _swap(plan)  # readers switch to the new dataset here
     if plan.generation:
-        for name in fs.listdir(out):
-            if name not in plan.keep and written_by_hvdtrain(name):  # the replaced dataset, dead version folders
-                fs.discard(fs.join(out, name), LEFTOVER)
-        _place_side_outputs(plan)
+        try:  # the replaced dataset, dead runs' version folders: what the ledger or the old manifest names
+            ledger.delete_owned(out, lambda rel: owned(rel) and _top_name(out, fs.join(out, rel)) not in plan.keep
+                                and not _ours_now(rel), skip=(STAGING,))
+        except ANY_ERROR as exc:  # the new dataset is published; the old files only take space
+            log.warning("could not delete the replaced dataset's files in %s (%s); %s", out, exc, LEFTOVER)
+        _place_side_outputs(plan, owned)
+    _record(plan, owned)
     return {**plan.report, "manifest": uri}
+
+
+def _previous_owner(out: str, files: list[str]) -> Callable[[str], bool]:
+    """What of ``out`` earlier hvdtrain runs wrote: what its ledger names, and what its published manifest names
+    (datasets written before ledgers: also ``etl_report.json`` and ``rejects/`` when that report is one)."""
+    found = ledger.read(out)
+    named: set[str] = set()
+    for name in (manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX):
+        if name not in files:
+            continue
+        named.add(name)
+        try:
+            old = manifest.Manifest.from_dict(json.loads(fs.read_bytes(fs.join(out, name))), name)
+        except (ValueError, DataError):  # not a manifest hvdtrain can read: it names nothing
+            continue
+        named |= {shard.path for split in old.splits.values() for shard in split.shards}
+        named |= {old.vocab[k] for k in ("path", "tokenizer") if isinstance(old.vocab.get(k), str)}
+        if found is None and _is_etl_report(out, files):
+            named.add("etl_report.json")
+            named |= {f for f in files if f.startswith("rejects/")}
+    return lambda rel: rel in named or (found is not None and found.owns(rel))
+
+
+def _is_etl_report(out: str, files: list[str]) -> bool:
+    """Whether ``out`` holds an etl_report.json an hvdtrain ETL wrote (the rows it accounts for)."""
+    if "etl_report.json" not in files:
+        return False
+    try:
+        doc = json.loads(fs.read_bytes(fs.join(out, "etl_report.json")))
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and {"rows_in", "rows_written", "rows_rejected"} <= doc.keys()
+
+
+def _ours_now(rel: str) -> bool:
+    """The ledger itself and etl.job's staging: never deleted by a publish."""
+    return rel == ledger.NAME or rel.startswith(STAGING + "/")
+
+
+def _new_entries(plan: PublishPlan) -> list[str]:
+    """Ledger entries for what this publish writes under ``plan.output``."""
+    out = plan.output
+    if plan.generation:
+        entries = [ledger.tree(plan.generation)]
+    else:
+        entries = [ledger.exact(_relative(out, dst)) for _, dst in plan.moves]
+        entries += [ledger.exact(_relative(out, uri)) for uri, _ in plan.files]
+    entries += [ledger.exact(manifest.MANIFEST_NAME), ledger.exact(manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX)]
+    entries += [ledger.tree(_relative(out, dst)) for _, dst in plan.side_moves]
+    entries += [ledger.exact(_relative(out, uri)) for uri, _ in plan.side_files]
+    return entries
+
+
+def _claim(plan: PublishPlan) -> Callable[[str], bool]:
+    """Refuse a folder holding files nothing names (DataError, before anything moves), then write the ledger
+    naming what this publish will own beside what earlier runs own; returns whether a file is hvdtrain's."""
+    out = plan.output
+    files = [f for f in fs.walk(out, skip=(STAGING,)) if not _ours_now(f)]
+    before = _previous_owner(out, files)
+    foreign = ledger.foreign(files, before)
+    if foreign:
+        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({ledger.sample(foreign)}); a "
+                        f"publish replaces only what its ledger {ledger.NAME} or its manifest names, even with "
+                        f"--overwrite: move them out of {out}, or choose a new or empty folder for etl.output")
+    claim = ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files) + tuple(_new_entries(plan)))
+    fs.makedirs(out)
+    ledger.write(out, claim)
+    return claim.owns
+
+
+def _record(plan: PublishPlan, owned: Callable[[str], bool]) -> None:
+    """The ledger after a publish: each file of the new dataset, and what could not be deleted of the old."""
+    try:
+        files = [f for f in fs.walk(plan.output, skip=(STAGING,)) if not _ours_now(f) and owned(f)]
+        ledger.write(plan.output, ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files)))
+    except ANY_ERROR as exc:  # the claim stays: it names all of these, and more
+        log.warning("could not rewrite the ledger in %s (%s); the one written before the publish stands",
+                    plan.output, exc)
+
+
+def _relative(base: str, uri: str) -> str:
+    """``uri``'s path under ``base`` ("a/b"); every path a plan writes lies under its output."""
+    return uri[len(base.rstrip("/")) + 1:]
 
 
 def _swap(plan: PublishPlan) -> str:
@@ -220,9 +318,24 @@ def _top_name(base: str, uri: str) -> str:
     return uri[len(prefix):].split("/")[0] if uri.startswith(prefix) else ""
 
 
-def _place_side_outputs(plan: PublishPlan) -> None:
-    """rejects/ and etl_report.json: not part of the dataset readers use, replaced whole."""
+def _owned_under(owned: Callable[[str], bool], folder: str, rel: str) -> bool:
+    """Whether ``rel`` inside ``folder`` (a name under the output) is owned."""
+    return owned(f"{folder}/{rel}")
+
+
+def _place_side_outputs(plan: PublishPlan, owned: Callable[[str], bool]) -> None:
+    """rejects/ and etl_report.json: not part of the dataset readers use, replaced whole; the replaced
+    rejects/ loses only the files ``owned`` names (a relative path under ``plan.output``)."""
     for src, dst in plan.side_moves:
-        fs.swap_dir(src, dst, LEFTOVER)
+        name = _relative(plan.output, dst)
+        aside = fs.join(plan.output, f".{name}.previous-{uuid.uuid4().hex[:8]}")  # outside etl.job's staging
+        if fs.exists(dst):
+            fs.move(dst, aside)
+        fs.move(src, dst)
+        if fs.exists(aside):
+            left = ledger.retire(aside, functools.partial(_owned_under, owned, name))
+            if left:
+                log.warning("the replaced %s held files hvdtrain did not write, kept in %s (%s): move them "
+                            "where you want them", dst, aside, ledger.sample(left))
     for uri, data in plan.side_files:
         fs.write_bytes_atomic(uri, data)

@@ -19,7 +19,7 @@ from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import config, fs, manifest
+from hvdtrain import config, fs, ledger, manifest
 from tests.support import faulty_fs
 
 SHARDS = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
@@ -101,15 +101,17 @@ def test_a_publish_failing_midway_leaves_the_old_dataset_whole_then_a_clean_one_
     assert_whole(str(out), "A", tmp_path)
     assert (out / "rejects" / "part-0.parquet").read_text() == "rejects of A"
     assert not (out / "v-B").exists()  # the failed run's half was removed
-    (out / "v-dead").mkdir()  # what a run killed with SIGKILL leaves behind
+    (out / "v-dead").mkdir()  # what a run killed with SIGKILL leaves behind, recorded in its ledger (#54)
     (out / "v-dead" / "junk").write_bytes(b"x")
+    ledger.write(str(out), ledger.read(str(out)).adding(ledger.tree("v-dead")))
     publish_dataset(str(out), "B", tmp_path)
     assert_whole(str(out), "B", tmp_path)
-    assert sorted(os.listdir(out)) == ["etl_report.json", "manifest.json", "rejects", "v-B"]  # A and v-dead gone
+    assert sorted(os.listdir(out)) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects",
+                                       "v-B"]  # A and v-dead gone
     assert (out / "rejects" / "part-0.parquet").read_text() == "rejects of B"
     publish_dataset(str(out), "C", tmp_path)  # a version replaces a version
     assert_whole(str(out), "C", tmp_path)
-    assert sorted(os.listdir(out)) == ["etl_report.json", "manifest.json", "rejects", "v-C"]
+    assert sorted(os.listdir(out)) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects", "v-C"]
 
 
 def test_a_reader_polling_during_the_swap_always_finds_a_manifest(tmp_path, monkeypatch):
@@ -162,8 +164,8 @@ def test_webhdfs_publish_failing_midway_leaves_the_old_dataset_whole(server, tmp
     server.denied.clear()
     fs.delete(fs.join(out, "_staging"))
     assert_whole(out, "A", tmp_path)
-    assert fs.listdir(out) == ["etl_report.json", "manifest.json", "rejects", "test", "tokenizer.json", "train",
-                               "validation", "vocab.txt"]  # A's files, no v-B
+    assert fs.listdir(out) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects", "test",
+                               "tokenizer.json", "train", "validation", "vocab.txt"]  # A's files, no v-B
 
 
 def test_webhdfs_renames_whose_answers_are_lost_count_as_done(server, tmp_path, caplog):
@@ -177,4 +179,4 @@ def test_webhdfs_renames_whose_answers_are_lost_count_as_done(server, tmp_path, 
     # The manifest went over the old one in one rename2 (OVERWRITE), never deleted first.
     manifest_ops = [(op, p) for _, op, p in server.requests if p.endswith("/manifest.json")]
     assert ("DELETE", "/warehouse/ds/manifest.json") not in manifest_ops
-    assert sorted(fs.listdir(out)) == ["etl_report.json", "manifest.json", "rejects", "v-B"]
+    assert sorted(fs.listdir(out)) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects", "v-B"]

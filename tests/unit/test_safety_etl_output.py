@@ -9,7 +9,7 @@ import pytest
 from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
-from hvdtrain import config, fs, manifest
+from hvdtrain import config, fs, ledger, manifest
 from hvdtrain.errors import DataError
 
 SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
@@ -58,17 +58,23 @@ def test_overwrite_refuses_a_folder_holding_anything_but_an_hvdtrain_dataset(tmp
 
 def test_overwrite_replaces_an_unfinished_hvdtrain_etl_and_keeps_names_it_did_not_write(tmp_path):
     out = tmp_path / "ds"
-    (out / "train").mkdir(parents=True)  # a first ETL killed before its manifest
+    (out / "train").mkdir(parents=True)  # a first ETL killed before its manifest, after its ledger (#54)
+    (out / "train" / "part-00000-of-00001.tfrecord").write_bytes(b"half")
     (out / "vocab.txt").write_text("old")
+    ledger.write(str(out), ledger.Ledger("hvdtrain etl", (ledger.exact("train/part-00000-of-00001.tfrecord"),
+                                                          ledger.exact("vocab.txt"))))
     with pytest.raises(DataError, match="unfinished hvdtrain ETL.*--overwrite"):
         etl_job.check_output(job(out, tmp_path, overwrite=False))
     publish.act(plan(out, "A", tmp_path))
     assert manifest.read(str(out)).created_at == "A"
     replacing = plan(out, "B", tmp_path)
-    (out / "notes.md").write_text("mine")  # appears between the check and the swap: still never deleted
-    publish.act(replacing)
+    (out / "notes.md").write_text("mine")  # appears between the check and the publish: refused, never deleted
+    with pytest.raises(DataError, match=r"holds files hvdtrain did not write \(notes.md\)"):
+        publish.act(replacing)
+    assert manifest.read(str(out)).created_at == "A" and (out / "notes.md").read_text() == "mine"
+    (out / "notes.md").unlink()
+    publish.act(plan(out, "B", tmp_path))
     assert manifest.read(str(out)).created_at == "B"
-    assert (out / "notes.md").read_text() == "mine"
     assert not (out / "train").exists()  # the replaced dataset's own files are gone
 
 

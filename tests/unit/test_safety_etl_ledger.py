@@ -1,0 +1,115 @@
+"""``etl --overwrite`` deletes only what a ledger or a published manifest names, never by name (#54 item 1).
+
+Before, any folder named like one hvdtrain writes (``train/``, ``test/``, ``rejects/``, ``v-*``) under
+etl.output counted as hvdtrain's: ``--overwrite`` deleted a user's raw CSV files in ``/proj/train/``.
+The publish is driven as etl.job.run drives it (check_output, then plan_publish and act).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from etl import job as etl_job
+from etl import publish, writer
+from etl.accounting import RowCounts
+from hvdtrain import config, fs, ledger, manifest
+from hvdtrain.errors import DataError
+
+SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
+ROWS = {"train": 8, "validation": 1, "test": 1}
+
+
+def _publish(out: Path, tag: str, tmp: Path, rejects: bool = False) -> dict:
+    cfg = config.from_dict({"name": "ow", "workdir": str(tmp), "source": {"table": "db.t"},
+                            "etl": {"output": str(out), "max_length": 8, "overwrite": True}}, base_dir=str(tmp))
+    replacing = etl_job.check_output(cfg)
+    staging = fs.join(str(out), "_staging", tag)
+    results = []
+    for i, split in enumerate(("train", "validation", "test")):
+        data = f"{tag}{i}".encode() * 10
+        staged = fs.join(staging, f"{i}.tf")
+        fs.write_bytes_atomic(staged, data)
+        results.append(writer.ShardResult(partition=i, split=split, index=0, staged=staged, records=ROWS[split],
+                                          bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                                          class_counts={0: ROWS[split]}))
+    rejected = {}
+    if rejects:
+        fs.write_bytes_atomic(fs.join(staging, "rejects", "part-0.parquet"), f"rejects of {tag}".encode())
+        rejected = {"text_null": 1}
+    counts = RowCounts(rows_in=10 + len(rejected), rejected=rejected, before_dedup=10, after_dedup=10,
+                       label_unknown=0, by_split=dict(ROWS), written=dict(ROWS))
+    fitted = publish.Fitted(labels=["a"], text_specs=manifest.text_features(8, 4), vocab=["[PAD]", "[UNK]"],
+                            tokenizer_json="{}")
+    facts = publish.RunFacts(staging=staging, stage_seconds={}, created_at=tag, versions={},
+                             generation=f"v-{tag}" if replacing else "")
+    try:
+        report = publish.act(publish.plan_publish(cfg, SHARDS, results, fitted, counts, facts))
+    except BaseException:
+        fs.delete(staging)  # as etl.job.run cleans up
+        raise
+    fs.delete(fs.join(str(out), "_staging"))
+    return report
+
+
+def _raw_project(tmp: Path) -> Path:
+    proj = tmp / "proj"
+    for split in ("train", "test"):
+        (proj / split).mkdir(parents=True)
+        (proj / split / "raw.csv").write_text(f"id,text\n1,{split} rows\n")
+    return proj
+
+
+def test_overwrite_never_deletes_raw_files_in_folders_named_like_a_dataset(tmp_path: Path) -> None:
+    proj = _raw_project(tmp_path)
+    with pytest.raises(DataError, match=r"^etl.output .*proj holds files hvdtrain did not write "
+                                        r"\(test/raw.csv, train/raw.csv\).*move them out of .*proj, or choose"):
+        _publish(proj, "A", tmp_path)
+    assert (proj / "train" / "raw.csv").read_text() == "id,text\n1,train rows\n"
+    assert (proj / "test" / "raw.csv").read_text() == "id,text\n1,test rows\n"
+    assert not (proj / "manifest.json").exists() and not (proj / "validation").exists()  # nothing moved in
+
+
+def test_a_users_file_inside_a_published_datasets_folder_is_refused_and_kept(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    _publish(out, "A", tmp_path, rejects=True)
+    (out / "train" / "README.md").write_text("how I made these")  # beside hvdtrain's shard
+    with pytest.raises(DataError, match=r"holds files hvdtrain did not write \(train/README.md\)"):
+        _publish(out, "B", tmp_path)
+    assert (out / "train" / "README.md").read_text() == "how I made these"
+    assert manifest.read(str(out)).created_at == "A"
+    (out / "train" / "README.md").unlink()
+    _publish(out, "B", tmp_path, rejects=True)
+    assert manifest.read(str(out)).created_at == "B"
+    assert sorted(p.name for p in out.iterdir()) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects",
+                                                     "v-B"]
+    assert (out / "rejects" / "part-0.parquet").read_text() == "rejects of B"
+
+
+def test_only_a_version_folder_a_ledger_recorded_is_deleted(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    _publish(out, "A", tmp_path)
+    recorded = ledger.read(str(out))
+    assert recorded is not None and recorded.writer == "hvdtrain etl"
+    (out / "v-dead" / "train").mkdir(parents=True)  # a run killed mid-publish: its ledger named its folder
+    (out / "v-dead" / "train" / "part-0.tfrecord").write_bytes(b"half")
+    ledger.write(str(out), recorded.adding(ledger.tree("v-dead")))
+    _publish(out, "B", tmp_path)
+    assert not (out / "v-dead").exists() and not (out / "train").exists()
+    (out / "v-mine").mkdir()  # a user's folder that only looks like a version folder
+    (out / "v-mine" / "data.csv").write_text("mine")
+    with pytest.raises(DataError, match=r"v-mine/data.csv"):
+        _publish(out, "C", tmp_path)
+    assert (out / "v-mine" / "data.csv").read_text() == "mine" and manifest.read(str(out)).created_at == "B"
+
+
+def test_a_dataset_written_before_ledgers_is_replaced_by_what_its_manifest_names(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    _publish(out, "A", tmp_path, rejects=True)
+    (out / ledger.NAME).unlink()  # as an older hvdtrain left it
+    assert json.loads((out / "etl_report.json").read_text())["rows_rejected"] == 1
+    _publish(out, "B", tmp_path, rejects=True)
+    assert sorted(p.name for p in out.iterdir()) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects",
+                                                     "v-B"]
