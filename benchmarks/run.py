@@ -1,7 +1,7 @@
 """``make bench``: every stage against its baseline, as ratios from one run.
 
     python -m benchmarks.run [--quick] [--only etl,etl_highcard,input,allreduce,training,checkpoint,monitoring,score,
-                             mwms,tune,scale,embedding,hadoop,elastic] [--out DIR]
+                             mwms,tune,scale,embedding,hadoop,elastic,quality] [--out DIR]
 
 Writes DIR/latest.json (entries {name, value, unit, baseline_name,
 baseline_value, ratio, target, passed} and machine facts), DIR/latest.md and
@@ -36,10 +36,13 @@ GROUPS = {
     "embedding": "benchmarks.bench_embedding",
     "hadoop": "benchmarks.bench_hadoop",
     "elastic": "benchmarks.bench_elastic",
+    "quality": "benchmarks.bench_quality",
 }
 # Groups the --quick smoke run (tests/test_bench_smoke.py, in make test) leaves out unless named in --only:
 # hadoop starts a one-machine cluster (minutes); the hadoop test tier already runs one.
-FULL_ONLY = {"hadoop", "elastic"}  # minutes of cluster or of kills: one kill of each kind runs in the tests
+# minutes of cluster, of kills or of training to the end: one kill of each kind runs in the tests, and
+# tests/multiprocess/test_quality_mp.py is quality's small version
+FULL_ONLY = {"hadoop", "elastic", "quality"}
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 

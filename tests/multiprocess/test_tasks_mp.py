@@ -82,39 +82,6 @@ def _custom_config(tmp: Path) -> Path:
     return path
 
 
-ORDER_ROWS = 20_000  # 8,000 training records per rank: many of the 2,048-record windows training once shuffled in
-
-
-def _order_rows(path: Path, keys: str) -> None:
-    """JSON lines of a binary table whose label follows four numeric columns (a logistic model with an
-    interaction), keyed as a real table often is (``keys="sorted"``: an ID that follows the label, as in a sorted
-    export) or with the same rows under random keys (``keys="random"``)."""
-    rng = np.random.default_rng(53)
-    x = rng.normal(size=(ORDER_ROWS, 4))
-    logit = 1.5 * x[:, 0] - x[:, 1] + 0.8 * x[:, 2] * x[:, 3] - 1.0
-    label = rng.random(ORDER_ROWS) < 1 / (1 + np.exp(-logit))
-    order = np.argsort(label, kind="stable")  # negatives first, then positives
-    with path.open("w") as fh:
-        for rank, i in enumerate(order):
-            key = f"{rank:07d}" if keys == "sorted" else f"{(i * 2654435761) % 2**32:010d}-{i}"
-            fh.write(json.dumps({"id": key, **{f"x{j}": float(x[i, j]) for j in range(4)},
-                                 "label": "late" if label[i] else "on_time"}) + "\n")
-
-
-def _order_config(tmp: Path, keys: str) -> Path:
-    data = _base(tmp, f"order_{keys}")
-    _order_rows(tmp / f"order_{keys}.json", keys)
-    data["task"] = "binary"
-    data["source"] = {"path": str(tmp / f"order_{keys}.json"), "format": "json", "text_column": None,
-                      "numeric_columns": [f"x{j}" for j in range(4)],
-                      "schema": "id STRING, x0 DOUBLE, x1 DOUBLE, x2 DOUBLE, x3 DOUBLE, label STRING"}
-    data["model"] = {"kind": "mlp", "hidden_units": [32, 16]}
-    data["train"].update({"epochs": 4, "batch_size": 64, "validate_every_epoch": False})
-    path = tmp / f"order_{keys}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _bad_label_configs(tmp: Path) -> dict[str, Path]:
     """A binary task over the multilabel table (its label sets are many distinct strings); a regression over
     the binary table's words (negative / positive)."""
@@ -164,7 +131,6 @@ def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tasks")
     configs = {task: _task_config(tmp, task) for task in TASK_ROWS}
     configs["custom"] = _custom_config(tmp)
-    configs.update({f"order_{keys}": _order_config(tmp, keys) for keys in ("sorted", "random")})
     bad = _bad_label_configs(tmp)
     report = tmp / "etl_errors.json"
     cmd = [sys.executable, __file__, "etl", str(report), *map(str, configs.values()), "--bad", *map(str, bad.values())]
@@ -242,21 +208,6 @@ def test_custom_wide_and_deep_trains_exports_and_scores(prepared, tmp_path):
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     assert "tasks.wide_deep_scores" in proc.stdout
-
-
-def test_a_table_whose_key_follows_the_label_trains_as_well_as_the_same_rows_with_random_keys(prepared):
-    """Issue 53: on a table keyed in label order, shards written in key order and small shuffle windows made
-    batches of one class, and the model trained worse than on the same rows with random keys. Both splits are
-    2,000 test rows (ROC AUC's standard error about 0.01 here): the key-sorted table must come within 0.02."""
-    configs, _ = prepared
-    auc = {}
-    for keys in ("sorted", "random"):
-        result, _ = _train(configs[f"order_{keys}"])
-        assert result["ranks_agree"] is True
-        auc[keys] = result["test_metrics"]["roc_auc"]
-    print(f"key-sorted table: test ROC AUC {auc['sorted']:.4f}; the same rows with random keys: {auc['random']:.4f}")
-    assert auc["random"] > 0.75, auc  # the model learns the table at all
-    assert auc["sorted"] >= auc["random"] - 0.02, auc
 
 
 def test_a_binary_task_over_many_labels_fails_with_one_line(prepared):
