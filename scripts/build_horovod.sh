@@ -7,8 +7,9 @@
 #
 # The wheel is cached under ${HVDTRAIN_CACHE:-~/.cache/hvdtrain}/wheels/<key>/,
 # where <key> hashes everything the wheel depends on (Horovod version, every
-# patch, TensorFlow version, Python ABI, GPU operations). A second set-up with
-# the same key installs the cached wheel and does not rebuild.
+# patch's diff, TensorFlow version, Python ABI, GPU operations). A second set-up
+# with the same key installs the cached wheel and does not rebuild. A patch's
+# DEP-3 header (docs/horovod-patches.md) is not in the key: patch(1) skips it.
 #
 # Environment:
 #   HOROVOD_GPU_OPERATIONS=NCCL   build NCCL ops for GPU clusters (needs CUDA
@@ -19,13 +20,16 @@ set -euo pipefail
 PY=${1:?usage: build_horovod.sh PYTHON}
 HOROVOD_VERSION=0.28.1
 HERE=$(cd "$(dirname "$0")" && pwd)
-# Applied in this (file-name) order; all of them go into the cache key.
+# Applied in this (file-name) order; the diff of each goes into the cache key.
 PATCHES=("$HERE"/patches/*.patch)
 [ -f "${PATCHES[0]}" ] || { echo "[horovod] error: no patches in $HERE/patches" >&2; exit 1; }
 CACHE=${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}
 
 say() { echo "[horovod] $*"; }
 die() { echo "[horovod] error: $*" >&2; exit 1; }
+# What patch(1) applies: the lines from the first "diff " or "--- " on. The DEP-3
+# header above them is documentation; editing it changes no wheel, so not the key.
+diff_part() { awk '/^(diff |--- )/ { found = 1 } found' "$1"; }
 
 check_build() {
   # horovodrun --check-build lists the frameworks and controllers built in.
@@ -50,7 +54,7 @@ for d in ("tensorflow", "tensorflow-cpu"):
 [ -n "$TF_VERSION" ] || die "TensorFlow is not installed in $PY; install the project first (pip install -e .)"
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 KEY=$( { echo "$HOROVOD_VERSION $TF_VERSION $PY_TAG gpu=${HOROVOD_GPU_OPERATIONS:-none}"
-        for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done; } | sha256sum | cut -c1-16)
+        for p in "${PATCHES[@]}"; do basename "$p"; diff_part "$p"; done; } | sha256sum | cut -c1-16)
 WHEEL_DIR="$CACHE/wheels/horovod-$HOROVOD_VERSION-$KEY"
 
 # The environment remembers which build it has, so a re-run is a no-op.
