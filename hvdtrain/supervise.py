@@ -7,7 +7,13 @@ relaunches the job up to K times; every relaunch resumes from the newest valid
 checkpoint (``checkpoint.resume: auto``) in the same MLflow run. A config,
 data or environment error never restarts: the same input fails the same way.
 
-:func:`classify` decides from the job's exit code and output (pure);
+A restart that got no further does not get another: when the same failure
+comes again from the same checkpoint step (no newer checkpoint since the last
+restart), the next try would only repeat it, so the restarts stop with one
+line naming the failure, the step and the restarts used. Signals differ in
+what a relaunch can do (:data:`SIGNALS_TAKEN_AWAY`, :data:`SIGNALS_NEVER_RETRIED`).
+
+:func:`classify` and :func:`decide` are the policy (pure);
 :func:`run_with_restarts` carries the decision out with any launcher
 (``horovodrun`` locally or on hosts, ``horovod.spark.run`` inside one YARN
 application) and a backoff between tries. The relaunched job learns which try
@@ -19,6 +25,7 @@ import json
 import logging
 import os
 import re
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
@@ -39,6 +46,27 @@ DETERMINISTIC = ((re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|Na
                   "an import or code error"),
                  (re.compile(r"\bDataLossError\b"), "corrupt data (DataLossError)"),
                  (re.compile(r"\b(hvdtrain\.errors\.)?(ConfigError|DataError|UsageError)\b"), "a config or data error"))
+# A rank taken away from outside (a scheduler's preemption or node drain: SIGTERM; its ssh session or terminal
+# gone: SIGHUP, exit 255) did nothing wrong: another try may be left alone, so these are retried up to
+# fault.max_restarts even when no checkpoint came between. Unless the output says the memory limit was the reason
+# (YARN's and Spark's words), which repeats like the OOM killer's SIGKILL.
+SIGNALS_TAKEN_AWAY = frozenset({signal.SIGTERM, signal.SIGHUP})
+MEMORY_KILL = re.compile(r"beyond (physical|virtual) memory limits|exceeding (physical |virtual )?memory limits"
+                         r"|oom[-_ ]?kill", re.IGNORECASE)
+MEMORY_CAUSE = "a rank killed for exceeding its memory limit"
+# Signals whose cause is the same on every try: never retried. SIGILL: the binary uses an instruction this
+# host's CPU lacks (a TensorFlow built for AVX-512); SIGSYS: a system call the host's sandbox forbids; SIGQUIT:
+# someone asked for it (Ctrl-\), as Ctrl-C (exit 130) is never retried.
+SIGNALS_NEVER_RETRIED: dict[int, str] = {signal.SIGILL: "an instruction this host's CPU lacks",
+                                          signal.SIGSYS: "a system call this host forbids",
+                                          signal.SIGQUIT: "a quit request"}
+# Every other signal (SIGKILL: the OOM killer or a hard kill after a grace period; SIGSEGV, SIGBUS, SIGABRT,
+# SIGFPE: a native crash, a race or a bad host as often as a bug) is retried, and stops when it comes again
+# from the same step.
+HINTS = {"SIGKILL": "a SIGKILL that repeats is most often the out-of-memory killer: give the ranks more "
+                         "memory or lower train.batch_size",
+         f"exit {EXIT_STALLED}": "the watchdog's message above names the rank and what it waited for",
+         f"exit {EXIT_STORAGE}": "the storage error above is not transient: fix the storage or the path"}
 ERROR_LINE = re.compile(r"^\S*(Error|Exception)\b.*$|error: .*$", re.MULTILINE)
 
 
@@ -63,10 +91,25 @@ def describe_code(code: int) -> str:
         return f"{NO_RESTART[code]} (exit {code})"
     if code == 255:
         return "a lost rank (ssh connection to its host dropped, exit 255)"
-    if code < 0 or code > 128:
-        signal = -code if code < 0 else code - 128
-        return f"a lost rank (killed by signal {signal})"
+    number = signal_of(code)
+    if number in SIGNALS_NEVER_RETRIED:
+        return (f"a rank killed by {signal.Signals(number).name} ({SIGNALS_NEVER_RETRIED[number]}, the same on "
+                "every try)")
+    if number is not None:
+        return f"a lost rank (killed by signal {number})"
     return f"a rank failure (exit {code})"
+
+
+def signal_of(code: int) -> Optional[int]:
+    """The signal that ended a process with exit ``code`` (``-N`` from Python, ``128 + N`` from a shell), or
+    None (pure)."""
+    number = -code if code < 0 else code - 128 if code > 128 and code != 255 else 0
+    return number if number in signal.valid_signals() else None
+
+
+def signal_name(code: int) -> str:
+    number = signal_of(code)
+    return signal.Signals(number).name if number is not None else f"exit {code}"
 
 
 def classify(code: int, output: str = "") -> Failure:
@@ -90,14 +133,62 @@ def classify(code: int, output: str = "") -> Failure:
         for pattern, what in DETERMINISTIC:
             if pattern.search(output):
                 return Failure(decisive, rank, f"{what} (exit {decisive})", False, error)
-    return Failure(decisive, rank, describe_code(decisive), decisive not in NO_RESTART, error)
+    restartable = decisive not in NO_RESTART and signal_of(decisive) not in SIGNALS_NEVER_RETRIED
+    if signal_of(decisive) in SIGNALS_TAKEN_AWAY and MEMORY_KILL.search(output):
+        return Failure(decisive, rank, f"{MEMORY_CAUSE} (signal {signal_of(decisive)})", restartable, error)
+    return Failure(decisive, rank, describe_code(decisive), restartable, error)
+
+
+def _plain(code: int) -> bool:
+    """An exit the process chose (not a signal, a stall, a storage failure or a dropped ssh session)."""
+    return 0 < code < 128 and code not in (EXIT_STALLED, EXIT_STORAGE)
 
 
 def repeated(failure: Failure, step: Optional[int], before: list["Restart"]) -> bool:
-    """Whether this failure is the previous try's again: same error line, resumed from the same step (pure)."""
-    plain = 0 < failure.code < 128 and failure.code not in (EXIT_STALLED, EXIT_STORAGE)  # not a lost rank
-    return plain and bool(before) and bool(failure.error) and before[-1].error == failure.error and \
-        before[-1].resume_step == step
+    """Whether this failure is the previous try's again from the same step, so the restart got no further
+    (pure). A plain exit repeats when its error line does (an exit 1 is anything); a death by signal, a stall or
+    a storage failure when its code does; a rank taken away from outside (:data:`SIGNALS_TAKEN_AWAY`, a dropped
+    ssh session) never counts, as another try may be left alone."""
+    if not before or before[-1].resume_step != step:
+        return False
+    last = before[-1]
+    if _plain(failure.code):
+        return bool(failure.error) and last.error == failure.error
+    taken_away = failure.code == 255 or (signal_of(failure.code) in SIGNALS_TAKEN_AWAY
+                                         and not failure.cause.startswith(MEMORY_CAUSE))
+    return not taken_away and last.code == failure.code and last.cause == failure.cause
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a failed try: relaunch or stop, the failure as finally judged, and the one line that
+    says so when stopping."""
+
+    restart: bool
+    failure: Failure
+    message: str = ""
+
+
+def decide(failure: Failure, step: Optional[int], before: list["Restart"], max_restarts: int) -> Decision:
+    """Whether to relaunch after ``failure``, the next try resuming from ``step`` (None: from the start), after
+    the restarts ``before`` (pure)."""
+    where = f" on rank {failure.rank}" if failure.rank is not None else ""
+    if not failure.restartable:
+        return Decision(False, failure, f"the job failed: {failure.cause}{where}; never restarted")
+    if repeated(failure, step, before):
+        what = "error" if _plain(failure.code) else "failure"
+        detail = failure.error if _plain(failure.code) else signal_name(failure.code)
+        at = f"step {step}" if step is not None else "the start (no checkpoint)"
+        stopped = Failure(failure.code, failure.rank, f"{failure.cause}, the same {what} twice from the same step "
+                          f"({detail})", False, failure.error)
+        hint = HINTS.get(signal_name(failure.code)) if not _plain(failure.code) else None
+        return Decision(False, stopped, f"the job failed: {failure.cause}{where} again from {at}, no progress "
+                        f"since the last restart; stopped after {len(before)} of fault.max_restarts={max_restarts} "
+                        f"restarts ({detail}){f': {hint}' if hint else ''}")
+    if len(before) >= max_restarts:
+        return Decision(False, failure, f"the job failed: {failure.cause}{where}; fault.max_restarts="
+                        f"{max_restarts} used up")
+    return Decision(True, failure)
 
 
 def rank_codes(output: str) -> list[int]:
@@ -159,16 +250,12 @@ def run_with_restarts(run_once: Callable[[Mapping[str, str]], tuple[int, str]], 
         if code == 0:
             outcome.failure = None
             return outcome
-        failure = outcome.failure = classify(code, output)
         attempt = len(outcome.restarts) + 1
         step = resume_step()
-        if failure.restartable and repeated(failure, step, outcome.restarts):
-            failure = outcome.failure = Failure(failure.code, failure.rank, f"{failure.cause}, the same error twice "
-                                                f"from the same step ({failure.error})", False, failure.error)
-        if not failure.restartable or attempt > max_restarts:
-            why = "never restarted" if not failure.restartable else f"fault.max_restarts={max_restarts} used up"
-            log.error("the job failed: %s%s; %s", failure.cause,
-                      f" on rank {failure.rank}" if failure.rank is not None else "", why)
+        decision = decide(classify(code, output), step, outcome.restarts, max_restarts)
+        failure = outcome.failure = decision.failure
+        if not decision.restart:
+            log.error("%s", decision.message)
             return outcome
         delay = wait(attempt)
         log.warning("restart %d/%d in %.0fs after %s%s: resuming from %s", attempt, max_restarts, delay,

@@ -63,8 +63,8 @@ def test_a_config_error_fails_at_once_and_restarts_stop_at_the_limit() -> None:
     outcome = supervise.run_with_restarts(tries, 5, sleep=lambda s: None)
     assert outcome.code == 1 and not outcome.restarts and len(tries.envs) == 1
     assert outcome.failure.cause == "a config error (exit 2)"
-    tries = Tries(*[(1, KILLED)] * 4)
-    outcome = supervise.run_with_restarts(tries, 2, sleep=lambda s: None)
+    tries, steps = Tries(*[(1, KILLED)] * 4), iter([10, 20, 30])  # progress each time: only the limit stops it
+    outcome = supervise.run_with_restarts(tries, 2, resume_step=lambda: next(steps), sleep=lambda s: None)
     assert outcome.code == 1 and len(outcome.restarts) == 2 and len(tries.envs) == 3
 
 
