@@ -10,9 +10,15 @@ and ``bin/yarn`` / ``bin/hdfs`` (Hadoop's own CLIs from the same jars) under the
 cluster's home folder. ``up --secure`` adds a MiniKdc and runs every daemon with
 Kerberos (:func:`kerberos_settings`; docs/hadoop.md, "Kerberos").
 
-Plan, then act: :func:`hadoop_settings`, :func:`java_command` and
-:func:`wrapper_script` are pure; :func:`up`, :func:`down` and :func:`status`
-carry them out.
+The home folder is hvdtrain's only when it says so: ``up`` writes a ledger
+(:mod:`hvdtrain.ledger`) into a new or empty ``--home`` before anything else,
+and resets (deletes) only the last run's ``data`` and ``target`` folders of a
+home whose ledger names them; a folder holding anything else is refused
+(:func:`plan_home`).
+
+Plan, then act: :func:`hadoop_settings`, :func:`java_command`,
+:func:`wrapper_script` and :func:`plan_home` are pure; :func:`up`,
+:func:`down` and :func:`status` carry them out.
 """
 from __future__ import annotations
 
@@ -31,8 +37,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional, TextIO
 
-from hvdtrain import envcheck
-from hvdtrain.errors import EnvironmentProblem
+from hvdtrain import envcheck, ledger
+from hvdtrain.errors import DataError, EnvironmentProblem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = "HvdtrainMiniCluster"
@@ -151,6 +157,52 @@ class ClusterSpec:
     @property
     def krb5_conf(self) -> str:
         return os.path.join(self.kerberos_dir, "krb5.conf")  # MiniKdc writes it there
+
+
+HOME_WRITER = "hvdtrain cluster"
+RESET_FOLDERS = ("data", "target")  # the last run's HDFS and NodeManager folders: new on every `up`
+HOME_FOLDERS = (*RESET_FOLDERS, "conf", "bin", "kerberos")
+HOME_FILES = ("cluster.json", "cluster.pid", "cluster.log")
+
+
+def home_ledger() -> ledger.Ledger:
+    """What ``up`` writes into its home folder, and so may replace or delete there (pure)."""
+    return ledger.Ledger(HOME_WRITER, (*map(ledger.tree, HOME_FOLDERS), *map(ledger.exact, HOME_FILES)))
+
+
+@dataclass(frozen=True)
+class HomePlan:
+    """The ledger to record in the home before anything is written, and the last run's folders to delete."""
+
+    ledger: ledger.Ledger
+    reset: tuple[str, ...] = ()
+
+
+def _recorded(owned: ledger.Ledger, name: str) -> bool:
+    """Whether the ledger names ``name`` (a file, or a folder it created: ``data/*`` matches ``data/``)."""
+    return owned.owns(name) or owned.owns(name + "/")
+
+
+def plan_home(home: str, entries: Iterable[str], recorded: Optional[ledger.Ledger]) -> HomePlan:
+    """What ``up`` may do in ``home``, holding ``entries`` (names right under it) and its ledger (pure): a new or
+    empty folder becomes hvdtrain's; one whose ledger names everything in it is reset; anything else is refused
+    with one line, before anything in it is touched."""
+    names = sorted(entries)
+    fix = f"choose a new or empty folder for --home (or move them out of {home})"
+    if recorded is None:
+        if names:
+            raise EnvironmentProblem(f"--home {home} holds {ledger.sample(names)} and no ledger ({ledger.NAME}): "
+                                     f"hvdtrain did not create it, so it writes and deletes nothing there; {fix}")
+        return HomePlan(home_ledger())
+    if recorded.writer != HOME_WRITER:
+        raise EnvironmentProblem(f"--home {home} is where {recorded.writer} writes ({ledger.NAME}), not a "
+                                 f"cluster's home; {fix}")
+    foreign = [name for name in names if not _recorded(recorded, name)]
+    if foreign:
+        raise EnvironmentProblem(f"--home {home} holds {ledger.sample(foreign)}, which hvdtrain did not create "
+                                 f"there, so it deletes nothing there; {fix}")
+    return HomePlan(recorded.adding(*home_ledger().entries),
+                    tuple(name for name in RESET_FOLDERS if name in names and _recorded(recorded, name)))
 
 
 def hadoop_version_of(jar_names: Iterable[str]) -> Optional[str]:
@@ -442,13 +494,15 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
                                      f"{'secure' if spec.secure else 'plain'} one, or use another --home")
         print(f"hvdtrain cluster: already running (pid {running['pid']})", file=out)
         return running
+    home = plan_home(spec.home, _home_entries(spec.home), _home_ledger(spec.home))  # refused before any change
     down(spec, quiet=True)  # a JVM still starting, or stale files of one that died
     java, javac, mvn = require_tools()
     version, classpath = prepare(mvn, javac)
     ports = choose_ports(spec.ports)
-    for folder in ("data", "target"):  # the last run's HDFS and NodeManager folders
-        shutil.rmtree(os.path.join(spec.home, folder), ignore_errors=True)
     os.makedirs(spec.home, exist_ok=True)
+    ledger.write(spec.home, home.ledger)  # before anything it names is written
+    for folder in home.reset:  # the last run's HDFS and NodeManager folders, which the ledger names
+        shutil.rmtree(os.path.join(spec.home, folder), ignore_errors=True)
     _write_wrappers(spec, java, classpath)
     cmd = java_command(java, classpath, spec, ports)
     start = time.monotonic()
@@ -463,6 +517,19 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
     details["start_seconds"] = round(time.monotonic() - start, 1)
     print(f"hvdtrain cluster: Hadoop {version} up in {details['start_seconds']:.0f}s (pid {proc.pid})", file=out)
     return details
+
+
+def _home_entries(home: str) -> list[str]:
+    if os.path.exists(home) and not os.path.isdir(home):
+        raise EnvironmentProblem(f"--home {home} is a file, not a folder; choose a new or empty folder for --home")
+    return os.listdir(home) if os.path.isdir(home) else []
+
+
+def _home_ledger(home: str) -> Optional[ledger.Ledger]:
+    try:
+        return ledger.read(home)
+    except DataError as exc:  # not a ledger: not hvdtrain's folder either
+        raise EnvironmentProblem(str(exc)) from None
 
 
 def _wait_ready(spec: ClusterSpec, proc: subprocess.Popen) -> None:
@@ -512,8 +579,9 @@ def down(spec: ClusterSpec, grace: float = 60.0, quiet: bool = False, out: TextI
             _signal_group(pid, signal.SIGKILL)
             while _is_launcher(pid):
                 time.sleep(0.1)
-    for path in (spec.pid_file, spec.ready_file):
-        if os.path.exists(path):
+    owned = _home_ledger(spec.home) if os.path.isdir(spec.home) else None
+    for path in (spec.pid_file, spec.ready_file):  # only files hvdtrain's ledger says it writes there
+        if owned is not None and owned.owns(os.path.basename(path)) and os.path.exists(path):
             os.unlink(path)
     if not quiet:
         print(f"hvdtrain cluster: {'stopped' if pid else 'not running'} ({spec.home})", file=out)
