@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from hvdtrain.features import category_string
+
 QUANTILE_ACCURACY = 10_000  # percentile_approx: rank error at most 1/10,000 of the rows, bounded memory
 OTHER_BIN, MISSING_BIN = -2, -1  # the last two drift bins (category_bins: ..., other, missing)
 
@@ -78,8 +80,6 @@ def _python_string(column: Any) -> Any:
     from pyspark.sql.functions import pandas_udf
 
     def strings(values: Any) -> Any:
-        from hvdtrain.features import category_string
-
         return values.map(category_string)
 
     strings.__annotations__ = {"values": pd.Series, "return": pd.Series}  # Series to Series: a scalar pandas UDF
