@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from hvdtrain import (
     checkpoint,
     console,
+    demo,
     elastic_plan,
     envcheck,
     fs,
@@ -236,11 +237,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if cfg.source.sample is None:
         raise ConfigError("source.sample", None, f"is needed by the demo, which generates its data from it; "
                           f"{args.config} has no source.sample block")
+    if cfg.checkpoint.enabled:  # a folder the demo may not clear is refused before the ETL
+        demo.check(cfg.checkpoint.dir)
     _step(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
                       verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
-    if cfg.checkpoint.enabled and fs.exists(cfg.checkpoint.dir):  # new data: a new run, not a resume
-        print(f"demo: removing the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
-        fs.delete(cfg.checkpoint.dir)
+    if cfg.checkpoint.enabled:  # new data: a new run, not a resume; only what a demo run recorded goes
+        if demo.reset(cfg.checkpoint.dir):
+            print(f"demo: removed the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
     _step(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
     print(demo_summary(cfg))
     flags = score_flags(cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master, overwrite=True, split="test",
