@@ -60,18 +60,15 @@ class StageTimer:
 def check_output(cfg: JobConfig) -> bool:
     """Refuse to clobber a published dataset unless asked, and anything else always; True when one is replaced.
 
-    ``etl.overwrite`` replaces only what hvdtrain wrote: a folder holding any other name is refused.
+    Decided as the publish decides (:func:`etl.publish.check_claim`): a folder holding any file neither its
+    ledger nor its manifest names is refused, with or without ``etl.overwrite``, before any Spark work.
     """
     out = cfg.etl.output
     if not fs.exists(out):
         return False
-    names = [n for n in fs.listdir(out) if n != "_staging"]
+    files = publish.check_claim(out)
+    names = sorted({f.split("/")[0] for f in files})
     published = manifest.MANIFEST_NAME in names or manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX in names
-    foreign = publish.foreign_names(names)
-    if foreign:
-        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({', '.join(foreign[:5])}"
-                        f"{', ...' if len(foreign) > 5 else ''}); hvdtrain never deletes them, even with "
-                        "--overwrite: choose a new or empty folder for etl.output (e.g. a subfolder)")
     if published and not cfg.etl.overwrite:
         raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
                         "(or etl.overwrite=true) to replace it, or choose another etl.output")
@@ -91,7 +88,8 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     replacing = check_output(cfg)
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]
-    staging = fs.join(cfg.etl.output, "_staging", run_id)
+    staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
+    publish.claim_staging(cfg.etl.output, run_id)  # the ledger names it before anything is staged
     try:
         with timer.stage("read"):
             raw = sources.read(spark, cfg)
@@ -126,9 +124,9 @@ def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
                                      generation=f"v-{run_id}" if replacing else "")
             report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
-        _clean(staging)
+        clean_staging(cfg.etl.output, run_id)
         raise
-    _clean(fs.join(cfg.etl.output, "_staging"))
+    clean_staging(cfg.etl.output, run_id)
     return report
 
 
@@ -236,11 +234,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _clean(uri: str) -> None:
+def clean_staging(out: str, run_id: str) -> None:
+    """Remove this run's ``_staging/<run_id>`` (its ledger names it), then ``_staging`` only when that left it
+    empty: another run's staging, or anything else in it, is never this run's to delete."""
+    staging = fs.join(out, publish.STAGING)
     try:
-        fs.delete(uri)
+        fs.delete(fs.join(staging, run_id))
+        if fs.exists(staging) and not fs.listdir(staging):
+            fs.delete(staging)
     except ANY_ERROR as exc:  # clean-up must not hide the real error
-        log.warning("could not remove %s: %s", uri, exc)
+        log.warning("could not remove %s: %s", fs.join(staging, run_id), exc)
 
 
 def summary_table(report: dict[str, Any]) -> str:

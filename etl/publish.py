@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -44,23 +43,7 @@ from hvdtrain.errors import ANY_ERROR, DataError
 log = logging.getLogger("hvdtrain.etl")
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
 WRITER = "hvdtrain etl"  # the writer named in etl.output's ledger (hvdtrain.ledger)
-STAGING = "_staging"  # etl.job's: it creates and clears it; a publish neither claims nor deletes it
-
-# The names hvdtrain writes right under ``etl.output``: etl.job.check_output refuses any other before a run
-# starts. A name alone never licenses a delete: the ledger and the published manifest do (:func:`act`).
-WRITTEN_NAMES = frozenset({*SPLITS, "vocab.txt", "tokenizer.json", "rejects", "etl_report.json", STAGING,
-                           ledger.NAME, manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX})
-_GENERATION = re.compile(r"v-[0-9a-zA-Z_-]+")
-
-
-def written_by_hvdtrain(name: str) -> bool:
-    """Whether a name right under ``etl.output`` is one hvdtrain writes (a dataset's file or a version folder)."""
-    return name in WRITTEN_NAMES or bool(_GENERATION.fullmatch(name))
-
-
-def foreign_names(names: list[str]) -> list[str]:
-    """The names hvdtrain did not write (pure): a folder holding any is never overwritten."""
-    return sorted(n for n in names if not written_by_hvdtrain(n))
+STAGING = "_staging"  # etl.job's: each run records and clears its own _staging/<run id>; a publish leaves it
 
 
 @dataclass(frozen=True)
@@ -261,18 +244,42 @@ def _new_entries(plan: PublishPlan) -> list[str]:
     return entries
 
 
+def check_claim(out: str) -> list[str]:
+    """The files of ``etl.output`` (runs' staging left out), each one hvdtrain wrote; raises DataError, in one
+    line and before anything is touched, naming the files neither its ledger nor its manifest names. etl.job
+    calls it before any Spark work, :func:`act` again before the first move."""
+    files = [f for f in fs.walk(out, skip=(STAGING,)) if not _ours_now(f)]
+    foreign = ledger.foreign(files, _previous_owner(out, files))
+    if foreign:
+        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({ledger.sample(foreign)}); the "
+                        f"ETL replaces only what its ledger {ledger.NAME} or its manifest names, and never these: "
+                        f"move them out of {out}, or choose a new or empty folder for etl.output")
+    return files
+
+
+def claim_staging(out: str, run_id: str) -> None:
+    """Record ``_staging/<run_id>`` in ``out``'s ledger (after :func:`check_claim`), before anything is staged."""
+    files = check_claim(out)
+    found = ledger.read(out) or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))
+    fs.makedirs(out)
+    ledger.write(out, found.adding(ledger.tree(f"{STAGING}/{run_id}")))
+
+
+def _staging_entries(out: str) -> tuple[str, ...]:
+    """The runs' staging folders ``out``'s ledger names and that are still there: a publish keeps them in the
+    ledger (etl.job clears its own; a killed run's stays named)."""
+    found = ledger.read(out)
+    entries = [e for e in found.entries if e.startswith(STAGING + "/")] if found else []
+    return tuple(e for e in entries if fs.exists(fs.join(out, e.removesuffix("/*"))))  # a run cleared its own
+
+
 def _claim(plan: PublishPlan) -> Callable[[str], bool]:
     """Refuse a folder holding files nothing names (DataError, before anything moves), then write the ledger
     naming what this publish will own beside what earlier runs own; returns whether a file is hvdtrain's."""
     out = plan.output
-    files = [f for f in fs.walk(out, skip=(STAGING,)) if not _ours_now(f)]
-    before = _previous_owner(out, files)
-    foreign = ledger.foreign(files, before)
-    if foreign:
-        raise DataError(f"etl.output {out} holds files hvdtrain did not write ({ledger.sample(foreign)}); a "
-                        f"publish replaces only what its ledger {ledger.NAME} or its manifest names, even with "
-                        f"--overwrite: move them out of {out}, or choose a new or empty folder for etl.output")
-    claim = ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files) + tuple(_new_entries(plan)))
+    files = check_claim(out)
+    claim = ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files) + tuple(_new_entries(plan))
+                          + _staging_entries(out))
     fs.makedirs(out)
     ledger.write(out, claim)
     return claim.owns
@@ -282,7 +289,8 @@ def _record(plan: PublishPlan, owned: Callable[[str], bool]) -> None:
     """The ledger after a publish: each file of the new dataset, and what could not be deleted of the old."""
     try:
         files = [f for f in fs.walk(plan.output, skip=(STAGING,)) if not _ours_now(f) and owned(f)]
-        ledger.write(plan.output, ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files)))
+        ledger.write(plan.output, ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files)
+                                                + _staging_entries(plan.output)))
     except ANY_ERROR as exc:  # the claim stays: it names all of these, and more
         log.warning("could not rewrite the ledger in %s (%s); the one written before the publish stands",
                     plan.output, exc)

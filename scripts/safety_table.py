@@ -56,6 +56,10 @@ def _manifest(shard: str = "train/part-0", tokenizer: str = "tokenizer.json", ra
     return run
 
 
+# What an hvdtrain ETL's ledger says (hvdtrain/ledger.py): without it, its files would be refused as foreign.
+LEDGER = {"_hvdtrain_ledger.json": '{"format": 1, "writer": "hvdtrain etl", "entries": ["*", "*/*"]}'}
+
+
 def _etl_output(names: dict[str, str], overwrite: bool) -> Callable[[Path], object]:
     def run(tmp: Path) -> object:
         out = tmp / "out"
@@ -136,8 +140,8 @@ CASES = [
     Case("manifest.json not JSON", _manifest(raw="{not json")),
     Case("manifest format_version 99", _manifest(version=99)),
     Case("etl.output=/user/alice (foreign files) with --overwrite", _etl_output({"thesis.tex": "x", "train/a": "y"}, True), _files_kept),
-    Case("etl.output holds a dataset, no --overwrite", _etl_output({"manifest.json": "{}", "train/p": "x"}, False), _files_kept),
-    Case("etl.output holds an unfinished ETL, no --overwrite", _etl_output({"vocab.txt": "x"}, False), _files_kept),
+    Case("etl.output holds a dataset, no --overwrite", _etl_output({"manifest.json": "{}", "train/p": "x", **LEDGER}, False), _files_kept),
+    Case("etl.output holds an unfinished ETL, no --overwrite", _etl_output({"vocab.txt": "x", **LEDGER}, False), _files_kept),
     Case("etl.vocab_file in Latin-1, not UTF-8", _vocab, lambda tmp: "the vocabulary file, unchanged"),
     Case("source.path that does not exist", _missing_path),
     Case("train.output is a folder of someone else's files", _train_output, lambda tmp: "notes.txt kept; no training ran"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,70 @@ def test_a_dataset_written_before_ledgers_is_replaced_by_what_its_manifest_names
     _publish(out, "B", tmp_path, rejects=True)
     assert sorted(p.name for p in out.iterdir()) == [ledger.NAME, "etl_report.json", "manifest.json", "rejects",
                                                      "v-B"]
+
+
+# -- the refusal before any Spark work, and the run's own staging (#54 item 1, etl.job) -------------------
+
+class _NoSpark:
+    """A SparkSession that must not be used: the refusal comes before any Spark work."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"Spark was used ({name}) before etl.output was checked")
+
+
+def _job(out: Path, tmp: Path, overwrite: bool) -> config.JobConfig:
+    return config.from_dict({"name": "ow", "workdir": str(tmp), "source": {"table": "db.t"},
+                             "etl": {"output": str(out), "max_length": 8, "overwrite": overwrite}}, base_dir=str(tmp))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_raw_files_are_refused_in_one_line_before_any_spark_work(tmp_path: Path, overwrite: bool) -> None:
+    proj = _raw_project(tmp_path)
+    with pytest.raises(DataError) as err:
+        etl_job.run(_NoSpark(), _job(proj, tmp_path, overwrite))
+    message = str(err.value)
+    assert "\n" not in message and "holds files hvdtrain did not write (test/raw.csv, train/raw.csv)" in message
+    assert "pass --overwrite" not in message and "unfinished" not in message  # never suggested for foreign files
+    assert sorted(str(p.relative_to(proj)) for p in proj.rglob("*")) == ["test", "test/raw.csv", "train",
+                                                                          "train/raw.csv"]  # nothing written
+
+
+def test_a_file_named_like_hvdtrains_but_unrecorded_is_foreign_and_never_suggests_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "vocab.txt").write_text("a user's vocabulary")  # a name hvdtrain writes, but no ledger names it
+    with pytest.raises(DataError, match=r"did not write \(vocab.txt\)") as err:
+        etl_job.check_output(_job(out, tmp_path, overwrite=False))
+    assert "pass --overwrite" not in str(err.value)
+
+
+def test_the_ledger_names_the_runs_staging_before_anything_is_staged(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    _publish(out, "A", tmp_path)
+    (out / "_staging" / "other").mkdir(parents=True)  # another run's staging: never this run's to delete
+    (out / "_staging" / "other" / "0.tf").write_bytes(b"theirs")
+    seen = {}
+
+    class Spark:
+        def __getattr__(self, name: str):  # the first Spark work: the ledger must already name this run's staging
+            found = ledger.read(str(out))
+            seen["entries"] = [e for e in found.entries if e.startswith("_staging/")] if found else []
+            raise RuntimeError("the cluster went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        etl_job.run(Spark(), _job(out, tmp_path, overwrite=True))
+    assert len(seen["entries"]) == 1 and re.fullmatch(r"_staging/[0-9a-f]{12}/\*", seen["entries"][0])
+    assert (out / "_staging" / "other" / "0.tf").read_bytes() == b"theirs"
+    assert manifest.read(str(out)).created_at == "A"
+
+
+def test_finishing_a_run_removes_only_its_own_staging_then_the_folder_if_empty(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    for run_id in ("a1", "b2"):
+        (out / "_staging" / run_id / "rejects").mkdir(parents=True)
+        (out / "_staging" / run_id / "rejects" / "part-0").write_text(run_id)
+    etl_job.clean_staging(str(out), "a1")
+    assert sorted(p.name for p in (out / "_staging").iterdir()) == ["b2"]
+    assert (out / "_staging" / "b2" / "rejects" / "part-0").read_text() == "b2"
+    etl_job.clean_staging(str(out), "b2")
+    assert not (out / "_staging").exists()

@@ -76,8 +76,3 @@ def test_overwrite_replaces_an_unfinished_hvdtrain_etl_and_keeps_names_it_did_no
     publish.act(plan(out, "B", tmp_path))
     assert manifest.read(str(out)).created_at == "B"
     assert not (out / "train").exists()  # the replaced dataset's own files are gone
-
-
-def test_written_names_are_the_ones_publish_writes():
-    assert publish.foreign_names(["train", "v-0a1b", "manifest.json.next", "rejects", "etl_report.json",
-                                  "backup", "v-"]) == ["backup", "v-"]
