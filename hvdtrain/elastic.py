@@ -58,7 +58,7 @@ from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
 from hvdtrain.schedules import scaled_learning_rate
 from hvdtrain.training import runtime
 from hvdtrain.training import steps as steps_lib
-from hvdtrain.training.context import TrainContext
+from hvdtrain.training.context import Phase, TrainContext, no_phase
 from hvdtrain.training.evaluate import evaluate_splits
 from hvdtrain.training.events import EpochStats, epoch_stats
 from hvdtrain.training.publish import publish
@@ -86,6 +86,13 @@ class Job:
     opened: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # this process's MLflow run
     tracker: Any = None  # inert until this process is rank 0 at a (re)start
     writer: Optional[checkpoint.CheckpointWriter] = None  # made by whoever is rank 0 at a checkpoint
+    phase: Phase = no_phase  # the stall watchdog's: what this rank does next (runtime.guarded)
+
+    @property
+    def reset_timeout(self) -> float:
+        """How long a commit or a reset may wait for the world to re-form: Horovod's start timeout (the elastic
+        rendezvous) plus a stall's worth."""
+        return float(self.cfg.fault.start_timeout + self.cfg.fault.stall_timeout)
 
     def track(self, rank: distributed.RankInfo, run_id: Optional[str]) -> Optional[str]:
         """Rank 0 opens (or continues) the MLflow run once per process; the run id, on every rank."""
@@ -193,6 +200,7 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep) -> None:
     total, every = job.cfg.train.epochs * job.steps, elastic_cfg.commit_every_steps
     sums, since = tf.zeros([3], tf.float64), time.perf_counter()
     while state.step < total:
+        job.phase(f"elastic step {state.step + 1}: input batches, gradients and their all-reduce")
         sums += step_fn([next(s) for s in streams], gradient_scale(rank.size, job.virtual))
         state.step += 1
         epoch_end = state.step % job.steps == 0
@@ -201,8 +209,10 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep) -> None:
             seconds = time.perf_counter() - since
             _add_sums(job, state, rank, np.append(sums.numpy(), seconds), epoch_end)
             if save:
+                job.phase(f"saving the checkpoint of step {state.step}", job.cfg.fault.checkpoint_timeout)
                 _collectively(rank, lambda: job.save(state, epoch_end), "checkpoint")
             sums, since = tf.zeros([3], tf.float64), time.perf_counter()
+            job.phase(f"committing step {state.step} (a resize waits here for the new world)", job.reset_timeout)
             state.commit()  # raises HostsUpdatedInterrupt when hosts changed: the job resizes here
 
 
@@ -247,6 +257,7 @@ def _collectively(rank: distributed.RankInfo, act: Any, what: str) -> Any:
 def _start(job: Job, state: Any, rank: distributed.RankInfo) -> None:
     """The job's first start: rank 0 resumes from a checkpoint (``checkpoint.resume``), every rank takes its
     state. A collective of the first world only: the flag is committed, so ranks joining later skip it."""
+    job.phase("looking for a checkpoint to resume from", job.cfg.fault.checkpoint_timeout)
     uri = _collectively(rank, lambda: _resume(job, state), "resume")
     distributed.broadcast_state(job.model, job.optimizer)
     fields = distributed.broadcast_object(
@@ -289,13 +300,33 @@ def _resume(job: Job, state: Any) -> Optional[str]:
     return found.uri
 
 
-def run(cfg: JobConfig) -> dict[str, Any]:
-    """Train under Horovod elastic mode; returns the result record on every rank (rank 0 writes result.json)."""
+def _resetting(job: Job, step_fn: VirtualStep) -> Any:
+    """The body of ``hvd.elastic.run``: a try that fails (a lost rank, hosts changed) tells the watchdog that the
+    rank now waits for the world to re-form, which may take up to :attr:`Job.reset_timeout`."""
+    def body(state: Any) -> None:
+        try:
+            _loop(job, state, step_fn)
+        except BaseException:
+            job.phase("re-forming the elastic world after a lost rank or a host change", job.reset_timeout)
+            raise
+    return body
+
+
+def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any]:
+    """Train under Horovod elastic mode; returns the result record on every rank (rank 0 writes result.json).
+    ``guard`` (the stall watchdog and the Kerberos renewer, as for a fixed-size job) wraps all the work."""
+    runtime.set_horovod_env(cfg)
     rank = distributed.init()
     runtime.configure_logging(rank)
     secrets.protect_logging(*secrets.secret_values(cfg.flat()))
     secrets.private_files()
     threads = runtime.configure_tf(rank, cfg.train)
+    with guard(cfg, rank) as dog:
+        return _run(cfg, rank, threads, dog.phase)
+
+
+def _run(cfg: JobConfig, rank: distributed.RankInfo, threads: int, phase: Phase) -> dict[str, Any]:
+    phase("reading the manifest and agreeing on the plan")
     manifest, shape, _ = train_lib.plan(cfg, rank)
     assert cfg.train.elastic is not None  # this module runs only for train.elastic
     virtual = cfg.train.elastic.max_ranks
@@ -308,13 +339,14 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     layout = resume.layout(cfg, virtual, steps, manifest.digest(), manifest.legacy_digest())
     with tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir, \
             contextlib.ExitStack() as opened:
-        job = Job(cfg, manifest, shape, steps, virtual, stage_dir, layout, model, optimizer, opened)
-        distributed.elastic_run(lambda s: _loop(job, s, step_fn))(state)
+        job = Job(cfg, manifest, shape, steps, virtual, stage_dir, layout, model, optimizer, opened, phase=phase)
+        distributed.elastic_run(_resetting(job, step_fn))(state)
         rank = distributed.refresh()
         # The last checkpoint published before the outputs (rank 0 waits; a failure ends every rank).
+        phase("publishing the last checkpoint", cfg.fault.checkpoint_timeout)
         _collectively(rank, lambda: job.writer.wait() if job.writer is not None else None, "published")
         tracker = job.tracker if job.tracker is not None and rank.is_chief else tracking.Tracker(cfg, enabled=False)
-        ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, threads=threads)
+        ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, phase, threads)
         report = build_report(ctx, [EpochStats(**{k: v for k, v in h.items() if k != "samples_per_sec"})
                                     for h in state.history], evaluate_splits(ctx, model), rank_digests(model, rank))
         elastic = {"sizes": state.sizes, "steps": int(state.step), "steps_per_epoch": steps, "virtual_ranks": virtual,

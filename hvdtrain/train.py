@@ -58,7 +58,7 @@ import hvdtrain.lean_keras  # noqa: F401  # first: Keras without its plotting an
 import keras
 
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, fs, resume, secrets, startup, supervise, tracking, watchdog
+from hvdtrain import console, data, distributed, fs, resume, secrets, startup, supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import tasks as tasks_lib
 from hvdtrain.config import JobConfig
@@ -82,8 +82,9 @@ log = logging.getLogger("hvdtrain.train")
 
 # -- run -------------------------------------------------------------------------------------
 
-def run(cfg: JobConfig) -> dict[str, Any]:
-    """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank."""
+def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any]:
+    """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank. ``guard``
+    (the stall watchdog and the Kerberos renewer) wraps everything after the process set-up."""
     runtime.set_horovod_env(cfg)
     rank = distributed.init()
     startup.mark("rendezvous")
@@ -91,7 +92,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     secrets.protect_logging(*secrets.secret_values(cfg.flat()))
     secrets.private_files()  # checkpoints, the MLflow store, outputs: the user's only
     threads = runtime.configure_tf(rank, cfg.train)
-    with watchdog.Watchdog(cfg.fault.stall_timeout, rank.rank) as dog, runtime.kerberos_renewer(cfg, rank):
+    with guard(cfg, rank) as dog:
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))

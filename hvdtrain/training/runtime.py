@@ -5,12 +5,13 @@ import contextlib
 import gc
 import logging
 import os
-from typing import Any
+from typing import Any, Callable, ContextManager, Iterator
 
 import keras
 import tensorflow as tf
 
-from hvdtrain import cpus, distributed, kerberos, watchdog
+from hvdtrain import cpus, distributed, kerberos
+from hvdtrain import watchdog as watchdog_lib
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.errors import DataError, EnvironmentProblem
 
@@ -19,7 +20,7 @@ log = logging.getLogger("hvdtrain.train")
 
 def set_horovod_env(cfg: JobConfig) -> None:
     """Horovod's fault timeouts (and the timeline's switch) for ``hvd.init()``; the user's environment wins."""
-    for name, value in watchdog.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
+    for name, value in watchdog_lib.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
                                             cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
         os.environ.setdefault(name, value)
     if cfg.train.timeline is not None:
@@ -56,6 +57,20 @@ def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
     if problem:
         raise EnvironmentProblem(problem)
     return kerberos.Renewer(y.principal, y.keytab)
+
+
+Guard = Callable[[JobConfig, distributed.RankInfo], ContextManager[Any]]
+
+
+@contextlib.contextmanager
+def guarded(cfg: JobConfig, rank: distributed.RankInfo,
+            watchdog: Callable[[float, int], Any] = watchdog_lib.Watchdog,
+            renewer: Callable[[JobConfig, distributed.RankInfo], ContextManager[Any]] = kerberos_renewer,
+            ) -> Iterator[Any]:
+    """What every training path (fixed-size and elastic) runs under: the stall watchdog (yields it: its ``phase``
+    tells it what the rank does next) and, on the first rank of each host, the Kerberos renewer."""
+    with watchdog(cfg.fault.stall_timeout, rank.rank) as dog, renewer(cfg, rank):
+        yield dog
 
 
 def configure_logging(rank: distributed.RankInfo) -> None:
