@@ -92,6 +92,7 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
     if java_options:
         conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
     conf.update(config_mod.event_log_conf(cfg.spark))
+    conf.update(secrets.spark_redaction_conf(cfg.spark.conf))  # the UI and event logs hide secrets
     conf.update(cfg.spark.conf)
     conf.update(FIXED_CONF)
     return conf

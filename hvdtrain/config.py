@@ -28,7 +28,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from hvdtrain import secrets, tasks
+from hvdtrain import redaction, secrets, tasks
 from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
@@ -928,7 +928,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(dotted, value, f"is not a known key; allowed: {', '.join(known)}{hint}")
+            shown = redaction.MASK if redaction.looks_secret_key(dotted) else value  # a misspelt password's value
+            raise ConfigError(dotted, shown, f"is not a known key; allowed: {', '.join(known)}{hint}")
         kwargs[key] = _coerce(hints[key], value, dotted)
     try:
         return cls(**kwargs)

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional, Sequence, TextIO
 
-from hvdtrain import errors, fs, startup
+from hvdtrain import errors, fs, secrets, startup
 from hvdtrain.bar import TerminalBar
 from hvdtrain.supervise import RESTARTS_ENV
 
@@ -77,21 +77,23 @@ def emit(event: str, stream: Optional[TextIO] = None, **fields: Any) -> None:
 def report_error(exc: BaseException, prog: str) -> int:
     """Tell the user (or the launcher) about ``exc`` in one line; returns the exit code for it.
 
-    Notes added to the exception (``exc.add_note``, e.g. where Spark's log is) come first.
+    Notes added to the exception (``exc.add_note``, e.g. where Spark's log is) come first. Secrets in either
+    are masked (:func:`hvdtrain.secrets.scrub`).
     """
     if launcher_mode():
-        emit("error", code=errors.exit_code(exc), message=str(exc), notes=list(getattr(exc, "__notes__", ())))
+        emit("error", code=errors.exit_code(exc), message=secrets.scrub(str(exc)),
+             notes=[secrets.scrub(str(note)) for note in getattr(exc, "__notes__", ())])
         return errors.exit_code(exc)
     return print_error(exc, prog)
 
 
 def print_error(exc: BaseException, prog: str, stream: Optional[TextIO] = None) -> int:
-    """``exc``'s notes, then ``PROG: error: MESSAGE`` as the last line; returns the exit code for it."""
+    """``exc``'s notes, then ``PROG: error: MESSAGE`` as the last line (secrets masked); returns the exit code."""
     stream = stream or sys.stderr
     sys.stdout.flush()
     for note in getattr(exc, "__notes__", ()):
-        print(note, file=stream)
-    print(f"{prog}: error: {exc}", file=stream, flush=True)
+        print(secrets.scrub(str(note)), file=stream)
+    print(f"{prog}: error: {secrets.scrub(str(exc))}", file=stream, flush=True)
     return errors.exit_code(exc)
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import sys
 
+from hvdtrain import redaction
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_STALLED = 75  # EX_TEMPFAIL: a retry of the job may succeed
@@ -61,7 +63,10 @@ class HvdtrainError(Exception):
 
 
 class ConfigError(HvdtrainError):
-    """A config value is wrong: names the dotted field, the value and what is allowed."""
+    """A config value is wrong: names the dotted field, the value and what is allowed.
+
+    The message masks the value under a secret name and the secret parts of a URL (:mod:`hvdtrain.redaction`);
+    ``value`` keeps it as given."""
 
     exit_code = 2
 
@@ -69,7 +74,7 @@ class ConfigError(HvdtrainError):
         self.field = field
         self.value = value
         self.expected = expected
-        super().__init__(f"{field} {expected} (got {value!r})")
+        super().__init__(f"{field} {expected} (got {redaction.shown(value, field)})")
 
     def under(self, prefix: str) -> "ConfigError":
         """The same error with the field named from one level up."""

@@ -1,10 +1,12 @@
 """Secrets are data with a lifetime: one redaction for everything hvdtrain prints, logs or tracks.
 
-A secret is a value under a key that names one (``token``, ``secret``,
-``password``, ``passwd``, ``credential``, ``api_key``), or the password in a
-URL (``mysql://user:PASSWORD@host/db``). :func:`redact` hides both in config
-values, :func:`redact_text` in free text, and :class:`RedactingFilter` in every
-log record. Secrets reach child processes by environment (see
+A secret is a value under a key that names one (``MLFLOW_TRACKING_TOKEN``,
+``spark.ssl.keyStorePassword``, ``fs.azure.account.key.*``: the rule is in
+:mod:`hvdtrain.redaction`), or a secret part of a URL (``mysql://user:PASSWORD@host``,
+``?password=``, ``;password=``, ``&token=``). :func:`redact` hides both in config
+values, :func:`redact_text` in free text, :func:`scrub` in error messages, and
+:class:`RedactingFilter` in every log record; :func:`spark_redaction_conf` has
+Spark hide them in its UI, event logs and plan strings. Secrets reach child processes by environment (see
 :mod:`hvdtrain.tune`) or a 0600 file (``spark-submit --properties-file``,
 :mod:`yarn.submit`), never by argv; ranks that horovodrun starts get the
 environment's secrets through a sealed 0600 file (:func:`seal_env`), because
@@ -18,52 +20,23 @@ import atexit
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from typing import Any, Mapping, MutableMapping, Optional
 
 from hvdtrain.errors import EnvironmentProblem
 
-MASK = "***"
-SECRET_KEY = re.compile(r"(?:^|[._-])(?:token|secret|password|passwd|credentials?|api[_-]?key)(?:$|[._-])",
-                        re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)(?P<password>[^\s@'\"/]+)(?=@)")
-_DELEGATION = re.compile(r"(?<=[?&]delegation=)[^&\s'\"]+")
+# What is a secret is decided in hvdtrain.redaction (the bottom layer, so that hvdtrain.errors masks too); these
+# names are this module's as well, for its callers.
+from hvdtrain.redaction import MASK as MASK
+from hvdtrain.redaction import has_secret as has_secret
+from hvdtrain.redaction import is_secret_key as is_secret_key
+from hvdtrain.redaction import redact as redact
+from hvdtrain.redaction import redact_text as redact_text
+from hvdtrain.redaction import redact_url as redact_url
+from hvdtrain.redaction import text_secrets
+
 PRIVATE_UMASK = 0o077  # files 0600, folders 0700
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a config key, env variable or Spark setting names a secret (a word of it does)."""
-    return bool(SECRET_KEY.search(str(key)))
-
-
-def redact_text(text: str) -> str:
-    """Free text with every URL password and WebHDFS delegation token (``delegation=`` in a query) masked."""
-    return _DELEGATION.sub(MASK, _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text))
-
-
-def redact_url(url: str) -> str:
-    """A URL with its password masked (``None``-safe for optional settings)."""
-    return redact_text(url) if isinstance(url, str) else url
-
-
-def redact(value: Any, key: str = "") -> Any:
-    """``value`` with secrets masked: text under secret keys, URL passwords anywhere (recursive)."""
-    if key and isinstance(value, str) and value and is_secret_key(key):
-        return MASK
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, Mapping):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact(v) for v in value)
-    return value
-
-
-def has_secret(value: Any, key: str = "") -> bool:
-    """Whether :func:`redact` would change ``value``."""
-    return redact(value, key) != value
 
 
 def split_secret_items(items: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -85,11 +58,16 @@ class RedactingFilter(logging.Filter):
     def add(self, *values: str) -> None:
         self.values.update(v for v in values if v and len(v) >= 4)
 
+    def clean(self, text: str) -> str:
+        """``text`` with URL secrets and the registered values masked."""
+        text = redact_text(text)
+        for v in self.values:
+            text = text.replace(v, MASK)
+        return text
+
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact_text(message)
-        for v in self.values:
-            clean = clean.replace(v, MASK)
+        clean = self.clean(message)
         if clean != message:
             record.msg, record.args = clean, None
         return True
@@ -109,8 +87,13 @@ def protect_logging(*known: str) -> RedactingFilter:
     return _FILTER
 
 
+def scrub(text: str) -> str:
+    """An error message with URL secrets, and every secret value this process was given, masked."""
+    return _FILTER.clean(text)
+
+
 def secret_values(flat: Mapping[str, Any]) -> list[str]:
-    """The secret strings in a flat config (values under secret keys, URL passwords), for log masking."""
+    """The secret strings in a flat config (values under secret keys, URL secrets), for log masking."""
     out = []
     for key, value in flat.items():
         if isinstance(value, Mapping):
@@ -118,8 +101,27 @@ def secret_values(flat: Mapping[str, Any]) -> list[str]:
         elif isinstance(value, str):
             if is_secret_key(key):
                 out.append(value)
-            out += [m.group("password") for m in _URL_PASSWORD.finditer(value)]
+            out += text_secrets(value)
     return out
+
+
+# Spark's own redaction (its UI, event logs, the history server; SQL plans and their strings). Spark hides a
+# setting's value when this matches its key or its value: Spark's default (secret|password|token|access[.]?key),
+# the names hvdtrain.redaction knows beyond it, and values holding a URL password or a secret URL parameter.
+SPARK_REDACTION_REGEX = ("(?i)secret|password|passwd|token|access[._-]?key|account[._-]key|credential|_pwd$"
+                         "|(?:private|encryption|storage|api)[._-]?key$"
+                         r"|://[^/@\s:]*:[^/@\s]+@|[?&;](?:pwd|key|sig|signature)=")
+# In SQL and plan strings (a table's LOCATION, a JDBC URL), the secret itself: a URL's user:password and secret
+# parameters (Spark replaces each match).
+SPARK_SQL_REDACTION_REGEX = (r"(?i)(?<=://)[^/@\s:'\"]*:[^/@\s'\"]+(?=@)"
+                             r"|(?<=[?&;])(?:password|passwd|pwd|token|secret|key|signature|sig)=[^&;#\s'\"]+")
+
+
+def spark_redaction_conf(user: Mapping[str, str]) -> dict[str, str]:
+    """The redaction settings hvdtrain gives every Spark application, but those the user set (pure)."""
+    conf = {"spark.redaction.regex": SPARK_REDACTION_REGEX,
+            "spark.sql.redaction.string.regex": SPARK_SQL_REDACTION_REGEX}
+    return {k: v for k, v in conf.items() if k not in user}
 
 
 def private_files() -> int:

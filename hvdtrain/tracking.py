@@ -61,6 +61,13 @@ TRANSIENT_MARKS = ("connection refused", "connection reset", "max retries exceed
                    "remote end closed", "connection aborted", "name or service not known")
 
 
+def _first_line(exc: BaseException) -> str:
+    """An MLflow error's first line, secrets masked: MLflow names the request's URL, the tracking URI's password
+    and ``?token=`` included (pure)."""
+    text = str(exc)
+    return secrets.redact_text(text.splitlines()[0]) if text else ""
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether an MLflow failure may pass (server restart, 5xx, timeout) rather than be a bad request (pure)."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
@@ -201,7 +208,7 @@ class Tracker:
                 self._down_since = now
                 log.warning("MLflow %s failed (%s: %s); buffering metrics and retrying for up to %.0fs "
                             "(tracking.max_outage_seconds), training goes on", what, type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "", self.cfg.tracking.max_outage_seconds)
+                            _first_line(exc), self.cfg.tracking.max_outage_seconds)
             self._next_try = now + RETRY_SECONDS
             if now - self._down_since <= self.cfg.tracking.max_outage_seconds:
                 return True
@@ -210,7 +217,7 @@ class Tracker:
                         self.cfg.tracking.max_outage_seconds)
         else:
             log.warning("MLflow %s failed (%s: %s); tracking is off for the rest of this run, training goes on",
-                        what, type(exc).__name__, exc)
+                        what, type(exc).__name__, secrets.redact_text(str(exc)))
         self._give_up()
         return False
 
@@ -371,7 +378,7 @@ def _resume_run(mlflow: Any, run_id: str) -> Any:
         mlflow.MlflowClient().get_run(run_id)
     except mlflow.exceptions.MlflowException as exc:
         log.warning("the checkpoint's MLflow run %s is not in this tracking store (%s); starting a new run",
-                    run_id, str(exc).splitlines()[0])
+                    run_id, _first_line(exc))
         return None
     run = mlflow.start_run(run_id=run_id)
     log.info("continuing MLflow run %s (resumed from a checkpoint)", run_id)
@@ -488,7 +495,8 @@ def fetch_model(ref: str, local: str, tracking_cfg: Any = None, workdir: str = "
             except ANY_ERROR:  # tokenizer.json is absent for tabular models (checked by the caller)
                 continue
     except (ValueError, mlflow.exceptions.MlflowException) as exc:
-        raise DataError(f"--model {ref}: {str(exc).splitlines()[0]} (tracking store {store.tracking_uri}); pass "
+        shown_uri = secrets.redact_url(store.tracking_uri)
+        raise DataError(f"--model {ref}: {_first_line(exc)} (tracking store {shown_uri}); pass "
                         "runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS, a registered model name or "
                         "a training output folder") from None
     found = glob.glob(os.path.join(model_dir, "**", "*.keras"), recursive=True)
@@ -542,7 +550,7 @@ class StudyRun:
             return fn()
         except ANY_ERROR as exc:  # tracking never stops the study
             log.warning("MLflow %s for the study failed (%s: %s); the study goes on", what, type(exc).__name__,
-                        str(exc).splitlines()[0] if str(exc) else "")
+                        _first_line(exc))
             return None
 
     def open(self, run_id: Optional[str], name: str, tags: Mapping[str, str]) -> Optional[str]:
@@ -562,7 +570,7 @@ class StudyRun:
                     return run_id
                 except mlflow.exceptions.MlflowException:
                     log.warning("the study's MLflow run %s is not in %s; starting a new one", run_id,
-                                store.tracking_uri)
+                                secrets.redact_url(store.tracking_uri))
             experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
             return self._client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
 

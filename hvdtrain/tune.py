@@ -329,9 +329,9 @@ class TrialReporter:
         self.number = tune_cfg.trial
         self.trial: Any = None
         self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
+        url = os.environ.get(STORAGE_ENV) or tune_cfg.storage or ""  # a secret one comes by environment only
         try:
             optuna = _quiet_optuna()
-            url = os.environ.get(STORAGE_ENV) or tune_cfg.storage or ""
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
             study_id = storage.get_study_id_from_name(tune_cfg.study)
             attrs = storage.get_study_user_attrs(study_id)
@@ -342,7 +342,7 @@ class TrialReporter:
             self.last_epoch = int(attrs.get("epochs", 0))
         except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
-                        tune_cfg.trial, tune_cfg.study, secrets.redact_url(tune_cfg.storage or ""),
+                        tune_cfg.trial, tune_cfg.study, secrets.redact_url(url),
                         type(exc).__name__, secrets.redact_text(str(exc)))
 
     def report(self, epoch: int, value: float) -> bool:
@@ -361,7 +361,7 @@ class TrialReporter:
             return True
         except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("reporting epoch %d to the study failed (%s: %s); training goes on", epoch,
-                        type(exc).__name__, exc)
+                        type(exc).__name__, secrets.redact_text(str(exc)))
             return False
         if prune:
             log.info("trial %d pruned after epoch %d (%s %.4f): successive halving stops it here", self.number,

@@ -23,7 +23,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import fs
+from hvdtrain import fs, secrets
 from hvdtrain.config import JobConfig
 from hvdtrain.envcheck import HorovodBuild
 from hvdtrain.errors import ConfigError
@@ -49,6 +49,7 @@ def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Input
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
     conf += submit.worker_env_conf(cfg)
+    conf += list(secrets.spark_redaction_conf(cfg.yarn.spark_conf).items())  # the UI and event logs hide secrets
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 

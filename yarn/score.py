@@ -21,7 +21,7 @@ import sys
 from typing import Optional, Sequence
 
 from hvdtrain import config as config_mod
-from hvdtrain import envcheck, fs
+from hvdtrain import envcheck, fs, secrets
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import ConfigError
 from yarn import packaging, submit
@@ -38,6 +38,7 @@ def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inp
     if not local and deploy_mode == "cluster":
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
     conf += submit.worker_env_conf(cfg)
+    conf += list(secrets.spark_redaction_conf(cfg.yarn.spark_conf).items())  # the UI and event logs hide secrets
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 

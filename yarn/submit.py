@@ -303,6 +303,7 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
             conf.append((AM_JVM_OPTIONS, carrier_jvm_options(own.pop(AM_JVM_OPTIONS, None))))
     conf += [(f"spark.executorEnv.{k}", v) for k, v in sorted(env.items())]
     conf += list(config_mod.event_log_conf(cfg.spark).items())  # the history server shows the job
+    conf += list(secrets.spark_redaction_conf(own).items())  # ... with secrets hidden, as the UI does
     conf += list(own.items())
     return conf
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, secrets, tracking, tune
+from hvdtrain import config, console, secrets, tracking, tune
 from hvdtrain.envcheck import HorovodBuild
 from yarn import etl_submit, submit
 
@@ -144,3 +144,165 @@ def test_a_rank_whose_sealed_file_is_gone_fails_with_one_line(tmp_path):
                                secrets.SEALED_ENV: str(tmp_path / "gone.json")})
     assert proc.returncode == 4 and proc.stderr.count("\n") == 1
     assert "cannot read the secret environment" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- #54 item 6: the names and URL parts Spark's own redaction knows, and the error paths -------------------------
+
+SECRET_NAMES = [
+    "spark.ssl.keyStorePassword", "spark.ssl.trustStorePassword", "spark.ssl.keyPassword",
+    "javax.jdo.option.ConnectionPassword", "spark.hadoop.javax.jdo.option.ConnectionPassword",
+    "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net", "fs.azure.account.key.acct.blob.core.windows.net",
+    "fs.azure.account.oauth2.client.secret", "spark.hadoop.fs.s3a.access.key", "fs.s3a.secret.key",
+    "fs.s3a.encryption.key", "fs.s3a.session.token", "fs.gs.auth.service.account.private.key",
+    "PGPASSWORD", "MYSQL_PWD", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
+    "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AZURE_STORAGE_KEY", "GOOGLE_APPLICATION_CREDENTIALS",
+    "spark.authenticate.secret", "db_passwd", "apiKey", "yarn.env.PGPASSWORD", "spark.conf.spark.ssl.keyStorePassword",
+]
+PLAIN_NAMES = [
+    "train.batch_size", "tokenizer", "tokenizer_json", "max_tokens", "etl.packed_tokens",
+    "score.unknown_token_threshold", "HADOOP_TOKEN_FILE_LOCATION", "spark.ssl.keyStore", "spark.yarn.keytab",
+    "spark.io.encryption.keySizeBits", "fs.s3a.aws.credentials.provider", "spark.security.credentials.hive.enabled",
+    "etl.key_column", "PWD", "OLDPWD", "GLOO_SOCKET_IFNAME", "tracking.uri", "spark.kerberos.access.hadoopFileSystems",
+]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_a_name_that_names_a_secret_hides_its_value(name):
+    assert secrets.is_secret_key(name) and secrets.redact("v4lue", name) == "***"
+
+
+@pytest.mark.parametrize("name", PLAIN_NAMES)
+def test_a_setting_whose_name_only_resembles_a_secret_stays_readable(name):
+    # the rule: token, pwd and credential(s) name a secret as a key's last word (MLFLOW_TRACKING_TOKEN), not inside
+    # another name (unknown_token_threshold, HADOOP_TOKEN_FILE_LOCATION) or as another word (tokenizer, max_tokens)
+    assert not secrets.is_secret_key(name) and secrets.redact("v4lue", name) == "v4lue"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("jdbc:sqlserver://db:1433;databaseName=d;user=u;password=pw9x", "jdbc:sqlserver://db:1433;databaseName=d;user=u;password=***"),
+    ("postgresql://h/db?sslmode=require&password=pw9x", "postgresql://h/db?sslmode=require&password=***"),
+    ("mysql://h/db?PWD=pw9x&passwd=pw9x", "mysql://h/db?PWD=***&passwd=***"),
+    ("https://h/x?token=t0k&a=1#f", "https://h/x?token=***&a=1#f"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sig=a%2Fb%3D&se=2030", "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sig=***&se=2030"),
+    ("s3 https://b.s3/k?X-Amz-Signature=abc&X-Amz-Security-Token=def&X-Amz-Date=1", "s3 https://b.s3/k?X-Amz-Signature=***&X-Amz-Security-Token=***&X-Amz-Date=1"),
+    ("https://maps/api?key=AIzaSy&secret=s3c&access_token=ya29", "https://maps/api?key=***&secret=***&access_token=***"),
+    ("mysql://u:pw9x@h/db?key=k", "mysql://u:***@h/db?key=***"),
+    ("-Dspark.ssl.keyStorePassword=pw9x -Dlog4j2.configurationFile=x", "-Dspark.ssl.keyStorePassword=*** -Dlog4j2.configurationFile=x"),
+    ("https://h/x?tokenizer=bert&max_tokens=5&keyspace=k", "https://h/x?tokenizer=bert&max_tokens=5&keyspace=k"),
+    ("hdfs://nn:8020/data/t?x=1", "hdfs://nn:8020/data/t?x=1"),
+])
+def test_secret_parts_of_a_url_are_masked_anywhere(text, expected):
+    assert secrets.redact_text(text) == expected
+    assert secrets.redact(text, "any.key") == expected
+
+
+WIDE = "Wid3-s3cret-5b7a"
+
+
+def _wide_cfg(tmp_path, storage: str) -> config.JobConfig:
+    return config.from_dict({
+        "name": "leak", "workdir": str(tmp_path), "source": {"table": "db.t"},
+        "etl": {"output": "hdfs://nn:8020/data/t"}, "train": {"output": "hdfs://nn:8020/runs/t"},
+        "tracking": {"uri": f"https://mlflow.internal/?token={WIDE}"},
+        "tune": {"storage": storage},
+        "spark": {"conf": {"spark.ssl.keyStorePassword": WIDE, "spark.hadoop.javax.jdo.option.ConnectionPassword": WIDE,
+                           "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": WIDE}},
+        "yarn": {"env": {"PGPASSWORD": WIDE, "DB_URL": f"jdbc:postgresql://db/x;password={WIDE}"},
+                 "spark_conf": {"spark.ssl.keyStorePassword": WIDE}},
+    }, base_dir=str(tmp_path))
+
+
+STORAGES = [f"postgresql://db.internal/studies?password={WIDE}", f"jdbc:sqlserver://db;user=u;password={WIDE}",
+            f"mysql://db.internal/studies?token={WIDE}"]
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_common_secret_names_reach_no_argv_param_or_config_yaml(tmp_path, storage):
+    cfg = _wide_cfg(tmp_path, storage)
+    assert WIDE not in cfg.to_yaml(redacted=True)
+    assert [k for k, v in tracking.flat_params(cfg).items() if WIDE in v] == []
+    inputs = submit.Inputs("spark-submit", "/usr/bin/python3", str(tmp_path / "code.zip"), str(tmp_path / "job.yaml"),
+                           "hdfs://nn/envs/x.tar.gz", HorovodBuild(version="0.28.1", tensorflow=True, gloo=True))
+    for plan in (submit.build_plan(cfg, "yarn", inputs, is_file=lambda p: True),
+                 etl_submit.build_etl_plan(cfg, "yarn", inputs, [], is_file=lambda p: True)):
+        assert [a for a in plan.argv if WIDE in a] == [] and WIDE not in submit.format_plan(plan)
+    # a trial gets the study's storage through its environment, never its command line
+    overrides = tune.trial_overrides(cfg, 3, {"train.learning_rate": 0.01}, storage, "run1")
+    opts = tune.TuneOptions(config_path="job.yaml", overrides=(), space="space.yaml", trials=2, np=2)
+    assert [a for a in tune.trial_command(opts, overrides, 60) if WIDE in a] == []
+    assert tune.trial_env({}, storage)[tune.STORAGE_ENV] == storage
+
+
+def test_a_mistyped_secret_key_is_not_echoed_in_its_error():
+    from hvdtrain.errors import ConfigError
+
+    data = {"name": "x", "source": {"table": "db.t"}}
+    config.apply_override(data, "tracking.pasword=hunter2")
+    with pytest.raises(ConfigError) as err:
+        config.from_dict(data)
+    assert "tracking.pasword is not a known key" in str(err.value) and "hunter2" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"tracking.expriment is not a known key.*\(got 'abc'\)"):
+        config.from_dict({"name": "x", "source": {"table": "db.t"}, "tracking": {"expriment": "abc"}})  # not near
+    # a value error under a secret name, or a URL secret in any value, is masked too
+    assert "hunter2" not in str(ConfigError("yarn.env.PGPASSWORD", "hunter2", "must be a string"))
+    assert "hunter2" not in str(ConfigError("tune.storage", "mysql://h/db?password=hunter2", "must name a database"))
+    assert "(got 0)" in str(ConfigError("train.batch_size", 0, "must be > 0"))
+
+
+def test_printed_errors_are_redacted(capsys):
+    exc = RuntimeError(f"cannot reach https://u:{WIDE}@mlflow.internal/?token={WIDE}")
+    exc.add_note(f"jdbc:sqlserver://db;password={WIDE}")
+    assert console.print_error(exc, "hvdtrain") == 1
+    err = capsys.readouterr().err
+    assert WIDE not in err and "https://u:***@mlflow.internal/?token=***" in err
+    secrets.protect_logging("kn0wn-v4lue")  # a secret this process was given is masked wherever it appears
+    console.print_error(RuntimeError("driver said kn0wn-v4lue"), "hvdtrain")
+    assert capsys.readouterr().err == "hvdtrain: error: driver said ***\n"
+
+
+def test_a_failed_tracking_connection_does_not_print_the_uri_secret(tmp_path, caplog, monkeypatch):
+    from tests.support.mlflow_server import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = f"http://u:{WIDE}@127.0.0.1:{free_port()}/?token={WIDE}x"
+    cfg = config.from_dict({"name": "x", "workdir": str(tmp_path), "source": {"table": "db.t"},
+                            "tracking": {"uri": uri}}, base_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="hvdtrain.tracking"):
+        assert tracking.Tracker(cfg, sleep=lambda s: None).start({}) is None
+    said = [r.getMessage() for r in caplog.records if r.name == "hvdtrain.tracking"]
+    assert said and "tracking is off" in said[-1] and "127.0.0.1" in said[-1]
+    assert [m for m in said if WIDE in m] == []
+
+
+def test_every_spark_conf_hvdtrain_builds_sets_spark_redaction(tmp_path):
+    import re
+
+    from etl import session
+    from yarn import score
+
+    cfg = _wide_cfg(tmp_path, "sqlite:////s.db")
+    inputs = submit.Inputs("spark-submit", "/usr/bin/python3", str(tmp_path / "code.zip"), str(tmp_path / "job.yaml"),
+                           "hdfs://nn/envs/x.tar.gz", HorovodBuild(version="0.28.1", tensorflow=True, gloo=True))
+    confs = {"etl session": session.spark_conf(cfg, "local[1]"),
+             "yarn submit": dict(submit.spark_conf(cfg, "yarn", "client", inputs)),
+             "yarn etl": dict(etl_submit.etl_conf(cfg, False, "client", inputs)),
+             "yarn score": dict(score.score_conf(cfg, False, "client", inputs))}
+    for where, conf in confs.items():
+        keys = re.compile(conf["spark.redaction.regex"])  # Spark masks a value when its key or the value matches
+        for name in [*SECRET_NAMES, "spark.executorEnv.HADOOP_TOKEN_FILE_LOCATION"]:  # a superset of Spark's own
+            assert keys.search(name), (where, name)
+        for value in ["mysql://u:pw@h/db", "jdbc:sqlserver://db;user=u;pwd=x", "https://h/b?sig=abc"]:
+            assert keys.search(value), (where, value)
+        for name in ["spark.executor.memory", "spark.sql.shuffle.partitions", "hdfs://nn:8020/data"]:
+            assert not keys.search(name), (where, name)
+        sql = re.compile(conf["spark.sql.redaction.string.regex"])
+        assert sql.sub("***", "LOCATION 'jdbc:mysql://u:pw9@h/db?x=1&password=pw9'") == \
+            "LOCATION 'jdbc:mysql://***@h/db?x=1&***'"
+    # on the command line: the settings are not secret themselves
+    argv = submit.build_plan(cfg, "yarn", inputs, is_file=lambda p: True).argv
+    assert f"spark.redaction.regex={confs['yarn submit']['spark.redaction.regex']}" in argv
+    # a user's own setting wins
+    own = config.from_dict({"name": "x", "source": {"table": "db.t"}, "spark": {"conf": {"spark.redaction.regex": "mine"}},
+                            "yarn": {"spark_conf": {"spark.redaction.regex": "mine"}}})
+    assert session.spark_conf(own, "local[1]")["spark.redaction.regex"] == "mine"
+    assert [v for k, v in submit.spark_conf(own, "yarn", "client", inputs) if k == "spark.redaction.regex"] == ["mine"]

@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrain import launch
 from hvdtrain.errors import ConfigError
-from tests.unit.test_yarn_command import ENV, PYTHON, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
+from tests.unit.test_yarn_command import ENV, PYTHON, REDACTION, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import score as yarn_score
 
 
@@ -25,7 +25,7 @@ def test_cluster_mode_ships_env_code_and_kerberos_like_training() -> None:
         *confs("spark.pyspark.python=./env/bin/python", "spark.pyspark.driver.python=./env/bin/python",
                "spark.sql.catalogImplementation=hive", "spark.python.worker.reuse=true",
                "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python",
-               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", "spark.executorEnv.TZ=UTC"),
+               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", "spark.executorEnv.TZ=UTC", *REDACTION),
         yarn_score.SCORE_SCRIPT, "--config", "hvdtrain-job.yaml", *args,
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1"}
