@@ -2,12 +2,17 @@
 ``hvdtrain tensorboard`` to look at them. This module owns TensorBoard (``tf.summary``'s writer and
 the ``tensorboard`` package).
 
+A run's events reach ``train.output`` only with the rest of its outputs (the folder is replaced whole, or not at
+all: :func:`hvdtrain.training.publish.upload_dir`). While it trains they go to its live folder beside its
+checkpoints, ``<checkpoint.dir>/tensorboard`` (``hvdtrain tensorboard <checkpoint.dir>`` shows them): a run that
+fails leaves the previous output, its events included, as it was.
+
 :class:`TensorBoardHook` (rank 0 only) hands per-step scalars (every ``tensorboard.every_steps``
 steps: loss, samples/s, learning rate, data wait and step time), per-epoch scalars (the epoch's
 metrics, validation included; the step-time breakdown when it is on) and the model's graph (once)
 to a background writer thread, so a step never waits on a disk or on HDFS. The writer writes event
-files to a local folder and publishes them (flush, then copy through :mod:`hvdtrain.fs`, so an
-``hdfs://`` output works) when a checkpoint was saved and when training ends. Every scalar is
+files to a local folder and publishes them to the live folder (flush, then copy through :mod:`hvdtrain.fs`,
+so an ``hdfs://`` checkpoint folder works) when a checkpoint was saved and when training ends. Every scalar is
 indexed by the global step, the checkpoints' own numbering: a resumed run goes on along the same
 axis, and on resuming from step S the earlier event files are rewritten without their events after
 S (steps the interrupted run did but did not checkpoint, which the resumed run does again).
@@ -23,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hvdtrain import fs
+from hvdtrain import fs, ledger
 from hvdtrain.errors import ANY_ERROR, UsageError
 from hvdtrain.training.events import EpochStats, LoopState, StepInfo
 from hvdtrain.training.hooks import Hook
@@ -35,9 +40,18 @@ EVENTS_PREFIX = "events.out.tfevents."
 QUEUE_SIZE = 10_000  # write requests waiting for the writer; beyond it scalars are dropped, never waited for
 
 
+WRITER = "hvdtrain tensorboard"  # the writer named in the live folder's ledger (hvdtrain.ledger)
+EVENTS = ledger.Ledger(WRITER, (ledger.exact(EVENTS_PREFIX) + "*",))  # what the writer owns in the live folder
+
+
 def output_dir(train_output: str) -> str:
-    """Where a run's event files are published (pure)."""
+    """Where a finished run's event files are published, with its other outputs (pure)."""
     return fs.join(train_output, FOLDER)
+
+
+def live_dir(checkpoint_dir: str) -> str:
+    """Where a run's event files go while it trains: beside its checkpoints, never into train.output (pure)."""
+    return fs.join(checkpoint_dir, FOLDER)
 
 
 def step_scalars(info: StepInfo, world_size: int, steps: int, seconds: float, learning_rate: float) -> dict[str, float]:
@@ -171,14 +185,19 @@ def model_graph(model: Any, input_specs: Mapping[str, tuple[str, Sequence[int]]]
 
 
 def prepare(local: str, remote: str, resume_step: int) -> None:
-    """Make ``local`` this run's event folder: a fresh run drops a previous run's published events; a resumed
-    run takes them back, without the events after ``resume_step``."""
+    """Make ``local`` this run's event folder and ``remote`` (the live folder) its own: a fresh run deletes the
+    event files an earlier run recorded there (its ledger; nothing else); a resumed run takes them back, without
+    the events after ``resume_step``."""
     os.makedirs(local, exist_ok=True)
-    names = [n for n in fs.listdir(remote) if n.startswith(EVENTS_PREFIX)] if fs.exists(remote) else []
+    found = ledger.read(remote) if fs.exists(remote) else None
+    if resume_step == 0:
+        if found is not None:
+            ledger.delete_owned(remote, lambda rel: rel != ledger.NAME and found.owns(rel))
+        fs.makedirs(remote)
+        ledger.write(remote, EVENTS)  # before the first event file
+        return
+    names = [n for n in fs.listdir(remote) if n.startswith(EVENTS_PREFIX)] if found is not None else []
     for name in names:
-        if resume_step == 0:
-            fs.delete(fs.join(remote, name))
-            continue
         with tempfile.TemporaryDirectory(prefix="hvdtrain-tb-") as tmp:
             fs.copy_to_local(fs.join(remote, name), os.path.join(tmp, name))
             kept, dropped = truncate_events(os.path.join(tmp, name), os.path.join(local, name), resume_step)
@@ -202,15 +221,15 @@ def truncate_events(src: str, dst: str, max_step: int) -> tuple[int, int]:
     return kept, dropped
 
 
-def start_hook(local: str, train_output: str, every_steps: int, world_size: int, resume_step: int,
+def start_hook(local: str, checkpoint_dir: str, every_steps: int, world_size: int, resume_step: int,
                learning_rate: Callable[[], float], saved_step: Callable[[], Optional[int]]) -> Optional[TensorBoardHook]:
-    """Rank 0's hook, its folder prepared and the model graph queued; None (with a warning) when TensorBoard
-    is not installed or the output cannot be prepared: training goes on without it."""
+    """Rank 0's hook, its folders prepared (``local``, and the live folder under ``checkpoint_dir``); None (with
+    a warning) when TensorBoard is not installed or the live folder cannot be prepared: training goes on."""
     missing = available()
     if missing:
         log.warning("%s; training goes on without TensorBoard events", missing)
         return None
-    remote = output_dir(train_output)
+    remote = live_dir(checkpoint_dir)
     try:
         prepare(local, remote, resume_step)
     except ANY_ERROR as exc:  # TensorBoard never breaks training

@@ -144,14 +144,15 @@ def _tensorboard(ctx: TrainContext, observed: Observed) -> Optional[tensorboard.
     optimizer, checkpointer = observed.optimizer, observed.checkpointer
     resume_step = observed.resumed.step if observed.resumed else 0
     board = tensorboard.start_hook(
-        os.path.join(ctx.stage_dir, tensorboard.FOLDER), cfg.train.output, cfg.tensorboard.every_steps,
+        os.path.join(ctx.stage_dir, tensorboard.FOLDER), cfg.checkpoint.dir, cfg.tensorboard.every_steps,
         ctx.rank.size, resume_step, lambda: current_learning_rate(optimizer),
         lambda: checkpointer.last_save.step if checkpointer.last_save else None)
     if board is not None and cfg.tensorboard.graph and resume_step == 0:
         board.add_graph(lambda: tensorboard.model_graph(checkpointer.model, ctx.shape.input_specs()))
     if board is not None:
         ctx.tracker.set_tags({"tensorboard": tensorboard.output_dir(cfg.train.output),
-                              "tensorboard_command": f"hvdtrain tensorboard {cfg.train.output}"})
+                              "tensorboard_command": f"hvdtrain tensorboard {cfg.train.output}",
+                              "tensorboard_live": tensorboard.live_dir(cfg.checkpoint.dir)})
     return board
 
 

@@ -81,3 +81,37 @@ def test_hvdtrain_tensorboard_serves_a_staged_copy_on_loopback(tmp_path: Path, h
     assert "train/loss" in next(iter(seen["tags"].values()))
     with pytest.raises(UsageError, match="no TensorBoard event files"):
         tensorboard.find_logdir(str(tmp_path / "nothing"))
+
+
+def test_a_failed_run_leaves_the_previous_output_byte_identical_events_included(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#54 item 8: a run's events go to its checkpoint folder while it trains and reach train.output only with the
+    rest of its outputs (the swap); before, a fresh run deleted the published events and wrote into them."""
+    from types import SimpleNamespace
+
+    from hvdtrain import config
+    from hvdtrain.training import assemble
+
+    output = tmp_path / "out"  # the previous run's published output
+    (output / "tensorboard").mkdir(parents=True)
+    (output / "tensorboard" / f"{tensorboard.EVENTS_PREFIX}old").write_bytes(b"the old run's events")
+    (output / "model.keras").write_bytes(b"the old model")
+    before = {str(p.relative_to(output)): p.read_bytes() for p in output.rglob("*") if p.is_file()}
+    cfg = config.from_dict({"name": "tb", "workdir": str(tmp_path), "source": {"table": "db.t"},
+                            "train": {"output": str(output)}, "tensorboard": {"every_steps": 1}},
+                           base_dir=str(tmp_path))
+    tags: dict[str, str] = {}
+    ctx = SimpleNamespace(cfg=cfg, rank=SimpleNamespace(is_chief=True, size=1), stage_dir=str(tmp_path / "stage"),
+                          tracker=SimpleNamespace(set_tags=tags.update))
+    observed = SimpleNamespace(optimizer=None, resumed=None, checkpointer=SimpleNamespace(
+        last_save=SimpleNamespace(step=2), model=None))
+    monkeypatch.setattr(assemble, "current_learning_rate", lambda optimizer: 0.01)  # no optimizer here
+    board = assemble._tensorboard(ctx, observed)  # type: ignore[arg-type]
+    assert board is not None
+    for step in (1, 2):
+        board.on_step(StepInfo(1, step, step, 0.001, np.float32(8.0), 4, 0.01))
+        board.after_step(LoopState(step, 1, False, lambda: np.zeros(3), 0.0, []))  # step 2: a checkpoint was saved
+    board.close()  # the run fails here: nothing is published to train.output
+    assert {str(p.relative_to(output)): p.read_bytes() for p in output.rglob("*") if p.is_file()} == before
+    live = Path(cfg.checkpoint.dir) / "tensorboard"  # where the run's events went instead, beside its checkpoints
+    assert _steps(live)["train/loss"] == [1, 2]
