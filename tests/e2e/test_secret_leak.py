@@ -2,7 +2,8 @@
 dry-run, run as a user runs them, against a real ``mlflow server`` whose URL carries the secret as its password.
 
 The secret sits in ``tracking.uri`` (a URL password, which every rank and trial needs to reach MLflow),
-``spark.conf`` (``spark.hadoop.fs.s3a.secret.key``), ``yarn.env`` and the commands' own environment
+``spark.conf`` (``spark.hadoop.fs.s3a.secret.key``, ``spark.ssl.keyStorePassword``), ``yarn.env``
+(``PGPASSWORD`` too) and the commands' own environment
 (``MLFLOW_TRACKING_TOKEN``, which every rank must still receive: horovodrun would write it into the ranks'
 ``sh -c env ...`` command lines). While the
 commands run, a thread reads every process's command line from ``/proc`` (horovodrun, ranks, trials, Spark's JVM);
@@ -80,7 +81,9 @@ def leak_run(tmp_path_factory):
     job.write_text(yaml.safe_dump({
         "name": "leak", "workdir": str(tmp / "work"),
         "source": {"path": str(tmp / "rows.csv"), "format": "csv"},
-        "spark": {"master": "local[1]", "conf": {"spark.hadoop.fs.s3a.secret.key": SECRET}},
+        # names beyond the first round's (#54 item 6): Spark's SSL password; inert here, as ssl is off
+        "spark": {"master": "local[1]", "conf": {"spark.hadoop.fs.s3a.secret.key": SECRET,
+                                                 "spark.ssl.keyStorePassword": SECRET}},
         "etl": {"output": str(tmp / "work" / "data"), "max_length": 16, "vocab_size": 200,
                 "min_shards_per_split": 2, "min_shard_mb": 0},
         "model": {"embed_dim": 8, "num_heads": 1, "ff_dim": 16, "num_layers": 1, "dropout": 0.0},
@@ -90,7 +93,7 @@ def leak_run(tmp_path_factory):
                      "registered_model_name": "leak_model", "log_every_steps": 0},
         "monitoring": {"enabled": False},
         "tune": {"heartbeat_seconds": 1},
-        "yarn": {"env": {"MLFLOW_TRACKING_TOKEN": SECRET, "GLOO_SOCKET_IFNAME": "lo"}},
+        "yarn": {"env": {"MLFLOW_TRACKING_TOKEN": SECRET, "GLOO_SOCKET_IFNAME": "lo", "PGPASSWORD": SECRET}},
     }))
     space = tmp / "space.yaml"
     space.write_text("train.learning_rate: {loguniform: [1.0e-4, 3.0e-2]}\n")
@@ -147,7 +150,8 @@ def test_no_output_stream_carries_the_secret_and_the_dry_run_names_it_secret(lea
         assert SECRET not in text, f"{name} printed the secret"
     dry = leak_run["outputs"]["yarn dry-run"]
     assert "spark-submit" in dry and "--properties-file" in dry
-    assert "spark.executorEnv.MLFLOW_TRACKING_TOKEN: secret, written to a 0600 --properties-file" in dry
+    named = [line for line in dry.splitlines() if "secret, written to a 0600 --properties-file" in line]
+    assert named and all(f"spark.executorEnv.{k}" in named[0] for k in (TOKEN_VAR, "PGPASSWORD")), named
 
 
 def test_no_file_written_holds_the_secret_but_the_private_yarn_properties(leak_run):
