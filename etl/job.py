@@ -35,7 +35,7 @@ from etl import labels as label_mod
 from etl import split as split_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, manifest, secrets, wordpiece
+from hvdtrain import console, fs, lease, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
 
@@ -81,10 +81,16 @@ def check_output(cfg: JobConfig) -> bool:
 
 def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
+    fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
+    with lease.acquire(cfg.etl.output, f"etl.output {cfg.etl.output}"):  # one writer at a time, from the check on
+        return _run_leased(spark, cfg)
+
+
+def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
+    """:func:`run` while this job holds etl.output's lease."""
     from pyspark import StorageLevel
 
     timer = StageTimer()
-    fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
     replacing = check_output(cfg)
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]

@@ -36,7 +36,7 @@ from etl import accounting, sample, sources, tabular, text, writer
 from etl import split as split_mod
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import fs, ledger, manifest, tasks
+from hvdtrain import fs, lease, ledger, manifest, tasks
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError
 
@@ -226,8 +226,8 @@ def _is_etl_report(out: str, files: list[str]) -> bool:
 
 
 def _ours_now(rel: str) -> bool:
-    """The ledger itself and etl.job's staging: never deleted by a publish."""
-    return rel == ledger.NAME or rel.startswith(STAGING + "/")
+    """The ledger itself, the running job's lease and etl.job's staging: never deleted by a publish."""
+    return rel in (ledger.NAME, lease.NAME) or rel.startswith(STAGING + "/")
 
 
 def _new_entries(plan: PublishPlan) -> list[str]:

@@ -494,6 +494,41 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         raise
 
 
+def create_exclusive(uri: str, data: bytes) -> bool:
+    """Create the file ``uri`` holding ``data`` only if nothing is there; False when something is (a lease taken).
+
+    Local: the content is written under a temporary name and hard-linked into place (link(2) fails when the name
+    exists), so a reader never sees it half-written. WebHDFS (and ``hdfs://`` over it): CREATE with
+    ``overwrite=false``, refused by the NameNode when the file exists. libhdfs has no create-exclusive through
+    pyarrow (its open always overwrites): there the check and the write are two steps, and the content is read
+    back to tell which of two racing writers won (a narrow window, logged as such).
+    """
+    fs, path = resolve(uri)
+    parent = posixpath.dirname(path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    with_retries(lambda: fs.create_dir(parent, recursive=True), f"mkdir {parent}")
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, WebHdfsHandler):
+        return with_retries(lambda: handler.create_exclusive(path, data), f"create {uri}")
+    log.warning("%s: this filesystem has no create-exclusive through pyarrow; checking, writing and reading back "
+                "instead (two writers starting within the same moment may both think they won)", uri)
+    if exists(uri):
+        return False
+    write_bytes_atomic(uri, data)
+    return read_bytes(uri) == data
+
+
 def _pump(src, dst, chunk: int, digest: Any = None) -> int:
     """Copy ``src`` to ``dst`` through one reused buffer (no allocation, no page faults per chunk), feeding
     ``digest`` (a hashlib object) the same bytes on the way."""

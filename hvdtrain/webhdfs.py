@@ -134,6 +134,20 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         self.client._rename(src, destination=self.client.resolve(dest), renameoptions="OVERWRITE")
 
     @_builtin_errors
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists: WebHDFS CREATE with ``overwrite=false``, which the
+        NameNode refuses (FileAlreadyExistsException) when the file is there. False then; not part of pyarrow's API."""
+        from hdfs.util import HdfsError
+
+        try:
+            self.client.write(path, data, overwrite=False)
+        except HdfsError as exc:
+            if getattr(exc, "exception", None) == "FileAlreadyExistsException":
+                return False
+            raise
+        return True
+
+    @_builtin_errors
     def copy_file(self, src: str, dest: str) -> None:
         with self.client.read(src) as reader:
             self.client.write(dest, reader, overwrite=True)

@@ -1,0 +1,202 @@
+"""One writer per shared output: a create-exclusive lease (#54 item 3).
+
+Before, two overlapping ``etl --overwrite`` runs on one output (a scheduler retry) raced: the first one's clean-up
+deleted the second's staging, and a checkpoint save deleted a committed checkpoint of the same step written by
+another writer. Overlap is arranged with events and barriers, never with sleeps: a loaded machine only waits.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from etl import job as etl_job
+from hvdtrain import checkpoint, config, fs, lease, ledger, manifest
+from hvdtrain.errors import DataError
+from tests.unit.test_safety_etl_ledger import _publish
+
+HOST = socket.gethostname()
+
+
+def _holder(host: str = HOST, pid: int = 4242, expires: float = 100.0) -> lease.Holder:
+    return lease.Holder("etl.output /d", "alice", host, pid, 10.0, expires, "t0")
+
+
+@pytest.mark.parametrize("now, host, alive, stale", [
+    (99.0, HOST, False, False),        # not expired: held, even with its process gone
+    (101.0, HOST, True, False),        # expired but its process runs here: a slow renewer, not a dead one
+    (101.0, HOST, False, True),        # expired, process gone: stale
+    (101.0, "elsewhere", True, True),  # expired on another host: its pid means nothing here
+])
+def test_a_lease_is_stale_only_when_expired_and_its_process_is_gone(now, host, alive, stale) -> None:
+    assert lease.is_stale(_holder(host=host), now, HOST, lambda pid: alive) is stale
+
+
+def test_the_refusal_is_one_line_naming_holder_since_path_and_what_to_do() -> None:
+    line = lease.refusal(_holder(), "/d/_hvdtrain_lease.json")
+    assert "\n" not in line
+    assert line.startswith("etl.output /d is being written by alice@" + HOST + " pid 4242 since 1970-01-01T00:00:10")
+    assert "lease /d/_hvdtrain_lease.json" in line and "wait for that job to end" in line
+    assert "remove /d/_hvdtrain_lease.json" in line
+
+
+def test_create_exclusive_lets_exactly_one_of_two_racing_writers_in(tmp_path: Path) -> None:
+    barrier, won = threading.Barrier(2), []
+
+    def create(tag: bytes) -> None:
+        barrier.wait()
+        if fs.create_exclusive(str(tmp_path / "lease"), tag):
+            won.append(tag)
+
+    threads = [threading.Thread(target=create, args=(t,)) for t in (b"a", b"b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and (tmp_path / "lease").read_bytes() == won[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease"]  # no temporary file left
+
+
+def test_create_exclusive_over_webhdfs_is_refused_by_the_namenode(server) -> None:
+    uri = server.uri("/out/lease")
+    assert fs.create_exclusive(uri, b"first") is True
+    assert fs.create_exclusive(uri, b"second") is False
+    assert fs.read_bytes(uri) == b"first"
+
+
+def _hold_in_child(folder: str, held, done) -> None:
+    with lease.acquire(folder, f"etl.output {folder}"):
+        held.set()
+        done.wait()
+
+
+def test_a_second_writer_in_another_process_is_refused_until_the_first_releases(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    held, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold_in_child, args=(str(tmp_path), held, done))
+    child.start()
+    try:
+        assert held.wait(120)
+        with pytest.raises(lease.LeaseHeld) as err:
+            lease.acquire(str(tmp_path), f"etl.output {tmp_path}")
+        assert f"pid {child.pid} since" in str(err.value) and "\n" not in str(err.value)
+    finally:
+        done.set()
+        child.join(120)
+    with lease.acquire(str(tmp_path), "again"):  # released: the next writer gets it
+        pass
+    assert not (tmp_path / lease.NAME).exists()
+
+
+def test_a_stale_lease_of_a_dead_process_is_broken_and_the_run_proceeds(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / lease.NAME).write_bytes(_holder(pid=dead.pid, expires=1.0).to_json())
+    with lease.acquire(str(tmp_path), "the output") as held:
+        assert lease.Holder.from_json((tmp_path / lease.NAME).read_bytes()) == held.holder
+        assert held.holder.pid == os.getpid()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the broken lease moved aside was deleted
+
+
+def test_an_expired_lease_whose_process_still_runs_here_is_not_broken(tmp_path: Path) -> None:
+    (tmp_path / lease.NAME).write_bytes(_holder(pid=os.getpid(), expires=1.0).to_json())
+    with pytest.raises(lease.LeaseHeld, match=f"alice@{HOST} pid {os.getpid()}"):
+        lease.acquire(str(tmp_path), "the output")
+
+
+def test_renewing_pushes_the_expiry_and_never_overwrites_a_lease_taken_over(tmp_path: Path) -> None:
+    now = [1000.0]
+    held = lease.acquire(str(tmp_path), "the output", ttl=60.0, clock=lambda: now[0])
+    try:
+        now[0] = 1030.0
+        held.renew()
+        assert lease.Holder.from_json((tmp_path / lease.NAME).read_bytes()).expires == 1090.0
+        taken = lease.Holder("x", "bob", "h2", 7, 1.0, 9e9, "other")
+        (tmp_path / lease.NAME).write_bytes(taken.to_json())  # someone broke it (wrongly) and took it
+        held.renew()
+        assert held.lost and lease.Holder.from_json((tmp_path / lease.NAME).read_bytes()) == taken
+    finally:
+        held.release()
+    assert lease.Holder.from_json((tmp_path / lease.NAME).read_bytes()) == taken  # not this holder's to remove
+
+
+# -- the ETL: a second run started mid-write ---------------------------------------------------------------
+
+def _job(out: Path, tmp: Path) -> config.JobConfig:
+    return config.from_dict({"name": "ow", "workdir": str(tmp), "source": {"table": "db.t"},
+                             "etl": {"output": str(out), "max_length": 8, "overwrite": True}}, base_dir=str(tmp))
+
+
+def _whole(out: Path) -> None:
+    """Every file the manifest names exists and matches its checksum."""
+    m = manifest.read(str(out))
+    for split in m.splits.values():
+        for shard in split.shards:
+            assert hashlib.sha256((out / shard.path).read_bytes()).hexdigest() == shard.sha256
+
+
+def test_a_second_etl_started_mid_write_is_refused_in_one_line_and_the_first_keeps_its_staging(
+        tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    _publish(out, "A", tmp_path)  # the dataset a retry would replace
+    mid_write, finish = threading.Event(), threading.Event()
+    first: dict[str, BaseException] = {}
+
+    class Spark:
+        def __getattr__(self, name: str):  # the first run is mid-write: its staging holds a shard
+            entry = next(e for e in ledger.read(str(out)).entries if e.startswith("_staging/"))
+            staging = out / entry.removesuffix("/*")  # recorded before anything was staged
+            staging.mkdir(parents=True)
+            (staging / "part-0.tf").write_bytes(b"half a shard")
+            mid_write.set()
+            assert finish.wait(120)
+            raise RuntimeError("the executor was lost")
+
+    def run_first() -> None:
+        try:
+            etl_job.run(Spark(), _job(out, tmp_path))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            first["error"] = exc
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    try:
+        assert mid_write.wait(120)
+        staged = sorted(p.relative_to(out).as_posix() for p in (out / "_staging").rglob("*") if p.is_file())
+        with pytest.raises(DataError) as err:
+            etl_job.run(None, _job(out, tmp_path))  # never gets as far as Spark
+        message = str(err.value)
+        assert "\n" not in message and f"etl.output {out} is being written by" in message
+        assert f"pid {os.getpid()} since" in message and str(out / lease.NAME) in message
+        assert sorted(p.relative_to(out).as_posix() for p in (out / "_staging").rglob("*")
+                      if p.is_file()) == staged  # the refused run deleted nothing of the first one's
+    finally:
+        finish.set()
+        thread.join(120)
+    assert "executor was lost" in str(first["error"])
+    assert not (out / lease.NAME).exists() and not (out / "_staging").exists()
+    _whole(out)  # the published dataset: every file there, matching its checksum
+    assert manifest.read(str(out)).created_at == "A"
+
+
+# -- checkpoints: a committed checkpoint of the same step is never deleted ---------------------------------
+
+def test_a_save_never_deletes_a_committed_checkpoint_of_the_same_step_written_by_another_writer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = str(tmp_path / "ckpt")
+    first = checkpoint.CheckpointWriter(root, background=False)
+    first.save(10, {"w": np.arange(4.0)}, {"epoch": 1})
+    committed = {p.name: p.read_bytes() for p in (tmp_path / "ckpt" / "ckpt-0000000010").iterdir()}
+    second = checkpoint.CheckpointWriter(root, background=False)
+    second.save(10, {"w": np.zeros(4)}, {"epoch": 1})
+    assert "ckpt-0000000010 is already committed" in caplog.text
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt" / "ckpt-0000000010").iterdir()} == committed
+    assert checkpoint.latest_valid(root).step == 10
