@@ -21,6 +21,7 @@ class Fitted:
     tokenizer_json: Optional[str] = None
     tabular_stats: Optional[dict[str, Any]] = None
     task: str = "multiclass"  # how labels are encoded (etl/labels.py; hvdtrain.tasks)
+    target: Optional[dict[str, Any]] = None  # regression: the training target's statistics (etl.labels.target_stats)
 
     @property
     def encodings(self) -> dict[str, str]:

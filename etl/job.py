@@ -116,9 +116,10 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         with timer.stage("fit vocabulary and statistics on train"):
             tok = _tokenizer(rows, cfg) if cfg.source.text_column else None
             stats = _tabular_stats(rows, cfg)
+            target = label_mod.target_stats(rows) if cfg.task.kind == "regression" else None
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
-        fitted = dataclasses.replace(_fitted(labels, tok, text_specs, stats), task=cfg.task.kind)
+        fitted = dataclasses.replace(_fitted(labels, tok, text_specs, stats), task=cfg.task.kind, target=target)
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)

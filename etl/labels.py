@@ -157,6 +157,24 @@ def reject_unlearnable(rows: Any, labels: list[str], cfg: JobConfig, checked: An
     return rows.where(~bad)
 
 
+def target_stats(rows: Any) -> dict[str, Any]:
+    """A regression target's statistics on the training split, for the transforms training applies to it
+    (``task.target_transform``): count, mean, population standard deviation and minimum, and the mean and
+    standard deviation of ``log1p`` (None when some target is <= -1). One Spark aggregation; Spark's moments are
+    computed with a stable update (a target near 1e8 with spread 1 keeps its spread)."""
+    from pyspark.sql import functions as F
+
+    y = _number()
+    row = rows.where("split = 'train'").where(_finite(y)).agg(
+        F.count(y).alias("count"), F.avg(y).alias("mean"), F.stddev_pop(y).alias("std"), F.min(y).alias("min"),
+        F.avg(F.log1p(y)).alias("log_mean"), F.stddev_pop(F.log1p(y)).alias("log_std")).first()
+    out = {k: (float(row[k]) if row[k] is not None else None) for k in ("mean", "std", "min", "log_mean", "log_std")}
+    out["count"] = int(row["count"])
+    if out["min"] is None or out["min"] <= -1:
+        out["log_mean"] = out["log_std"] = None
+    return out
+
+
 def encoder(task: TaskConfig, labels: Sequence[str]) -> Callable[[str], Any]:
     """label string -> the value written for it (pure; runs in the write tasks)."""
     index = {name: i for i, name in enumerate(labels)}

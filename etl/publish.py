@@ -141,6 +141,8 @@ def _features(cfg: JobConfig, fitted: Fitted,
             features[name] = manifest.FeatureSpec(dtype, shape)
         preprocessing["tabular"] = {**stats, "fill_values": tabular.fill_values(stats),
                                     "cardinalities": tabular.cardinalities(stats)}
+    if fitted.target is not None:
+        preprocessing["target"] = fitted.target  # what training standardizes a regression target with
     features["label"] = manifest.FeatureSpec(*tasks.label_spec(cfg.task.kind, len(fitted.labels)))
     features["key"] = manifest.FeatureSpec("bytes", [])
     return features, vocab_info, preprocessing

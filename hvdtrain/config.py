@@ -329,18 +329,25 @@ class TaskConfig:
     ``label_delimiter`` splits a multilabel string column (an array column needs none); ``threshold``
     turns a probability into a yes for binary and multilabel; ``class_weights: balanced`` weighs each
     class (binary, multiclass) by ``records / (classes * class records)`` of the training split.
+    ``target_transform`` (regression): the model learns the target standardized with the training split's mean
+    and standard deviation (``standardize``), or ``log1p`` of it standardized (``log``, for positive skewed
+    targets such as prices), or as it is (``none``); metrics, the exported model and scoring are in the target's
+    own units either way (:mod:`hvdtrain.heads`).
     """
 
     kind: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"
     label_delimiter: str = "|"
     threshold: float = 0.5
     class_weights: Literal["none", "balanced"] = "none"
+    target_transform: Literal["standardize", "log", "none"] = "standardize"
 
     def __post_init__(self) -> None:
         _require(0 < self.threshold < 1, "threshold", self.threshold, "must be in (0, 1)")
         _require(bool(self.label_delimiter), "label_delimiter", self.label_delimiter, "must be a non-empty string")
         _require(self.class_weights == "none" or self.kind in ("binary", "multiclass"), "class_weights",
                  self.class_weights, f"applies to binary and multiclass tasks only (task is {self.kind}); use none")
+        _require(self.target_transform != "log" or self.kind == "regression", "target_transform",
+                 self.target_transform, f"log applies to regression only (task is {self.kind}); remove it")
 
 
 @dataclass

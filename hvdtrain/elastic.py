@@ -332,7 +332,8 @@ def _run(cfg: JobConfig, rank: distributed.RankInfo, threads: int, phase: Phase)
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
     model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
-    head = heads.for_task(cfg.task, manifest.labels, manifest.split("train").class_counts())
+    head = heads.for_task(cfg.task, manifest.labels, manifest.split("train").class_counts(),
+                          manifest.preprocessing.get("target"))
     step_fn = VirtualStep(model, optimizer, shape, head)
     state = distributed.elastic_state(model, optimizer, step=0, history=[], sums=[0.0, 0.0, 0.0, 0.0], run_id=None,
                                       sizes=[], started=False, resumed_from=None)

@@ -7,7 +7,10 @@ mixed precision):
 * multiclass: softmax cross-entropy over the class logits;
 * binary: sigmoid cross-entropy of the one logit (log loss);
 * multilabel: sigmoid cross-entropy, averaged over the labels;
-* regression: squared error of the one output.
+* regression: squared error of the one output against the target as the model learns it: standardized
+  with the training split's mean and standard deviation (``task.target_transform``, default), or ``log1p``
+  of it standardized; :meth:`Head.target_units` turns outputs back into the target's units, for every
+  metric, and :func:`serving_model` puts the same inversion into the exported model.
 
 ``class_weights`` (binary, multiclass) multiplies each example's loss by its
 true class's weight; the reported ``log_loss`` stays scikit-learn's, unweighted
@@ -24,6 +27,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.errors import DataError
+
 Tensor = Any
 
 
@@ -34,6 +39,27 @@ class Head:
     task: str = "multiclass"
     threshold: float = 0.5
     class_weights: Optional[tuple[float, ...]] = None
+    # regression: the model learns (log1p(y) if target_log else y - target_shift) / target_scale
+    target_shift: float = 0.0
+    target_scale: float = 1.0
+    target_log: bool = False
+
+    @property
+    def scales_target(self) -> bool:
+        """Whether the model's output is the target in other units than its own (regression only)."""
+        return self.task == "regression" and (self.target_log or self.target_shift != 0.0 or self.target_scale != 1.0)
+
+    def model_target(self, labels: Tensor) -> Tensor:
+        """A regression target as the model learns it (float32)."""
+        y = tf.cast(labels, tf.float64)
+        if self.target_log:
+            y = tf.math.log1p(y)
+        return tf.cast((y - self.target_shift) / self.target_scale, tf.float32)
+
+    def target_units(self, outputs: Tensor) -> Tensor:
+        """A regression model's outputs in the target's own units (float64: a target near 1e8 keeps its digits)."""
+        y = tf.cast(outputs, tf.float64) * self.target_scale + self.target_shift
+        return tf.math.expm1(y) if self.target_log else y
 
     @property
     def cut(self) -> float:
@@ -57,7 +83,7 @@ class Head:
         elif self.task == "multilabel":
             per = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(labels, tf.float32), logits), -1)
         else:
-            per = tf.square(tf.cast(labels, tf.float32) - logits[:, 0])
+            per = tf.square(self.model_target(labels) - logits[:, 0])
         return per
 
     def correct(self, labels: Tensor, logits: Tensor) -> Tensor:
@@ -87,17 +113,60 @@ class Head:
         elif self.task == "multilabel":
             out["scores"] = logits
         else:
-            out["scores"] = logits[:, 0]
+            out["scores"] = self.target_units(logits[:, 0])
         return out
 
 
-def for_task(task: Any, labels: Sequence[str], train_counts: dict[str, int]) -> Head:
+def for_task(task: Any, labels: Sequence[str], train_counts: dict[str, int],
+             target: Optional[dict[str, Any]] = None) -> Head:
     """The head of ``task`` (a :class:`hvdtrain.config.TaskConfig`); ``class_weights: balanced`` from the
-    training split's records per class (``train_counts``, by label name)."""
+    training split's records per class (``train_counts``, by label name); a regression's target transform
+    from the training target's statistics (``target``: the manifest's ``preprocessing.target``; datasets
+    written without it train on the raw target)."""
     weights = None
     if task.class_weights == "balanced":
         weights = balanced_weights([train_counts.get(name, 0) for name in labels])
-    return Head(task.kind, task.threshold, weights)
+    shift, scale, log = target_transform(task.kind, getattr(task, "target_transform", "none"), target)
+    return Head(task.kind, task.threshold, weights, shift, scale, log)
+
+
+def target_transform(kind: str, transform: str, target: Optional[dict[str, Any]]) -> tuple[float, float, bool]:
+    """(shift, scale, log1p first) of a regression target (pure); the identity for other tasks, ``none``, or a
+    dataset without target statistics.
+
+    Raises:
+        DataError: ``log`` on a target with values <= -1 (log1p is undefined there).
+    """
+    if kind != "regression" or transform == "none" or not target or not target.get("count"):
+        return 0.0, 1.0, False
+    if transform == "log":
+        if target.get("log_mean") is None:
+            raise DataError(f"task.target_transform=log needs every training target > -1, but the smallest is "
+                            f"{target.get('min')}: use task.target_transform=standardize (or none)")
+        mean, std, log = float(target["log_mean"]), float(target["log_std"] or 0.0), True
+    else:
+        mean, std, log = float(target["mean"]), float(target["std"] or 0.0), False
+    return mean, (std if std > 0 and math.isfinite(std) else 1.0), log
+
+
+def serving_model(model: Any, head: Head) -> Any:
+    """The model as it is exported: for a regression trained on a transformed target, the same layers followed
+    by the inversion (built-in Keras layers only, so the ``.keras`` file and the SavedModel load anywhere);
+    the model itself otherwise."""
+    if not head.scales_target:
+        return model
+    import keras
+
+    if not getattr(model, "inputs", None):
+        raise DataError(f"model {model.name!r} has no symbolic inputs (a subclassed keras.Model), so hvdtrain cannot "
+                        "append the regression target's inversion to it for export: build it with the functional "
+                        "API, or set task.target_transform=none")
+    out = keras.layers.Rescaling(head.target_scale, head.target_shift, dtype="float32", name="target_units")(
+        model.outputs[0])
+    if head.target_log:
+        out = keras.layers.Activation("exponential", dtype="float32", name="target_exp")(out)
+        out = keras.layers.Rescaling(1.0, -1.0, dtype="float32", name="target_expm1")(out)
+    return keras.Model(model.input, out, name=model.name)
 
 
 def balanced_weights(class_counts: Sequence[int]) -> tuple[float, ...]:

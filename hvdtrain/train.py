@@ -58,7 +58,7 @@ import hvdtrain.lean_keras  # noqa: F401  # first: Keras without its plotting an
 import keras
 
 from hvdtrain import config as config_lib
-from hvdtrain import console, data, distributed, fs, resume, secrets, startup, supervise, tracking
+from hvdtrain import console, data, distributed, fs, heads, resume, secrets, startup, supervise, tracking
 from hvdtrain import manifest as manifest_lib
 from hvdtrain import tasks as tasks_lib
 from hvdtrain.config import JobConfig
@@ -140,6 +140,7 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     claim_output(cfg.train.output, write=rank.is_chief)  # before any training: a refused output would waste it all
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
+    heads.target_transform(cfg.task.kind, cfg.task.target_transform, manifest.preprocessing.get("target"))
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
         raise DataError(f"{manifest.location}: train.record_trace={cfg.train.record_trace} needs feature "
                         f"{data.KEY_FEATURE!r} (the record keys), which this dataset lacks; rerun the ETL with this "

@@ -17,7 +17,8 @@ EVAL_SPLITS = ("validation", "test")
 
 def task_head(ctx: TrainContext) -> heads.Head:
     """The task's loss and decisions (with ``task.class_weights`` from the training split's class counts)."""
-    return heads.for_task(ctx.cfg.task, ctx.manifest.labels, ctx.manifest.split("train").class_counts())
+    return heads.for_task(ctx.cfg.task, ctx.manifest.labels, ctx.manifest.split("train").class_counts(),
+                          ctx.manifest.preprocessing.get("target"))
 
 
 def make_eval_step(ctx: TrainContext, model: keras.Model) -> Any:

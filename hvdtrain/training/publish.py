@@ -12,12 +12,13 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, launch, ledger, plots, secrets, tensorboard
+from hvdtrain import data, fs, heads, launch, ledger, plots, secrets, tensorboard
 from hvdtrain import timeline as timeline_lib
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, StorageError
 from hvdtrain.manifest import Manifest
 from hvdtrain.training.context import TrainContext
+from hvdtrain.training.evaluate import task_head
 from hvdtrain.training.reports import CONFUSION_PNG, RESIDUALS_PNG, final_metrics, result_record
 
 log = logging.getLogger("hvdtrain.train")
@@ -31,6 +32,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any],
     """Write report, chart, exports and result to ``train.output`` and log them to MLflow; ``extra`` joins the
     result record (an elastic job's sizes and steps)."""
     output, tracker = ctx.cfg.train.output, ctx.tracker
+    model = heads.serving_model(model, task_head(ctx))  # a regression's outputs in the target's units
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
         _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg))

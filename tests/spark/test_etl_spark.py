@@ -596,3 +596,27 @@ def test_the_spark_row_order_matches_python_on_any_key(spark):
     keys = ["0000001", "", "ключ-7", "日本語キー", "a:b", "x" * 300, "naïve café", "😀 emoji"]
     df = split.add_order(spark.createDataFrame([(k,) for k in keys], "key string"), 11)
     assert {r["key"]: r["order"] for r in df.collect()} == {k: split.order_of(k, 11) for k in keys}
+
+
+def test_a_regression_target_records_its_training_statistics_for_standardization(spark, hive_cfg, tmp_path):
+    """Issue 53, item 3: training standardizes a regression target with these; a target near 1e8 with spread 1
+    keeps its spread (the one-pass sum of squares would lose it)."""
+    from etl import job as etl_job
+    from etl import split
+
+    rng = np.random.default_rng(3)
+    rows = [(f"y{i}", float(i % 17), float(1e8 + rng.normal())) for i in range(600)]
+    spark.createDataFrame(rows, "id string, x double, label double").write.mode("overwrite") \
+        .saveAsTable("etltest.big_target")
+    cfg = file_job(hive_cfg, tmp_path, {"table": "etltest.big_target", "text_column": None, "numeric_columns": ["x"]},
+                   min_shards_per_split=1)
+    doc = {k: v for k, v in cfg.to_dict().items() if k != "tune"}  # tune.metric follows the task
+    cfg = config.from_dict({**doc, "task": "regression"}, base_dir=str(tmp_path))
+    etl_job.run(spark, cfg)
+    target = manifest.read(cfg.etl.output).preprocessing["target"]
+    train = np.array([r[2] for r in rows if split.split_of(r[0], cfg.etl.splits) == "train"])
+    assert target["count"] == len(train)
+    assert target["mean"] == pytest.approx(float(np.mean(train)), abs=1e-6)
+    assert target["std"] == pytest.approx(float(np.std(train)), rel=1e-6) and 0.8 < target["std"] < 1.2
+    assert target["min"] == float(np.min(train))
+    assert target["log_mean"] == pytest.approx(float(np.mean(np.log1p(train))), rel=1e-12)
