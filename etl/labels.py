@@ -5,8 +5,9 @@ quarantine rows the model cannot learn from, and encode each label the way the t
 task        label list (learned on train)                value written (``label`` feature)
 ==========  ===========================================  ==============================================
 multiclass  sorted distinct labels                       int64 class index
-binary      exactly two labels, sorted: 1 = the second   int64 0/1 (``0``/``1``, ``false``/``true``,
-                                                          ``no``/``yes`` all put the positive second)
+binary      exactly two labels: [negative, positive];    int64 0/1 (by default ``0``/``1``, ``false``/``true``,
+            positive = ``task.positive_label``, or the   ``no``/``yes`` all put the positive second)
+            second in sorted order
 multilabel  sorted distinct labels of all rows' sets     float32 multi-hot; a set is an array column or
                                                           a string split on ``task.label_delimiter``
 regression  none                                         float32 target
@@ -19,7 +20,7 @@ and the fix. Only bounded results reach the driver.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -95,7 +96,22 @@ def fit(rows: Any, cfg: JobConfig) -> list[str]:
                         f"{', ...' if len(labels) > _EXAMPLES else ''}): set task: multiclass, or map the column "
                         "to two values")
     _check_not_continuous(train, labels, column, task.kind)
-    return labels
+    return positive_last(labels, task.positive_label, column) if task.kind == "binary" else labels
+
+
+def positive_last(labels: list[str], positive: Optional[str], column: str) -> list[str]:
+    """A binary task's two labels as [negative, positive] (pure): ``positive`` second, or sorted when None.
+
+    Raises:
+        DataError: ``positive`` is not one of the two labels (one line naming the labels found).
+    """
+    if positive is None:
+        return labels
+    if positive not in labels:
+        raise DataError(f"task.positive_label {positive!r} is not one of the 2 labels the training split has in "
+                        f"source.label_column {column!r} ({labels[0]!r}, {labels[1]!r}): set task.positive_label "
+                        "to one of them (quoted in YAML), or remove it to make the second in sorted order positive")
+    return [next(v for v in labels if v != positive), positive]
 
 
 def _bounded_sorted(labels: Any, column: str, kind: str) -> list[str]:

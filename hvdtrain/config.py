@@ -332,7 +332,8 @@ class TaskConfig:
     ``target_transform`` (regression): the model learns the target standardized with the training split's mean
     and standard deviation (``standardize``), or ``log1p`` of it standardized (``log``, for positive skewed
     targets such as prices), or as it is (``none``); metrics, the exported model and scoring are in the target's
-    own units either way (:mod:`hvdtrain.heads`).
+    own units either way (:mod:`hvdtrain.heads`). ``positive_label`` (binary): the label encoded 1 (the manifest
+    lists it second, ``labels[1]``); null keeps the second label in sorted order.
     """
 
     kind: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"
@@ -340,9 +341,12 @@ class TaskConfig:
     threshold: float = 0.5
     class_weights: Literal["none", "balanced"] = "none"
     target_transform: Literal["standardize", "log", "none"] = "standardize"
+    positive_label: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(0 < self.threshold < 1, "threshold", self.threshold, "must be in (0, 1)")
+        _require(self.positive_label is None or self.kind == "binary", "positive_label", self.positive_label,
+                 f"applies to binary tasks only (task is {self.kind}); remove it")
         _require(bool(self.label_delimiter), "label_delimiter", self.label_delimiter, "must be a non-empty string")
         _require(self.class_weights == "none" or self.kind in ("binary", "multiclass"), "class_weights",
                  self.class_weights, f"applies to binary and multiclass tasks only (task is {self.kind}); use none")

@@ -29,6 +29,7 @@ def test_task_shorthand_and_defaults_follow_the_task() -> None:
     ({"task": "ranking"}, "task.kind must be one of multiclass, binary, multilabel, regression"),
     ({"task": {"kind": "regression", "class_weights": "balanced"}}, "task.class_weights applies to binary and "
                                                                     "multiclass tasks only"),
+    ({"task": {"kind": "multiclass", "positive_label": "late"}}, "task.positive_label applies to binary tasks only"),
     ({"task": "regression", "train": {"early_stopping": {"metric": "accuracy"}}},
      "train.early_stopping.metric must be one of rmse, mae, r2, loss (the regression task's metrics)"),
     ({"task": "binary", "tune": {"metric": "validation_rmse"}}, "tune.metric must be one of validation_roc_auc"),
