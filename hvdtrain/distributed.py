@@ -10,7 +10,10 @@ hvdtrain's recipe: a plain ``tf.GradientTape`` followed by
 ``hvd.allreduce`` per gradient as ``hvd.DistributedGradientTape`` does, which
 the step needs separable from the tape for accumulation and timing), and
 :func:`broadcast_state` (``hvd.broadcast_variables``) of model and optimizer
-variables from rank 0 once the optimizer is built.
+variables from rank 0 once the optimizer is built. State the ranks update
+apart from the gradients (BatchNormalization's moving statistics) is brought
+back together by :func:`average_variables` before it is evaluated, saved or
+exported.
 
 Every collective here must be called by every rank, in the same order.
 """
@@ -208,6 +211,24 @@ def broadcast_state(model: Any, optimizer: Any, root_rank: int = 0) -> None:
     # tf.Variable under each Keras 3 variable (a Keras variable would arrive as a plain tensor).
     hvd.broadcast_variables([_tf_variable(v) for v in model.weights], root_rank=root_rank)
     hvd.broadcast_variables([_tf_variable(v) for v in optimizer.variables], root_rank=root_rank)
+
+
+def average_variables(variables: Sequence[Any], name: str = "hvdtrain.average") -> None:
+    """Set each (floating-point) variable to its mean over ranks, in place (eager; every rank passes the same
+    variables in the same order).
+
+    For state each rank updates from its own batches, outside the gradients: BatchNormalization's moving mean
+    and variance. One grouped all-reduce, summed in float64 and divided by the world size, so a value every
+    rank holds comes back bit for bit (for float32 variables) and all ranks get the same bits.
+    """
+    hvd = _horovod()
+    if hvd is None or not variables:
+        return
+    import tensorflow as tf
+
+    sums = hvd.grouped_allreduce([tf.cast(_tf_variable(v), tf.float64) for v in variables], op=hvd.Sum, name=name)
+    for variable, total in zip(variables, sums):
+        variable.assign(tf.cast(total / float(hvd.size()), variable.dtype))
 
 
 def _tf_variable(variable: Any) -> Any:

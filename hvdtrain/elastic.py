@@ -29,8 +29,10 @@ MLflow run id. Every commit all-reduces the loss, correct and example sums of th
 resize happens between two commits: a resize rolls back to one), so the epoch stats are exact over all virtual
 batches. Whoever is rank 0 logs them to MLflow (a new rank 0, after rank 0 was lost, continues the same run)
 and writes checkpoints at the checkpoint config's steps (epoch ends by default), which a relaunched job resumes
-from with ``checkpoint.resume: auto``. At the end the ranks evaluate validation and test exactly, and rank 0
-publishes what ``hvdtrain train`` publishes (:func:`hvdtrain.training.publish.publish`).
+from with ``checkpoint.resume: auto``. Every commit first averages the statistics each rank updates on its own
+(BatchNormalization's moving mean and variance, :func:`hvdtrain.training.state.average_statistics`), so what is
+committed, saved, evaluated and exported is the same on every rank. At the end the ranks evaluate validation and
+test exactly, and rank 0 publishes what ``hvdtrain train`` publishes (:func:`hvdtrain.training.publish.publish`).
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ from hvdtrain.training.evaluate import evaluate_splits
 from hvdtrain.training.events import EpochStats, epoch_stats
 from hvdtrain.training.publish import publish
 from hvdtrain.training.reports import build_report, rank_digests, result_record
-from hvdtrain.training.state import build_state, current_learning_rate
+from hvdtrain.training.state import average_statistics, build_state, current_learning_rate
 
 log = logging.getLogger("hvdtrain.elastic")
 
@@ -163,7 +165,7 @@ def _streams(job: Job, owned: Sequence[int], step: int) -> list[Iterator[dict[st
     """The batch streams of ``owned`` virtual ranks, each after ``step`` batches (traced when asked)."""
     train = job.cfg.train
     trace = train.record_trace
-    features = [*job.shape.inputs, job.shape.label_feature, *([data.KEY_FEATURE] if trace else [])]
+    features = [*job.shape.read_features, *([data.KEY_FEATURE] if trace else [])]
     out = []
     for v in owned:
         stream = data.TrainStream(v, job.virtual, train.batch_size, train.shuffle_buffer, train.seed,
@@ -206,6 +208,7 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep) -> None:
         epoch_end = state.step % job.steps == 0
         save = ck.enabled and checkpoint.save_due(state.step, job.steps, ck.every_steps, ck.at_epoch_end)
         if state.step % every == 0 or epoch_end or save or state.step == total:
+            average_statistics(job.model)  # committed, saved and rolled back to alike on every rank
             seconds = time.perf_counter() - since
             _add_sums(job, state, rank, np.append(sums.numpy(), seconds), epoch_end)
             if save:
@@ -348,6 +351,7 @@ def _run(cfg: JobConfig, rank: distributed.RankInfo, threads: int, phase: Phase)
         _collectively(rank, lambda: job.writer.wait() if job.writer is not None else None, "published")
         tracker = job.tracker if job.tracker is not None and rank.is_chief else tracking.Tracker(cfg, enabled=False)
         ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, phase, threads)
+        average_statistics(model)  # as evaluated, compared and exported (a no-op after the last commit's)
         report = build_report(ctx, [EpochStats(**{k: v for k, v in h.items() if k != "samples_per_sec"})
                                     for h in state.history], evaluate_splits(ctx, model), rank_digests(model, rank))
         elastic = {"sizes": state.sizes, "steps": int(state.step), "steps_per_epoch": steps, "virtual_ranks": virtual,

@@ -22,7 +22,9 @@ hvdtrain.train CONFIG [key=value ...]`` and by the YARN launcher. Each rank:
 4. evaluates validation and test exactly (:mod:`hvdtrain.training.evaluation`:
    confusion matrices, loss sums and, for two classes, ROC-AUC score
    histograms, summed over ranks);
-5. checks that every rank ends with the same weights (digests gathered to rank 0).
+5. checks that every rank ends with the same weights (digests gathered to rank 0); state each rank updates
+   on its own (BatchNormalization's moving statistics) is averaged over ranks before every evaluation,
+   checkpoint and export (:func:`hvdtrain.training.state.average_statistics`).
 
 Checkpoints and resume (:mod:`hvdtrain.resume`): every ``checkpoint.every_steps``
 steps and at each epoch end the ranks save together (rank 0 writes, in the
@@ -75,7 +77,7 @@ from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
 from hvdtrain.training.publish import claim_output, publish
 from hvdtrain.training.reports import build_report, global_batch_size, rank_digests, result_record
-from hvdtrain.training.state import build_state
+from hvdtrain.training.state import average_statistics, build_state
 
 log = logging.getLogger("hvdtrain.train")
 
@@ -117,6 +119,7 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
             startup.mark("tracking")
             ctx = TrainContext(cfg, manifest, shape, rank, steps, stage_dir, tracker, layout, dog.phase, threads)
             model, history, stopping = _train(ctx, resumed, Restored(restore_seconds, len(restarts)))
+            average_statistics(model)  # BatchNormalization's, as evaluated, compared and exported
             evaluated = evaluate_splits(ctx, model)
             dog.phase("gathering weight digests")
             report = build_report(ctx, history, evaluated, rank_digests(model, rank), stopping)
@@ -215,7 +218,7 @@ def _train_batches(ctx: TrainContext, start_record: int) -> Any:
     stream = data.TrainStream(ctx.rank.rank, ctx.rank.size, train.batch_size, train.shuffle_buffer, train.seed,
                               records_per_epoch=ctx.steps * train.batch_size * train.grad_accum_steps)
     batches = iter(data.with_threads(data.train_dataset(
-        ctx.manifest, stream, features=[*shape.inputs, shape.label_feature, *([data.KEY_FEATURE] if trace else [])],
+        ctx.manifest, stream, features=[*shape.read_features, *([data.KEY_FEATURE] if trace else [])],
         stage_dir=ctx.stage_dir, start_record=start_record), ctx.threads))
     if trace:
         batches = data.trace_batches(batches, fs.local_path(trace), ctx.rank.rank, start_record // train.batch_size)

@@ -23,7 +23,7 @@ from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_split, make_eval_step
 from hvdtrain.training.hooks import EarlyStopper
-from hvdtrain.training.state import current_learning_rate
+from hvdtrain.training.state import average_statistics, current_learning_rate
 
 log = logging.getLogger("hvdtrain.train")
 
@@ -55,14 +55,14 @@ def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[Earl
                    guard: Optional[steps_lib.FiniteGuard], observed: Observed) -> Iterator[list[hooks.Hook]]:
     """Every hook of the run, in the order the loop calls them; ends the observers when training ends.
 
-    The end of start-up (the first step, :mod:`hvdtrain.startup`); progress and per-step metrics; validation
-    and early stopping; skipped steps (float16 all-reduce); the study's pruning (a tune trial); the epoch
-    report (after validation, so it includes it); the checkpointer (a pruned or stopped run still saves its
-    last epoch); then the observers.
+    The end of start-up (the first step, :mod:`hvdtrain.startup`); progress and per-step metrics; the ranks'
+    statistics averaged (before validation and checkpoints read them); validation and early stopping; skipped
+    steps (float16 all-reduce); the study's pruning (a tune trial); the epoch report (after validation, so it
+    includes it); the checkpointer (a pruned or stopped run still saves its last epoch); then the observers.
     """
     with _observers(ctx, observed) as observers:
         yield [hooks.FirstStep(lambda: startup.first_step_done(ctx.rank.is_chief)), *_progress(ctx),
-               *_validation(ctx, model, stopper),
+               _statistics(model, observed.checkpointer), *_validation(ctx, model, stopper),
                *([hooks.SkippedSteps(guard.count)] if guard is not None else []), *_pruning(ctx),
                _epoch_report(ctx, observed.optimizer), observed.checkpointer, *observers]
 
@@ -76,6 +76,11 @@ def _progress(ctx: TrainContext) -> list[hooks.Hook]:
     every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
     return [hooks.ProgressHook(bar, rank.size),
             hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
+
+
+def _statistics(model: keras.Model, checkpointer: resume.Checkpointer) -> hooks.Hook:
+    """BatchNormalization's moving statistics (any rank-local float state) averaged over ranks when read."""
+    return hooks.AverageStatistics(lambda: average_statistics(model), checkpointer.due)
 
 
 def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:

@@ -6,6 +6,10 @@ order written, in :func:`hvdtrain.training.assemble.training_hooks`):
 
 * :class:`ProgressHook`: rank 0's progress bar or periodic lines;
 * :class:`StepMetricsHook`: per-step metrics to MLflow every ``log_every_steps``;
+* :class:`AverageStatistics`: the statistics each rank keeps on its own (BatchNormalization's
+  moving mean and variance) averaged over ranks at each epoch end and before each mid-epoch
+  checkpoint (a collective), so what is validated, kept as the best epoch and saved is the same
+  on every rank;
 * :class:`ValidationAndEarlyStopping`: evaluates the validation split after each
   epoch (a collective) and decides, from those all-reduced metrics, whether to
   stop; every rank gets the same answer;
@@ -178,6 +182,22 @@ class EarlyStopper:
                 "min_delta": self.cfg.min_delta, "values": self.values, "best_epoch": d.best_epoch if d else 0,
                 "best_value": best, "stopped_early": bool(d and d.stop) and len(self.values) < epochs,
                 "restored_best": restored}
+
+
+class AverageStatistics(Hook):
+    """Averages the rank-local statistics (``average``, a collective) at every epoch end, before validation,
+    and after every other step ``checkpoint_due`` says a checkpoint follows."""
+
+    def __init__(self, average: Callable[[], None], checkpoint_due: Callable[[LoopState], bool]):
+        self._average, self._checkpoint_due = average, checkpoint_due
+
+    def end_epoch(self, stats: EpochStats) -> bool:
+        self._average()
+        return False
+
+    def after_step(self, state: LoopState) -> None:
+        if not state.epoch_end and self._checkpoint_due(state):  # at an epoch end, end_epoch did it
+            self._average()
 
 
 class ValidationAndEarlyStopping(Hook):

@@ -1,9 +1,10 @@
-"""The model and its optimizer: Adam on the warm-up/decay schedule, built before rank 0's state is broadcast."""
+"""The model and its optimizer: Adam on the warm-up/decay schedule, built before rank 0's state is broadcast;
+the statistics each rank keeps on its own, averaged over ranks before they are evaluated, saved or exported."""
 from __future__ import annotations
 
 import keras
 
-from hvdtrain import data
+from hvdtrain import data, distributed
 from hvdtrain.config import JobConfig, TrainConfig
 from hvdtrain.models import build_model
 from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
@@ -30,3 +31,25 @@ def build_state(cfg: JobConfig, shape: data.InputShape, size: int,
 
 def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def rank_local_statistics(model: keras.Model) -> list[keras.Variable]:
+    """The model's floating-point non-trainable weights: what each rank updates from its own batches in the
+    forward pass (BatchNormalization's ``moving_mean`` / ``moving_variance``), not through the averaged gradients.
+
+    Seed-generator states (dropout randomness) are variables but not weights, so they are not here and stay
+    per rank; integer weights (counters) are left alone too: a mean of counts is not a count.
+    """
+    return [v for v in model.non_trainable_weights if "float" in str(v.dtype)]
+
+
+def average_statistics(model: keras.Model) -> None:
+    """Replace every rank's :func:`rank_local_statistics` by their mean over ranks (a collective when the model
+    has any; every rank holds the same model, so every rank decides alike).
+
+    Called before each evaluation, checkpoint and export. The moving statistics never feed the training
+    forward pass (BatchNormalization normalizes by the batch's own statistics while training), and each update
+    is linear (``m * moving + (1 - m) * batch``), so averaging now and then leaves the weights of every step as
+    they were, and the final statistics are the mean of the ranks' whatever the times they were averaged at.
+    """
+    distributed.average_variables(rank_local_statistics(model), name="hvdtrain.statistics")
