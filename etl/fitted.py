@@ -22,6 +22,7 @@ class Fitted:
     tabular_stats: Optional[dict[str, Any]] = None
     task: str = "multiclass"  # how labels are encoded (etl/labels.py; hvdtrain.tasks)
     target: Optional[dict[str, Any]] = None  # regression: the training target's statistics (etl.labels.target_stats)
+    weighted: bool = False  # rows carry a sample weight (source.weight_column), written as the ``weight`` feature
 
     @property
     def encodings(self) -> dict[str, str]:

@@ -119,7 +119,8 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             target = label_mod.target_stats(rows) if cfg.task.kind == "regression" else None
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
-        fitted = dataclasses.replace(_fitted(labels, tok, text_specs, stats), task=cfg.task.kind, target=target)
+        fitted = dataclasses.replace(_fitted(labels, tok, text_specs, stats), task=cfg.task.kind, target=target,
+                                     weighted=cfg.source.weight_column is not None)
         with timer.stage("encode and write shards"):
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
@@ -211,12 +212,14 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
+    weight = cfg.source.weight_column  # validated: a finite number >= 0 (etl.validate.weight_rules)
     # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
     # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
     # target. Shard contents and order are the same on every rerun, whatever the input partitioning.
     keyed = split_mod.add_order(rows, cfg.etl.seed, "_order").rdd.map(lambda r: (
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["_order"], r["key"]),
-        (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols))))
+        (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols),
+         float(r[weight]) if weight else None)))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
                    compression=cfg.etl.compression, fault=fault)

@@ -38,6 +38,7 @@ from etl.accounting import RowCounts
 from etl.fitted import Fitted
 from hvdtrain import fs, lease, ledger, manifest, tasks
 from hvdtrain.config import SPLITS, JobConfig
+from hvdtrain.data.contract import WEIGHT_FEATURE
 from hvdtrain.errors import ANY_ERROR, DataError
 
 log = logging.getLogger("hvdtrain.etl")
@@ -144,6 +145,8 @@ def _features(cfg: JobConfig, fitted: Fitted,
     if fitted.target is not None:
         preprocessing["target"] = fitted.target  # what training standardizes a regression target with
     features["label"] = manifest.FeatureSpec(*tasks.label_spec(cfg.task.kind, len(fitted.labels)))
+    if fitted.weighted:
+        features[WEIGHT_FEATURE] = manifest.FeatureSpec("float32", [])
     features["key"] = manifest.FeatureSpec("bytes", [])
     return features, vocab_info, preprocessing
 

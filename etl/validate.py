@@ -85,8 +85,14 @@ def extra_columns(cfg: JobConfig) -> list[str]:
     v = cfg.validation
     named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex,
              *cfg.source.numeric_columns, *cfg.source.categorical_columns]
+    named += weight_columns(cfg)
     roles = role_of(cfg)
     return sorted({c for c in named if c not in roles})
+
+
+def weight_columns(cfg: JobConfig) -> list[str]:
+    """``[source.weight_column]``, or ``[]`` without sample weights (source names)."""
+    return [cfg.source.weight_column] if cfg.source.weight_column else []
 
 
 def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
@@ -113,6 +119,7 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         out += [Rule("text_null", "text", lambda: F.col("text").isNull()),
                 Rule("text_empty", "text", lambda: F.trim("text") == "")]
     out.append(Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")))
+    out += weight_rules(cfg)
     if has_text and v.text_min_chars > 1:
         out.append(Rule("text_too_short", "text", lambda: F.char_length(F.trim("text")) < v.text_min_chars))
     max_chars = v.text_max_chars
@@ -139,6 +146,24 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         out.append(Rule(f"regex:{c}", roles.get(c, c),
                         lambda c=c, pattern=pattern: col(c).isNotNull() & ~col(c).cast("string").rlike(pattern)))
     return out
+
+
+def weight_rules(cfg: JobConfig) -> list[Rule]:
+    """A sample weight multiplies the row's loss, so it must be a finite number >= 0: ``weight_null``,
+    ``weight_not_a_number`` (not a number, NaN or infinite) and ``weight_negative``."""
+    from pyspark.sql import functions as F
+
+    column = cfg.source.weight_column
+    if column is None:
+        return []
+
+    def number() -> Any:
+        return F.expr(f"try_cast(`{column}` AS DOUBLE)")
+
+    return [Rule("weight_null", column, lambda: F.col(f"`{column}`").isNull()),
+            Rule("weight_not_a_number", column,
+                 lambda: number().isNull() | F.isnan(number()) | (F.abs(number()) == F.lit(float("inf")))),
+            Rule("weight_negative", column, lambda: number() < 0)]
 
 
 def undecodable(value: Any) -> Any:
@@ -182,7 +207,8 @@ def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None) -> Check
     rows_in = tagged.count()  # rows read from the source (this pass fills the cache the rest reads)
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
-    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg))
+    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg),
+                                                 *[f"`{c}`" for c in weight_columns(cfg)])
     valid, duplicates, before, after = dedup(faults.drop_rows(passed, fault, "validate"), cfg.validation.unique_key)
     counts = RowCounts(rows_in=rows_in, rejected={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)},
                        before_dedup=before, after_dedup=after)

@@ -20,6 +20,7 @@ from etl import faults
 from etl.fitted import Fitted
 from hvdtrain import fs, tfrecord
 from hvdtrain.config import SPLITS
+from hvdtrain.data.contract import WEIGHT_FEATURE
 from hvdtrain.features import FeatureEncoder
 
 BATCH = 1024
@@ -95,7 +96,7 @@ def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging:
     """Runs in a Spark task: encode ordered rows and write one shard.
 
     ``rows`` are ((partition, order, key), (text, label_id, numeric values, categorical
-    values)) pairs, in the order they go into the shard (``etl.split.add_order``).
+    values, sample weight or None)) pairs, in the order they go into the shard (``etl.split.add_order``).
     Yields one :class:`ShardResult` (nothing for an empty
     partition). ``fitted`` holds the tokenizer, statistics and packed encodings
     fitted on the training split; ``fault`` is the test-only hook (``etl.faults``).
@@ -153,13 +154,15 @@ class RecordEncoder:
     :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the encoded label and the key.
 
     The label is an int64 class index (multiclass, binary), a float32 multi-hot
-    vector (multilabel) or a float32 target (regression): see etl/labels.py.
+    vector (multilabel) or a float32 target (regression): see etl/labels.py. With
+    ``source.weight_column``, the row's sample weight is the float32 ``weight`` feature.
     """
 
     def __init__(self, fitted: Fitted):
         self.features = FeatureEncoder(fitted.tokenizer_json, fitted.tabular_stats)
         self.encodings = fitted.encodings
         self.task = fitted.task
+        self.weighted = fitted.weighted
 
     def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
         keys = [sort_key[-1] for sort_key, _ in batch]
@@ -176,6 +179,8 @@ class RecordEncoder:
         if "categorical" in feats:
             cols["categorical"] = (tfrecord.INT64, feats["categorical"])
         cols["label"] = (tfrecord.INT64 if labels.dtype == np.int64 else tfrecord.FLOAT, labels)
+        if self.weighted:
+            cols[WEIGHT_FEATURE] = (tfrecord.FLOAT, np.array([v[4] for _, v in batch], dtype=np.float32))
         cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
         return cols
 

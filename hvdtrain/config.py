@@ -101,6 +101,8 @@ class SourceConfig:
     categorical_columns: list[str] = field(default_factory=list)
     filter: Optional[str] = None  # a Spark SQL predicate applied at read time
     sample: Optional[SampleConfig] = None
+    # A numeric column whose value (finite, >= 0) multiplies the row's loss; null: every row weighs 1.
+    weight_column: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require((self.table is None) != (self.path is None), "table", self.table,
@@ -123,6 +125,8 @@ class SourceConfig:
         clash = sorted({c for c in features if c in roles or features.count(c) > 1})
         _require(not clash, "numeric_columns", clash,
                  "must not repeat a column or name the key, text or label column")
+        _require(self.weight_column is None or self.weight_column not in roles + features, "weight_column",
+                 self.weight_column, "must be a column of its own, not the key, text, label or a feature column")
 
 
 @dataclass

@@ -13,8 +13,11 @@ mixed precision):
   metric, and :func:`serving_model` puts the same inversion into the exported model.
 
 ``class_weights`` (binary, multiclass) multiplies each example's loss by its
-true class's weight; the reported ``log_loss`` stays scikit-learn's, unweighted
-(:meth:`Head.unweighted_loss`). Training "accuracy" is the fraction of correct decisions:
+true class's weight, and a sample weight (the ``weight`` feature, from ``source.weight_column``) by its own:
+the batch's loss is then ``mean(w * loss)`` over the batch, what Keras's ``model.fit`` minimizes with
+``sample_weight`` (its default reduction, ``sum_over_batch_size``, divides by the batch size, not by the sum of
+the weights). Evaluation weighs ``loss`` the same way; the reported ``log_loss`` stays scikit-learn's, unweighted
+(:meth:`Head.unweighted_loss`), and so do the other metrics. Training "accuracy" is the fraction of correct decisions:
 per example (multiclass, binary at ``threshold``), per label (multilabel);
 regression has none (0).
 """
@@ -66,11 +69,14 @@ class Head:
         """The logit at which the probability reaches ``threshold``."""
         return math.log(self.threshold / (1 - self.threshold))
 
-    def loss(self, labels: Tensor, logits: Tensor) -> Tensor:
-        """Per-example training loss ``[batch]`` (float32): :meth:`unweighted_loss` times the class weight."""
+    def loss(self, labels: Tensor, logits: Tensor, weights: Optional[Tensor] = None) -> Tensor:
+        """Per-example training loss ``[batch]`` (float32): :meth:`unweighted_loss` times the class weight and
+        the example's sample weight (``weights`` ``[batch]``, when the dataset has them)."""
         per = self.unweighted_loss(labels, logits)
         if self.class_weights is not None:
             per = per * tf.gather(tf.constant(self.class_weights, tf.float32), tf.cast(labels, tf.int64))
+        if weights is not None:
+            per = per * tf.reshape(tf.cast(weights, tf.float32), [-1])
         return per
 
     def unweighted_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
@@ -99,13 +105,14 @@ class Head:
             return tf.constant(0.0, tf.float64)
         return tf.reduce_sum(tf.cast(hits, tf.float64))
 
-    def eval_outputs(self, labels: Tensor, logits: Tensor) -> dict[str, Tensor]:
-        """What evaluation counts: the loss, the scores (``pred`` and ``margin`` for multiclass) and, for
-        classes, the unweighted ``log_loss`` (the same tensor as ``loss`` without class weights)."""
+    def eval_outputs(self, labels: Tensor, logits: Tensor, weights: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """What evaluation counts: the (weighted) loss, the scores (``pred`` and ``margin`` for multiclass) and,
+        for classes, the unweighted ``log_loss`` (the same tensor as ``loss`` without class or sample weights)."""
         logits = tf.cast(logits, tf.float32)
-        out = {"loss": self.loss(labels, logits)}
+        out = {"loss": self.loss(labels, logits, weights)}
         if self.task in ("multiclass", "binary"):
-            out["log_loss"] = out["loss"] if self.class_weights is None else self.unweighted_loss(labels, logits)
+            weighted = self.class_weights is not None or weights is not None
+            out["log_loss"] = self.unweighted_loss(labels, logits) if weighted else out["loss"]
         if self.task == "multiclass":
             out["pred"] = tf.argmax(logits, axis=-1)
             if logits.shape[-1] == 2:

@@ -26,6 +26,8 @@ MODEL_INPUTS: dict[str, tuple[str, ...]] = {
     "custom": ("input_ids", "attention_mask", "numeric", "categorical"),  # whichever the dataset has
 }
 KEY_FEATURE = "key"  # the record keys, read when tracing the data order
+# float32 [] per-example loss weight, written when the ETL has source.weight_column (hvdtrain.heads.Head.loss)
+WEIGHT_FEATURE = "weight"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class InputShape:
     ``task`` is one of :data:`hvdtrain.tasks.KINDS`; ``labels`` the class or
     label names (empty for regression); the model must return
     ``[batch, num_outputs]`` float scores (logits; the value for regression).
+    ``weight_feature`` names the per-example loss weight when the dataset has one (never a model input).
     """
 
     max_length: int
@@ -73,10 +76,16 @@ class InputShape:
     task: str = "multiclass"
     labels: tuple[str, ...] = field(default=(), compare=False)
     features: dict[str, Feature] = field(default_factory=dict, compare=False)
+    weight_feature: Optional[str] = None
 
     @property
     def num_outputs(self) -> int:
         return tasks.outputs(self.task, self.num_classes)
+
+    @property
+    def read_features(self) -> tuple[str, ...]:
+        """The features a training or evaluation batch holds: the model's inputs, the label, the weight if any."""
+        return (*self.inputs, self.label_feature, *([self.weight_feature] if self.weight_feature else []))
 
     def input_specs(self) -> dict[str, tuple[str, list[int]]]:
         """(dtype, shape without the batch axis) of each model input."""
@@ -183,7 +192,16 @@ def check_manifest(manifest: Manifest, model_cfg: ModelConfig, task: Optional[st
                       inputs=inputs, numeric_features=tabular.numeric_features, cardinalities=tabular.cardinalities,
                       hash_buckets=tabular.hash_buckets,
                       task=manifest.task, labels=tuple(manifest.labels),
-                      features=describe_features(manifest, inputs, text[1], tabular.cardinalities))
+                      features=describe_features(manifest, inputs, text[1], tabular.cardinalities),
+                      weight_feature=_weight_feature(manifest))
+
+
+def _weight_feature(manifest: Manifest) -> Optional[str]:
+    """:data:`WEIGHT_FEATURE` when the dataset has sample weights (float32 [] only), else None."""
+    if WEIGHT_FEATURE not in manifest.features:
+        return None
+    _check_features(manifest, "the sample weights (source.weight_column)", {WEIGHT_FEATURE: FeatureSpec("float32", [])})
+    return WEIGHT_FEATURE
 
 
 def _text_sizes(manifest: Manifest, max_length: int) -> tuple[int, int]:

@@ -31,7 +31,7 @@ def evaluate_split(ctx: TrainContext, eval_step: Any, split: str) -> dict[str, A
     shape, rank = ctx.shape, ctx.rank
     batches = data.with_threads(data.eval_dataset(ctx.manifest, split, rank=rank.rank, size=rank.size,
                                                   batch_size=ctx.cfg.train.batch_size,
-                                                  features=[*shape.inputs, shape.label_feature],
+                                                  features=list(shape.read_features),
                                                   stage_dir=ctx.stage_dir), ctx.threads)
     empty = evaluation.empty_counts(ctx.cfg.task.kind, shape.num_classes, rank.rank, rank.size)
     local = evaluation.count_split(eval_step, batches, shape.label_feature, empty,

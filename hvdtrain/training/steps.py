@@ -9,7 +9,9 @@ i.e. after the all-reduce (every rank clips the same averaged gradients the
 same way) and, under float16 loss scaling, after unscaling.
 
 The loss is Keras's: the task's batch-mean loss (:mod:`hvdtrain.heads`) plus
-``model.losses`` (kernel regularizers, ``add_loss``), as ``model.fit`` has it.
+``model.losses`` (kernel regularizers, ``add_loss``), as ``model.fit`` has it. A batch
+with a ``weight`` feature (``source.weight_column``) weighs each example's loss, and the
+batch mean is ``mean(w * loss)``, as ``model.fit`` with ``sample_weight`` has it.
 
 Gradient accumulation (``k > 1``): each of the k micro-batches adds its
 gradients into non-trainable accumulators with no communication; the k-th
@@ -43,6 +45,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import distributed
+from hvdtrain.data.contract import WEIGHT_FEATURE
 from hvdtrain.heads import Head
 
 Batch = dict[str, tf.Tensor]
@@ -123,7 +126,7 @@ def _gradients(model: keras.Model, optimizer: keras.optimizers.Optimizer, head: 
     labels = batch[label_feature]
     with tf.GradientTape() as tape:
         logits = model({k: batch[k] for k in inputs}, training=True)
-        per_example = head.loss(labels, logits) + model_penalty(model)
+        per_example = head.loss(labels, logits, batch.get(WEIGHT_FEATURE)) + model_penalty(model)
         scaled = optimizer.scale_loss(tf.reduce_mean(per_example))
     grads = tape.gradient(scaled, model.trainable_variables)
     return grads, tf.reduce_sum(tf.cast(per_example, tf.float64)), head.correct(labels, logits)
@@ -346,11 +349,13 @@ def make_timed_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
 
 def make_eval_step(model: keras.Model, label_feature: str, inputs: Optional[Sequence[str]] = None,
                    head: Head = Head()) -> Callable[[Batch], dict[str, tf.Tensor]]:
-    """A compiled inference step: per-example loss and the scores evaluation counts (:meth:`Head.eval_outputs`)."""
+    """A compiled inference step: per-example (weighted) loss and the scores evaluation counts
+    (:meth:`Head.eval_outputs`)."""
     names = tuple(inputs) if inputs is not None else input_names(model)
 
     @tf.function(reduce_retracing=True, autograph=False)
     def eval_step(batch: Batch) -> dict[str, tf.Tensor]:
-        return head.eval_outputs(batch[label_feature], model({k: batch[k] for k in names}, training=False))
+        return head.eval_outputs(batch[label_feature], model({k: batch[k] for k in names}, training=False),
+                                 batch.get(WEIGHT_FEATURE))
 
     return eval_step

@@ -86,3 +86,25 @@ def test_a_positive_label_that_is_not_a_label_fails_in_one_line(spark, flights, 
     message = str(info.value)
     assert "task.positive_label 'delayed'" in message and "'late'" in message and "'on_time'" in message
     assert "\n" not in message
+
+
+def test_a_weight_column_is_written_as_the_weight_feature_and_bad_weights_are_quarantined(spark, base, tmp_path):
+    from etl import job as etl_job
+
+    weights = {f"w{i}": float(i % 5) * 0.5 for i in range(90)}  # 0 is a valid weight
+    bad = {"neg": -1.0, "nan": float("nan"), "inf": float("inf"), "null": None}
+    rows = [(k, float(i % 7), ["a", "b"][i % 2], w) for i, (k, w) in enumerate([*weights.items(), *bad.items()])]
+    src = str(tmp_path / "weighted.parquet")
+    spark.createDataFrame(rows, "id string, x double, label string, w double").coalesce(1).write.parquet(src)
+    cfg = make_cfg(base, tmp_path, src, {"kind": "binary"}, weight_column="w")
+    report = etl_job.run(spark, cfg)
+    assert report["rejects_by_rule"] == {"weight_negative": 1, "weight_not_a_number": 2, "weight_null": 1}
+    rejects = spark.read.parquet(str(tmp_path / "data" / "rejects")).collect()
+    assert sorted((r.key, r.rule, r.value) for r in rejects) == [
+        ("inf", "weight_not_a_number", "Infinity"), ("nan", "weight_not_a_number", "NaN"),
+        ("neg", "weight_negative", "-1.0"), ("null", "weight_null", None)]
+    m = manifest.read(cfg.etl.output)
+    assert (m.features["weight"].dtype, m.features["weight"].shape) == ("float32", [])
+    records = read_records(m)
+    got = {k.decode(): float(w) for k, w in zip(records["key"], records["weight"])}
+    assert got == weights
