@@ -16,7 +16,12 @@ and/or ``categorical`` (int64 ``[batch, m]``, 0 = unknown bucket). Both return
 float32 class logits, also under a mixed-precision policy (the logits layer
 computes in float32, so the loss does too).
 
-Models are functional graphs of built-in layers and ``keras.ops`` only, so
+A user's builder may return a subclassed ``keras.Model`` whose class is
+registered and has ``get_config()``: it is wrapped in a functional model over
+the contract's features (:func:`as_functional`), so it trains and exports like
+the others; one without them is refused in one line before any training.
+
+The built-in models are functional graphs of built-in layers and ``keras.ops`` only, so
 ``model.keras`` (and the MLflow Keras flavor built on it) loads with plain
 ``keras.models.load_model``: no hvdtrain import and no custom objects at
 serving time.
@@ -165,10 +170,13 @@ def resolve_builder(model_cfg: ModelConfig) -> Builder:
 
 
 def check_built(model: Any, shape: "InputShape", who: str) -> keras.Model:
-    """The builder returned a Keras model with the inputs it was given and ``num_outputs`` scores."""
+    """The builder returned a Keras model with the inputs it was given and ``num_outputs`` scores; a subclassed
+    model comes back wrapped in a functional one (:func:`as_functional`)."""
     if not isinstance(model, keras.Model):
         raise ConfigError("model.builder", who, f"returned {type(model).__name__}, not a keras.Model: return "
                           "keras.Model(inputs, outputs) built from the contract's features")
+    if not getattr(model, "inputs", None):
+        model = as_functional(model, shape, who)
     width = model.outputs[0].shape[-1] if len(model.outputs) == 1 else None
     if width != shape.num_outputs:
         raise ConfigError("model.builder", who, f"returned a model with output shape "
@@ -180,6 +188,48 @@ def check_built(model: Any, shape: "InputShape", who: str) -> keras.Model:
         raise ConfigError("model.builder", who, f"returned a model with inputs {unknown} the dataset does not "
                           f"have; name keras.Input(...) after the contract's features: {', '.join(shape.inputs)}")
     return model
+
+
+def as_functional(model: keras.Model, shape: "InputShape", who: str) -> keras.Model:
+    """A subclassed model (no symbolic inputs) called on the contract's features as named ``keras.Input``s.
+
+    Everything after the builder (the step's input names, the output check, the export and the inversion of a
+    regression target appended to it) then sees a functional model; the subclassed one is its one layer, and
+    its weights are the wrapper's. ``model.keras`` stores the class by its registered name and ``get_config()``,
+    so a class without both is refused here, before any training, rather than after it at export.
+    """
+    name = type(model).__name__
+    missing = [what for what, ok in (("get_config()", _has_config(model)),
+                                     ("@keras.saving.register_keras_serializable(package=...)",
+                                      _registered(type(model)))) if not ok]
+    if missing:
+        raise ConfigError("model.builder", who, f"returned a subclassed keras.Model {name} without "
+                          f"{' and '.join(missing)}, so model.keras could not be saved and loaded back: build it "
+                          "with the functional API (keras.Model(inputs, outputs)), or decorate the class with "
+                          "@keras.saving.register_keras_serializable(package=...) and give it get_config() "
+                          "returning its __init__ arguments")
+    inputs = {feature: keras.Input(tuple(dims), dtype=dtype, name=feature)
+              for feature, (dtype, dims) in shape.input_specs().items()}
+    try:
+        outputs = model(inputs)
+    except ANY_ERROR as exc:  # the user's call() on the contract's features: a config problem to report
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError("model.builder", who, f"returned a subclassed keras.Model {name} whose call() fails on "
+                          f"a dict of the contract's features {list(inputs)} ({type(exc).__name__}: {first}); "
+                          "read the features from that dict by name") from None
+    return keras.Model(inputs, outputs, name=model.name)
+
+
+def _has_config(model: keras.Model) -> bool:
+    try:
+        model.get_config()
+    except NotImplementedError:  # Keras: __init__ took arguments it cannot record by itself
+        return False
+    return True
+
+
+def _registered(cls: type) -> bool:
+    return keras.saving.get_registered_object(keras.saving.get_registered_name(cls)) is cls
 
 
 @contextlib.contextmanager
