@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import posixpath
 import re
@@ -24,7 +25,7 @@ import types
 import typing
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -332,7 +333,8 @@ class TaskConfig:
 
     ``label_delimiter`` splits a multilabel string column (an array column needs none); ``threshold``
     turns a probability into a yes for binary and multilabel; ``class_weights: balanced`` weighs each
-    class (binary, multiclass) by ``records / (classes * class records)`` of the training split.
+    class (binary, multiclass) by ``records / (classes * class records)`` of the training split, a mapping
+    ``{label: weight}`` by the weights given (training checks the labels against the dataset's).
     ``target_transform`` (regression): the model learns the target standardized with the training split's mean
     and standard deviation (``standardize``), or ``log1p`` of it standardized (``log``, for positive skewed
     targets such as prices), or as it is (``none``); metrics, the exported model and scoring are in the target's
@@ -343,7 +345,8 @@ class TaskConfig:
     kind: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"
     label_delimiter: str = "|"
     threshold: float = 0.5
-    class_weights: Literal["none", "balanced"] = "none"
+    # none, balanced, or {label: weight} (labels absent from the mapping weigh 1, as in Keras's class_weight)
+    class_weights: Union[str, dict[str, float]] = "none"
     target_transform: Literal["standardize", "log", "none"] = "standardize"
     positive_label: Optional[str] = None
 
@@ -352,6 +355,9 @@ class TaskConfig:
         _require(self.positive_label is None or self.kind == "binary", "positive_label", self.positive_label,
                  f"applies to binary tasks only (task is {self.kind}); remove it")
         _require(bool(self.label_delimiter), "label_delimiter", self.label_delimiter, "must be a non-empty string")
+        _require(self.class_weights in ("none", "balanced") if isinstance(self.class_weights, str) else
+                 bool(self.class_weights) and all(math.isfinite(w) and w >= 0 for w in self.class_weights.values()),
+                 "class_weights", self.class_weights, "must be none, balanced or a mapping {label: weight >= 0}")
         _require(self.class_weights == "none" or self.kind in ("binary", "multiclass"), "class_weights",
                  self.class_weights, f"applies to binary and multiclass tasks only (task is {self.kind}); use none")
         _require(self.target_transform != "log" or self.kind == "regression", "target_transform",
@@ -959,6 +965,8 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if isinstance(value, dict):  # a field that takes a word or a mapping (task.class_weights)
+            inner = [a for a in inner if typing.get_origin(a) is dict] or inner
         return _coerce(inner[0], value, dotted)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a config block's class
         return _build(tp, value if value is not None else {}, dotted)

@@ -126,15 +126,36 @@ class Head:
 
 def for_task(task: Any, labels: Sequence[str], train_counts: dict[str, int],
              target: Optional[dict[str, Any]] = None) -> Head:
-    """The head of ``task`` (a :class:`hvdtrain.config.TaskConfig`); ``class_weights: balanced`` from the
-    training split's records per class (``train_counts``, by label name); a regression's target transform
-    from the training target's statistics (``target``: the manifest's ``preprocessing.target``; datasets
-    written without it train on the raw target)."""
-    weights = None
-    if task.class_weights == "balanced":
-        weights = balanced_weights([train_counts.get(name, 0) for name in labels])
+    """The head of ``task`` (a :class:`hvdtrain.config.TaskConfig`); ``class_weights`` from
+    :func:`class_weight_vector`; a regression's target transform from the training target's statistics
+    (``target``: the manifest's ``preprocessing.target``; datasets written without it train on the raw target).
+
+    Raises:
+        DataError: ``task.class_weights`` names a label the dataset does not have (one line).
+    """
+    weights = class_weight_vector(task.class_weights, labels, train_counts)
     shift, scale, log = target_transform(task.kind, getattr(task, "target_transform", "none"), target)
     return Head(task.kind, task.threshold, weights, shift, scale, log)
+
+
+def class_weight_vector(spec: Any, labels: Sequence[str], train_counts: dict[str, int]
+                        ) -> Optional[tuple[float, ...]]:
+    """One weight per label in the dataset's order (pure): None for ``none``; ``balanced`` from the training
+    split's records per class (``train_counts``, by label name); a mapping ``{label: weight}`` as given, 1 for a
+    label it leaves out (Keras's ``class_weight`` does the same).
+
+    Raises:
+        DataError: the mapping names a label the dataset does not have (one line naming the labels it has).
+    """
+    if spec == "balanced":
+        return balanced_weights([train_counts.get(name, 0) for name in labels])
+    if not isinstance(spec, dict):
+        return None
+    unknown = [name for name in spec if name not in labels]
+    if unknown:
+        raise DataError(f"task.class_weights names {', '.join(map(repr, unknown))}, which the dataset does not have; "
+                        f"its labels are {', '.join(map(repr, labels))}: name those (quoted in YAML), or rerun the ETL")
+    return tuple(float(spec.get(name, 1.0)) for name in labels)
 
 
 def target_transform(kind: str, transform: str, target: Optional[dict[str, Any]]) -> tuple[float, float, bool]:

@@ -144,6 +144,7 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     heads.target_transform(cfg.task.kind, cfg.task.target_transform, manifest.preprocessing.get("target"))
+    heads.class_weight_vector(cfg.task.class_weights, manifest.labels, {})  # a label the dataset lacks: one line
     if cfg.train.record_trace and data.KEY_FEATURE not in manifest.features:
         raise DataError(f"{manifest.location}: train.record_trace={cfg.train.record_trace} needs feature "
                         f"{data.KEY_FEATURE!r} (the record keys), which this dataset lacks; rerun the ETL with this "
