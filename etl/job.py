@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
 import hvdtrain
 from etl import faults, publish, session, sources, tabular, text, validate, writer
 from etl import labels as label_mod
+from etl import stats as stats_mod
 from etl import split as split_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
@@ -211,7 +212,7 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     encode_label = label_mod.encoder(cfg.task, fitted.labels)
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
-    num_cols, cat_cols = list(cfg.source.numeric_columns), list(cfg.source.categorical_columns)
+    rows, num_cols, cat_cols = encoder_inputs(rows, cfg.source)
     weight = cfg.source.weight_column  # validated: a finite number >= 0 (etl.validate.weight_rules)
     # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
     # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
@@ -224,6 +225,18 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
                    compression=cfg.etl.compression, fault=fault)
     return ordered.mapPartitionsWithIndex(task).collect()
+
+
+def encoder_inputs(rows: Any, src: Any) -> tuple[Any, list[str], list[str]]:
+    """(rows with the encoder's input columns added, numeric row columns, categorical row columns).
+
+    Categorical values as the strings the fit counted, made by the fit's own Spark expression
+    (:func:`etl.stats.category_value`), so nothing the writer encodes depends on this process's time zone or on
+    how Spark hands a type to Python.
+    """
+    cats = list(src.categorical_columns)
+    rows = rows.select("*", *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)])
+    return rows, list(src.numeric_columns), [f"_cat{j}" for j in range(len(cats))]
 
 
 def _stable_shard(key: str, count: int) -> int:

@@ -44,12 +44,32 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
+    check_feature_types(df, cfg)
     cols = [(labels.source_column(df, col, cfg.task) if role == "label" and col else
              (F.col(f"`{col}`") if col else F.lit(None)).cast("string")).alias(role) for role, col in wanted.items()]
     cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
     if CORRUPT in df.columns:
         cols.append(F.col(CORRUPT))
     return df.select(*cols)
+
+
+def check_feature_types(df: Any, cfg: JobConfig) -> None:
+    """Refuse, in one line, a numeric feature column of a type without a number (STRING, BINARY, ARRAY, DATE...).
+
+    BOOLEAN (0/1), the integers, FLOAT/DOUBLE and DECIMAL are numeric. STRING is accepted only from CSV files
+    read without ``source.schema`` (every column is text there; validation rejects a value that is no number).
+    """
+    from pyspark.sql.types import BooleanType, NumericType, StringType
+
+    src = cfg.source
+    untyped = src.format == "csv" and not src.schema
+    for c in src.numeric_columns:
+        kind = df.schema[c].dataType
+        if isinstance(kind, (NumericType, BooleanType)) or (untyped and isinstance(kind, StringType)):
+            continue
+        raise DataError(f"source.numeric_columns names {c!r}, a {kind.simpleString().upper()} column of "
+                        f"{describe(cfg)}, which holds no number: cast it in a view (CAST(`{c}` AS DOUBLE)) or "
+                        f"move it to source.categorical_columns")
 
 
 def _read_files(spark: Any, cfg: JobConfig) -> Any:

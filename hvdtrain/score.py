@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -178,6 +178,8 @@ class ScoreSpec:
     task: str = "multiclass"
     threshold: float = 0.5
     model_builder: Optional[str] = None  # model.kind custom: imported before loading (registers custom layers)
+    # FLOAT/DOUBLE feature columns, which reach the tasks as Spark's text of the double (input_exprs)
+    double_text_columns: tuple[str, ...] = ()
 
     @property
     def score_width(self) -> int:
@@ -210,11 +212,56 @@ def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], di
     numeric: dict[str, np.ndarray] = {}
     for c in spec.numeric_columns:
         raw = frame[c]
-        values = pd.to_numeric(raw, errors="coerce").astype("float64").to_numpy()
-        bad = (raw.notna().to_numpy() & ~np.isfinite(values))
+        values = numeric_values(raw)
+        bad = (raw.notna().to_numpy() & ~np.isfinite(values))  # NaN and infinities: the ETL rejects them too
         flag(bad, f"bad numeric value in {c}")
         numeric[c] = values
     return reasons, numeric
+
+
+def numeric_values(raw: Any) -> np.ndarray:
+    """A numeric column of a batch as float64 (NaN: missing or not a number), each value as Python's ``float``
+    makes it, as the ETL's writer does (booleans 0/1, decimals, the text of a double, exactly)."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(raw.dtype):  # booleans included; an INT with NULLs is float64 already
+        return raw.astype("float64").to_numpy()
+
+    def number(v: Any) -> float:
+        if v is None or v is _NA:
+            return np.nan
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return np.nan
+
+    return np.array([number(v) for v in raw.tolist()], dtype=np.float64)
+
+
+def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """(Spark SQL select expressions, FLOAT/DOUBLE feature columns sent as text) for the rows to score (pure).
+
+    Feature columns leave Spark in the form the ETL fitted them in, so no pandas conversion can change them:
+    a categorical column as ``CAST(c AS STRING)``, the fit's own expression (``etl.stats.category_value``; an INT
+    with NULLs would otherwise arrive as float64, ``5.0``); a FLOAT/DOUBLE column (numeric or categorical) as
+    the JVM's text of the double, which Python parses back exactly, keeping NaN apart from NULL (one NaN in
+    pandas). A column also asked for as an extra output column keeps its own type.
+    """
+    extra = set(spec.extra_columns)
+    double_text = tuple(c for c in (*spec.numeric_columns, *spec.categorical_columns)
+                        if c not in extra and types.get(c) in ("float", "double"))
+    out = []
+    for c in columns:
+        q = f"`{c}`"
+        if c in extra:
+            out.append(q)
+        elif c in double_text:  # a FLOAT widened first: its own text is not the double's ("3.4E38")
+            out.append(f"CAST(CAST({q} AS DOUBLE) AS STRING) AS {q}")
+        elif c in spec.categorical_columns:
+            out.append(f"CAST({q} AS STRING) AS {q}")
+        else:
+            out.append(q)
+    return out, double_text
 
 
 def _input_json(frame: Any, i: int, spec: ScoreSpec) -> str:
@@ -267,16 +314,23 @@ def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dic
     """Model inputs for rows that passed :func:`reject_reasons` (the ETL's FeatureEncoder)."""
     texts = frame[spec.text_column].astype(str).tolist() if spec.text_column else None
     if numeric is None:
-        numeric = {c: frame[c].astype("float64").to_numpy() for c in spec.numeric_columns}
+        numeric = {c: numeric_values(frame[c]) for c in spec.numeric_columns}
     num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in spec.numeric_columns]
                 for i in range(len(frame))]
-    # values as they come (a bool stays a bool): the encoder makes the string the ETL counted
-    # (hvdtrain.features.category_string); str() here made "True" where the ETL had counted "true"
-    cat_rows = [[None if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in row]
+    # values as they come (a bool stays a bool, input_exprs sends Spark's strings): the encoder makes the string
+    # the ETL counted (hvdtrain.features.category_string); a double sent as the JVM's text is parsed back first
+    cat_rows = [[_category(v, c in spec.double_text_columns) for v, c in zip(row, spec.categorical_columns)]
                 for row in frame[list(spec.categorical_columns)].itertuples(index=False)] \
         if spec.categorical_columns else [[] for _ in range(len(frame))]
-    feats = encoder.encode(texts, num_rows if spec.numeric_columns else [[] for _ in range(len(frame))], cat_rows)
+    feats = encoder.encode(texts, num_rows, cat_rows)
     return {name: feats[name] for name in spec.input_names} if spec.input_names else feats
+
+
+def _category(value: Any, double_text: bool) -> Any:
+    """A categorical cell as the encoder takes it (None: missing)."""
+    if value is None or value is _NA or (isinstance(value, float) and np.isnan(value)):
+        return None
+    return float(value) if double_text else value
 
 
 def score_frame(frame: Any, spec: ScoreSpec, encoder: Any, predict: Any, counters: Any = None) -> Any:
@@ -539,6 +593,8 @@ def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = Non
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     schema = batch_ddl(key_column, spec.score_width, [(c, types[c]) for c in extra_columns])
     cols = list(dict.fromkeys([key_column, *bundle.feature_columns(), *extra_columns]))
+    exprs, double_text = input_exprs(types, spec, cols)
+    spec = replace(spec, double_text_columns=double_text)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         predict, encoder = worker_model(spec, model_bc, counters)
@@ -550,7 +606,7 @@ def score(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = Non
             yield score_frame(frame, spec, encoder, predict, counters)
         release_zip_finders()  # this worker's next task starts cheaper (see the function)
 
-    return df.select(*[f"`{c}`" for c in cols]).mapInPandas(run, schema).selectExpr(*finish_exprs(spec))
+    return df.selectExpr(*exprs).mapInPandas(run, schema).selectExpr(*finish_exprs(spec))
 
 
 def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> ScoreSpec:
