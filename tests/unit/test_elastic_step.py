@@ -32,7 +32,7 @@ def test_the_streams_a_reset_drops_run_without_tf_data_autotuning(tmp_path) -> N
     cfg = config.from_dict({"name": "streams", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
                             "etl": {"output": str(tmp_path)}, "train": {"batch_size": 4, "shuffle_buffer": 8}},
                            base_dir=str(tmp_path))
-    shape = SimpleNamespace(inputs=["input_ids"], label_feature="label")
+    shape = SimpleNamespace(inputs=["input_ids"], label_feature="label", read_features=("input_ids", "label"))
     job = SimpleNamespace(cfg=cfg, manifest=manifest, shape=shape, virtual=2, steps=8, stage_dir=str(tmp_path))
     streams = _streams(job, [0, 1], step=3)
     assert len(streams) == 2
