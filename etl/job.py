@@ -32,8 +32,8 @@ if __package__ in (None, ""):  # `spark-submit etl/job.py`: make the repo import
 import hvdtrain
 from etl import faults, publish, session, sources, tabular, text, validate, writer
 from etl import labels as label_mod
-from etl import stats as stats_mod
 from etl import split as split_mod
+from etl import stats as stats_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
 from hvdtrain import console, fs, lease, manifest, secrets, wordpiece
@@ -201,7 +201,7 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
 
 
 def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
-    if not (cfg.source.numeric_columns or cfg.source.categorical_columns):
+    if not (cfg.source.numeric_columns or cfg.source.categorical_columns or cfg.source.datetime_columns):
         return None
     return tabular.fit(rows.where("split = 'train'"), cfg)
 
@@ -230,13 +230,15 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
 def encoder_inputs(rows: Any, src: Any) -> tuple[Any, list[str], list[str]]:
     """(rows with the encoder's input columns added, numeric row columns, categorical row columns).
 
-    Categorical values as the strings the fit counted, made by the fit's own Spark expression
-    (:func:`etl.stats.category_value`), so nothing the writer encodes depends on this process's time zone or on
-    how Spark hands a type to Python.
+    Categorical values as the strings the fit counted and datetime values as the numbers it derived its
+    features from, made by the fit's own Spark expressions (:mod:`etl.stats`), so nothing the writer encodes
+    depends on this process's time zone or on how Spark hands a type to Python. The numeric row is the numeric
+    columns, then the datetime columns (:func:`hvdtrain.features.transform`).
     """
-    cats = list(src.categorical_columns)
-    rows = rows.select("*", *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)])
-    return rows, list(src.numeric_columns), [f"_cat{j}" for j in range(len(cats))]
+    cats, dts = list(src.categorical_columns), list(src.datetime_columns)
+    rows = rows.select("*", *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)],
+                       *[stats_mod.epoch_value(rows, c).alias(f"_dt{j}") for j, c in enumerate(dts)])
+    return rows, [*src.numeric_columns, *(f"_dt{j}" for j in range(len(dts)))], [f"_cat{j}" for j in range(len(cats))]
 
 
 def _stable_shard(key: str, count: int) -> int:

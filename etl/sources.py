@@ -54,22 +54,30 @@ def read(spark: Any, cfg: JobConfig) -> Any:
 
 
 def check_feature_types(df: Any, cfg: JobConfig) -> None:
-    """Refuse, in one line, a numeric feature column of a type without a number (STRING, BINARY, ARRAY, DATE...).
+    """Refuse, in one line, a numeric feature column of a type without a number (BINARY, ARRAY, MAP, DATE...)
+    and a datetime feature column that is not a DATE or TIMESTAMP.
 
-    BOOLEAN (0/1), the integers, FLOAT/DOUBLE and DECIMAL are numeric. STRING is accepted only from CSV files
-    read without ``source.schema`` (every column is text there; validation rejects a value that is no number).
+    BOOLEAN (0/1), the integers, FLOAT/DOUBLE and DECIMAL are numeric; so is STRING, which CSV files and many
+    Hive tables hold numbers in: validation rejects each value that is not a number (``type:``, ``non_finite:``).
     """
-    from pyspark.sql.types import BooleanType, NumericType, StringType
+    from pyspark.sql.types import BooleanType, DateType, NumericType, StringType, TimestampNTZType, TimestampType
 
     src = cfg.source
-    untyped = src.format == "csv" and not src.schema
     for c in src.numeric_columns:
         kind = df.schema[c].dataType
-        if isinstance(kind, (NumericType, BooleanType)) or (untyped and isinstance(kind, StringType)):
+        if isinstance(kind, (NumericType, BooleanType, StringType)):
             continue
+        also = "datetime_columns" if isinstance(kind, (DateType, TimestampType, TimestampNTZType)) \
+            else "categorical_columns"
         raise DataError(f"source.numeric_columns names {c!r}, a {kind.simpleString().upper()} column of "
                         f"{describe(cfg)}, which holds no number: cast it in a view (CAST(`{c}` AS DOUBLE)) or "
-                        f"move it to source.categorical_columns")
+                        f"move it to source.{also}")
+    for c in src.datetime_columns:
+        kind = df.schema[c].dataType
+        if not isinstance(kind, (DateType, TimestampType, TimestampNTZType)):
+            raise DataError(f"source.datetime_columns names {c!r}, a {kind.simpleString().upper()} column of "
+                            f"{describe(cfg)}, not a DATE or TIMESTAMP: cast it in a view (CAST(`{c}` AS "
+                            "TIMESTAMP), or to_date) or move it to source.numeric_columns or categorical_columns")
 
 
 def _read_files(spark: Any, cfg: JobConfig) -> Any:

@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from hvdtrain.features import category_string
+import numpy as np
+
+from hvdtrain.features import category_string, datetime_feature_names, datetime_values
 
 QUANTILE_ACCURACY = 10_000  # percentile_approx: rank error at most 1/10,000 of the rows, bounded memory
 OTHER_BIN, MISSING_BIN = -2, -1  # the last two drift bins (category_bins: ..., other, missing)
@@ -155,6 +157,43 @@ def numeric_summary(df: Any, columns: Sequence[str], quantiles: Sequence[float])
                      for k in ("mean", "std", "count")}
         out[name]["quantiles"] = [float(v) for v in (row[f"q{i}"] or [])]
     return out
+
+
+def datetime_kind(df: Any, name: str) -> str:
+    """``date`` or ``timestamp``: how :func:`hvdtrain.features.datetime_values` reads the column's numbers."""
+    from pyspark.sql.types import DateType
+
+    return "date" if isinstance(df.schema[name].dataType, DateType) else "timestamp"
+
+
+def epoch_value(df: Any, name: str) -> Any:
+    """A DATE or TIMESTAMP column as the number :func:`hvdtrain.features.datetime_values` takes: ``unix_date``
+    (days) or ``unix_micros`` (an instant, so no time zone enters; TIMESTAMP_NTZ is read in the session's,
+    which hvdtrain sets to UTC). NULL stays NULL."""
+    from pyspark.sql import functions as F
+
+    if datetime_kind(df, name) == "date":
+        return F.unix_date(_col(name))
+    return F.unix_micros(_col(name).cast("timestamp"))
+
+
+def datetime_frame(df: Any, columns: Sequence[str], parts: Sequence[str]) -> tuple[Any, list[str]]:
+    """(a DataFrame of the numeric features ``columns`` become, their names), made by
+    :func:`hvdtrain.features.datetime_values` in a pandas UDF: the code the shard writer and scoring run."""
+    import pandas as pd
+
+    kinds = {c: datetime_kind(df, c) for c in columns}
+    names = [n for c in columns for n in datetime_feature_names(c, parts)]
+    epochs = df.select(*[epoch_value(df, c).alias(f"e{i}") for i, c in enumerate(columns)])
+
+    def derive(batches: Any) -> Any:
+        for batch in batches:
+            blocks = [datetime_values(batch[f"e{i}"].astype("float64").to_numpy(), kinds[c], parts)
+                      for i, c in enumerate(columns)]
+            yield pd.DataFrame(np.concatenate(blocks, axis=1), columns=[f"d{j}" for j in range(len(names))])
+
+    frame = epochs.mapInPandas(derive, ", ".join(f"d{j} double" for j in range(len(names))))
+    return frame.toDF(*names), names
 
 
 def numeric_bucket(name: str, edges: Sequence[float]) -> Any:

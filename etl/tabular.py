@@ -16,7 +16,7 @@ from typing import Any
 
 from etl import drift, stats
 from hvdtrain.config import JobConfig
-from hvdtrain.features import HASH, cardinalities, feature_specs, fill_values, transform  # noqa: F401
+from hvdtrain.features import HASH, cardinalities, feature_specs, fill_values, numeric_names, transform  # noqa: F401
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
@@ -35,7 +35,16 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     edges = {c: sorted(set(s["quantiles"][1:])) for c, s in summary.items()}
     counted = stats.category_counts(train, src.categorical_columns, etl.max_categories)
     hashed = {c: n for c, n in etl.categorical_hash_buckets.items() if c in counted}
+    if src.datetime_columns:  # their features summarized as numeric columns (no drift bins: not source columns)
+        derived, names = stats.datetime_frame(train, src.datetime_columns, etl.datetime_parts)
+        numeric.update({c: {"mean": s["mean"], "std": s["std"], "median": (s["quantiles"] or [None])[0],
+                            "count": s["count"]} for c, s in stats.numeric_summary(derived, names, [0.5]).items()})
     return {"numeric_columns": list(src.numeric_columns), "categorical_columns": list(src.categorical_columns),
+            "datetime": {"columns": list(src.datetime_columns), "parts": list(etl.datetime_parts),
+                         "kinds": {c: stats.datetime_kind(train, c) for c in src.datetime_columns}},
+            "numeric_features": numeric_names({"numeric_columns": src.numeric_columns,
+                                               "datetime": {"columns": src.datetime_columns,
+                                                            "parts": etl.datetime_parts}}),
             "impute": etl.impute, "impute_value": etl.impute_value, "scale": etl.scale,
             "numeric": numeric, "categories": {c: cc.values for c, cc in counted.items() if c not in hashed},
             "hash_buckets": hashed, "hash": HASH if hashed else None,

@@ -77,14 +77,15 @@ def role_of(cfg: JobConfig) -> dict[str, str]:
 
 def feature_columns(cfg: JobConfig) -> list[str]:
     """Tabular feature columns, quoted for Spark."""
-    return [f"`{c}`" for c in (*cfg.source.numeric_columns, *cfg.source.categorical_columns)]
+    return [f"`{c}`" for c in (*cfg.source.numeric_columns, *cfg.source.categorical_columns,
+                                *cfg.source.datetime_columns)]
 
 
 def extra_columns(cfg: JobConfig) -> list[str]:
     """Columns the rules need beyond key, text and label (source names)."""
     v = cfg.validation
     named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex,
-             *cfg.source.numeric_columns, *cfg.source.categorical_columns]
+             *cfg.source.numeric_columns, *cfg.source.categorical_columns, *cfg.source.datetime_columns]
     named += weight_columns(cfg)
     roles = role_of(cfg)
     return sorted({c for c in named if c not in roles})

@@ -34,6 +34,8 @@ from hvdtrain.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
 MAX_HASH_BUCKETS = 2**31 - 2  # + the missing bucket, an embedding index still fits int32
+# etl.datetime_parts: calendar parts of a date/timestamp feature (hvdtrain.features.DATETIME_PERIODS)
+DATETIME_PARTS = ("year", "month", "day", "day_of_week", "day_of_year", "hour", "minute")
 
 
 def path_field(default: Optional[str]) -> Any:
@@ -100,6 +102,9 @@ class SourceConfig:
     key_column: str = "id"
     numeric_columns: list[str] = field(default_factory=list)
     categorical_columns: list[str] = field(default_factory=list)
+    # DATE / TIMESTAMP columns, each a numeric feature (days / seconds since 1970-01-01 UTC, scaled like the
+    # numeric columns) plus the calendar parts etl.datetime_parts asks for (hvdtrain.features.datetime_values).
+    datetime_columns: list[str] = field(default_factory=list)
     filter: Optional[str] = None  # a Spark SQL predicate applied at read time
     sample: Optional[SampleConfig] = None
     # A numeric column whose value (finite, >= 0) multiplies the row's loss; null: every row weighs 1.
@@ -118,11 +123,12 @@ class SourceConfig:
                  "applies to csv and json files only: remove it (Hive tables, Parquet and ORC hold UTF-8)")
         if self.filter is not None:
             check_predicate("filter", self.filter)
-        _require(self.text_column is not None or bool(self.numeric_columns or self.categorical_columns),
-                 "text_column", self.text_column, "may be null only when numeric_columns or categorical_columns "
-                 "name the features")
+        _require(self.text_column is not None
+                 or bool(self.numeric_columns or self.categorical_columns or self.datetime_columns),
+                 "text_column", self.text_column, "may be null only when numeric_columns, categorical_columns or "
+                 "datetime_columns name the features")
         roles = [c for c in (self.key_column, self.text_column, self.label_column) if c]
-        features = self.numeric_columns + self.categorical_columns
+        features = self.numeric_columns + self.categorical_columns + self.datetime_columns
         clash = sorted({c for c in features if c in roles or features.count(c) > 1})
         _require(not clash, "numeric_columns", clash,
                  "must not repeat a column or name the key, text or label column")
@@ -237,6 +243,9 @@ class EtlConfig:
     # Categorical columns hashed instead of indexed: column -> number of hash buckets (for IDs with millions of
     # values). Index 0 stays the missing bucket; a value goes to 1 + a stable hash mod buckets (hvdtrain.features).
     categorical_hash_buckets: dict[str, int] = field(default_factory=dict)
+    # Calendar parts of each source.datetime_columns entry, in UTC: year (a number, scaled), and month, day,
+    # day_of_week, day_of_year, hour, minute as sin/cos of their angle in the cycle (Dec is next to Jan).
+    datetime_parts: list[str] = field(default_factory=list)
     target_shard_mb: float = 64.0
     # At least this many shards per split, so a large split spreads over many ranks (64: 16 hosts x 4 GPUs)...
     min_shards_per_split: int = 64
@@ -264,6 +273,9 @@ class EtlConfig:
         _require(self.vocab_size >= 10, "vocab_size", self.vocab_size, "must be >= 10")
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
         _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
+        _require(all(p in DATETIME_PARTS for p in self.datetime_parts) and
+                 len(set(self.datetime_parts)) == len(self.datetime_parts), "datetime_parts", self.datetime_parts,
+                 f"must name each part once, out of {', '.join(DATETIME_PARTS)}")
         bad = {c: n for c, n in self.categorical_hash_buckets.items() if not 2 <= n <= MAX_HASH_BUCKETS}
         _require(not bad, "categorical_hash_buckets", bad,
                  f"must map each column to a bucket count in [2, {MAX_HASH_BUCKETS}], e.g. {{user_id: 1000000}}")

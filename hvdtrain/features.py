@@ -136,10 +136,75 @@ def encode(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray
 
 HASH = "blake2b-64"  # the hash of hashed categorical columns (:func:`hash_bucket`), recorded in the manifest
 
+# etl.datetime_parts: the cycle length of each periodic part (None: a plain number, scaled like the others)
+DATETIME_PERIODS: dict[str, Optional[int]] = {"year": None, "month": 12, "day": 31, "day_of_week": 7,
+                                              "day_of_year": 366, "hour": 24, "minute": 60}
+_US_PER_DAY = 86_400_000_000
+
+
+def datetime_feature_names(column: str, parts: Sequence[str]) -> list[str]:
+    """The numeric features one date/timestamp column becomes: ``col:epoch``, then each part (periodic ones as
+    ``col:part_sin``, ``col:part_cos``)."""
+    names = [f"{column}:epoch"]
+    for p in parts:
+        names += [f"{column}:{p}"] if DATETIME_PERIODS[p] is None else [f"{column}:{p}_sin", f"{column}:{p}_cos"]
+    return names
+
+
+def datetime_values(raw: Any, kind: str, parts: Sequence[str]) -> np.ndarray:
+    """float64 [n, len(datetime_feature_names)] from one column's values as Spark's ``unix_date`` (DATE: days
+    since 1970-01-01) or ``unix_micros`` (TIMESTAMP: microseconds since the epoch, an instant); NaN/None missing.
+
+    The first feature is the value itself (days for a DATE, seconds for a TIMESTAMP); the calendar parts are
+    those of the instant in UTC, whatever the machine's or the Spark session's time zone, since the input is a
+    number and not a wall clock. Periodic parts (0-based: month 0..11, day 0..30, Monday 0) become
+    ``sin``/``cos`` of ``2 pi part / period``; the year stays a number. The ETL's fit, its shard writer and
+    scoring all call this one function.
+    """
+    x = np.array([np.nan if v is None else float(v) for v in raw], dtype=np.float64)
+    missing = np.isnan(x)
+    whole = np.where(missing, 0.0, x).astype(np.int64)
+    micros = whole * _US_PER_DAY if kind == "date" else whole
+    days = np.floor_divide(micros, _US_PER_DAY)
+    day = days.astype("datetime64[D]")
+    cols = [x if kind == "date" else x / 1e6]
+    for part in parts:
+        if part == "year":
+            value = day.astype("datetime64[Y]").astype(np.int64) + 1970
+        elif part == "month":
+            value = day.astype("datetime64[M]").astype(np.int64) % 12
+        elif part == "day":
+            value = (day - day.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64)
+        elif part == "day_of_week":
+            value = (days + 3) % 7  # 1970-01-01 was a Thursday (3, Monday being 0)
+        elif part == "day_of_year":
+            value = (day - day.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64)
+        elif part == "hour":
+            value = np.floor_divide(micros, 3_600_000_000) % 24
+        else:  # minute
+            value = np.floor_divide(micros, 60_000_000) % 60
+        period = DATETIME_PERIODS[part]
+        if period is None:
+            cols.append(value.astype(np.float64))
+        else:
+            angle = 2.0 * np.pi * value.astype(np.float64) / period
+            cols += [np.sin(angle), np.cos(angle)]
+    out = np.stack(cols, axis=1) if len(x) else np.zeros((0, len(cols)), np.float64)
+    out[missing] = np.nan
+    return out
+
+
+def numeric_names(stats: dict[str, Any]) -> list[str]:
+    """The slots of the ``numeric`` feature: the numeric columns, then each datetime column's features."""
+    dt = stats.get("datetime") or {}
+    return [*stats["numeric_columns"],
+            *(n for c in dt.get("columns", []) for n in datetime_feature_names(c, dt.get("parts", [])))]
+
+
 def fill_values(stats: dict[str, Any]) -> list[float]:
-    """The value that replaces a missing entry, per numeric column."""
+    """The value that replaces a missing entry, per slot of the ``numeric`` feature (:func:`numeric_names`)."""
     out = []
-    for c in stats["numeric_columns"]:
+    for c in numeric_names(stats):
         s = stats["numeric"][c]
         if stats["impute"] == "constant" or s["count"] == 0:
             out.append(stats["impute_value"])
@@ -150,11 +215,21 @@ def fill_values(stats: dict[str, Any]) -> list[float]:
 
 def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]],
               categorical: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Apply fitted statistics to rows: (numeric float32 [n, k], categorical int64 [n, m])."""
-    n = len(numeric) if stats["numeric_columns"] else len(categorical)
-    cols = stats["numeric_columns"]
+    """Apply fitted statistics to rows: (numeric float32 [n, k], categorical int64 [n, m]).
+
+    A numeric row holds the values of ``numeric_columns`` (numbers, booleans as 0/1, decimals), then those of
+    the datetime columns as :func:`datetime_values` takes them; ``None`` or NaN is missing.
+    """
+    dt_cols = (stats.get("datetime") or {}).get("columns", [])
+    k = len(stats["numeric_columns"])
+    cols = numeric_names(stats)
+    n = len(numeric) if cols else len(categorical)
     x = np.array([[np.nan if v is None else float(v) for v in row] for row in numeric],
-                 dtype=np.float64).reshape(n, len(cols))
+                 dtype=np.float64).reshape(n, k + len(dt_cols))
+    if dt_cols:
+        dt = stats["datetime"]
+        x = np.concatenate([x[:, :k], *(datetime_values(x[:, k + j], dt["kinds"][c], dt["parts"])
+                                        for j, c in enumerate(dt_cols))], axis=1)
     fills = np.array(fill_values(stats), dtype=np.float64)
     x = np.where(np.isnan(x), fills[None, :], x)
     if stats["scale"] and cols:
@@ -229,8 +304,8 @@ def hash_bucket(value: str, buckets: int) -> int:
 def feature_specs(stats: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
     """Manifest feature entries (dtype, shape) for the tabular features."""
     out = {}
-    if stats["numeric_columns"]:
-        out["numeric"] = ("float32", [len(stats["numeric_columns"])])
+    if numeric_names(stats):
+        out["numeric"] = ("float32", [len(numeric_names(stats))])
     if stats["categorical_columns"]:
         out["categorical"] = ("int64", [len(stats["categorical_columns"])])
     return out
@@ -280,7 +355,7 @@ class FeatureEncoder:
             out["input_ids"], out["attention_mask"] = encode(self.tok, texts or [])
         if self.stats is not None:
             num, cat = transform(self.stats, numeric, categorical)
-            if self.stats["numeric_columns"]:
+            if numeric_names(self.stats):
                 out["numeric"] = num
             if self.stats["categorical_columns"]:
                 out["categorical"] = cat

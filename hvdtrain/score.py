@@ -95,7 +95,7 @@ class ModelBundle:
         """The source columns the model's features are made from (text, numeric, categorical)."""
         tab = self.tabular or {}
         return ([self.text_column] if self.text_column else []) + list(tab.get("numeric_columns", [])) \
-            + list(tab.get("categorical_columns", []))
+            + list(tab.get("categorical_columns", [])) + list((tab.get("datetime") or {}).get("columns", []))
 
 
 def bundle_from_folder(folder: str, uri: Optional[str] = None, version: str = "") -> ModelBundle:
@@ -178,6 +178,7 @@ class ScoreSpec:
     task: str = "multiclass"
     threshold: float = 0.5
     model_builder: Optional[str] = None  # model.kind custom: imported before loading (registers custom layers)
+    datetime_columns: tuple[str, ...] = ()
     # FLOAT/DOUBLE feature columns, which reach the tasks as Spark's text of the double (input_exprs)
     double_text_columns: tuple[str, ...] = ()
 
@@ -245,7 +246,8 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
     a categorical column as ``CAST(c AS STRING)``, the fit's own expression (``etl.stats.category_value``; an INT
     with NULLs would otherwise arrive as float64, ``5.0``); a FLOAT/DOUBLE column (numeric or categorical) as
     the JVM's text of the double, which Python parses back exactly, keeping NaN apart from NULL (one NaN in
-    pandas). A column also asked for as an extra output column keeps its own type.
+    pandas); a datetime column as ``unix_date``/``unix_micros`` (``hvdtrain.features.datetime_values``). A
+    column also asked for as an extra output column keeps its own type.
     """
     extra = set(spec.extra_columns)
     double_text = tuple(c for c in (*spec.numeric_columns, *spec.categorical_columns)
@@ -259,13 +261,17 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
             out.append(f"CAST(CAST({q} AS DOUBLE) AS STRING) AS {q}")
         elif c in spec.categorical_columns:
             out.append(f"CAST({q} AS STRING) AS {q}")
+        elif c in spec.datetime_columns:
+            fn = "unix_date" if types.get(c) == "date" else "unix_micros"
+            out.append(f"{fn}({q if fn == 'unix_date' else f'CAST({q} AS TIMESTAMP)'}) AS {q}")
         else:
             out.append(q)
     return out, double_text
 
 
 def _input_json(frame: Any, i: int, spec: ScoreSpec) -> str:
-    cols = [c for c in (spec.text_column, *spec.numeric_columns, *spec.categorical_columns) if c]
+    cols = [c for c in (spec.text_column, *spec.numeric_columns, *spec.categorical_columns, *spec.datetime_columns)
+            if c]
     row = {c: frame[c].iloc[i] for c in cols}
     return json.dumps({k: (None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
                        for k, v in row.items()})
@@ -315,7 +321,10 @@ def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dic
     texts = frame[spec.text_column].astype(str).tolist() if spec.text_column else None
     if numeric is None:
         numeric = {c: numeric_values(frame[c]) for c in spec.numeric_columns}
-    num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in spec.numeric_columns]
+    # the numeric row as the ETL's writer passes it: numeric columns, then datetime columns (unix_date/micros)
+    numeric = {**numeric, **{c: numeric_values(frame[c]) for c in spec.datetime_columns}}
+    num_cols = [*spec.numeric_columns, *spec.datetime_columns]
+    num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in num_cols]
                 for i in range(len(frame))]
     # values as they come (a bool stays a bool, input_exprs sends Spark's strings): the encoder makes the string
     # the ETL counted (hvdtrain.features.category_string); a double sent as the JVM's text is parsed back first
@@ -623,7 +632,8 @@ def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> Sc
         scored_at=opts.scored_at or dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
         predict_batch=opts.predict_batch, threads=opts.threads, input_names=tuple(bundle.labels_doc.get("inputs", ())),
         input_specs=dict(bundle.labels_doc.get("input_specs", {})), task=bundle.labels_doc.get("task", "multiclass"),
-        threshold=float(bundle.labels_doc.get("threshold", 0.5)), model_builder=bundle.labels_doc.get("model_builder"))
+        threshold=float(bundle.labels_doc.get("threshold", 0.5)), model_builder=bundle.labels_doc.get("model_builder"),
+        datetime_columns=tuple((tab.get("datetime") or {}).get("columns", [])))
 
 
 def predict_features(spark: Any, df: Any, model: Any, options: Optional[ScoreOptions] = None) -> Any:

@@ -222,8 +222,9 @@ def describe_features(manifest: Manifest, inputs: Sequence[str], vocab_size: int
         out[name] = Feature(name, spec.dtype, tuple(spec.shape),
                             vocab_size=vocab_size if name == "input_ids" else None,
                             cardinalities=cardinalities if name == "categorical" else (),
-                            columns=tuple(tab.get(f"{name}_columns", ())) if name in ("numeric", "categorical")
-                            else ())
+                            columns=tuple(tab.get("numeric_features") or tab.get("numeric_columns", ()))
+                            if name == "numeric" else tuple(tab.get("categorical_columns", ()))
+                            if name == "categorical" else ())
     return out
 
 

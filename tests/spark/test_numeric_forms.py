@@ -4,8 +4,9 @@ scoring too.
 
 Before, scoring read an INT column with NULLs as pandas float64, so a categorical 5 became "5.0" against the
 fitted "5" (the unknown bucket), a DOUBLE NaN was missing at scoring but "nan" at fit, and a NaN in a numeric
-column was imputed by scoring where the ETL rejects the row (validation's non_finite rule); a STRING or BINARY
-column named in numeric_columns failed deep in Spark."""
+column was imputed by scoring where the ETL rejects the row (validation's non_finite rule); a BINARY or ARRAY
+column named in numeric_columns failed deep in Spark (a STRING column stays numeric: validation checks each
+value)."""
 from __future__ import annotations
 
 import decimal
@@ -108,7 +109,8 @@ def test_categorical_int_with_nulls_and_double_nan_reach_their_fitted_slot(spark
     assert (etl[[0, 2, 3]] > 0).all() and (etl[1] == 0).all()
 
 
-@pytest.mark.parametrize("kind, value", [("string", "'1.5'"), ("binary", "X'01'"), ("array<int>", "array(1)")])
+@pytest.mark.parametrize("kind, value", [("binary", "X'01'"), ("array<int>", "array(1)"),
+                                         ("map<string,int>", "map('a', 1)"), ("date", "DATE '2024-01-31'")])
 def test_a_column_without_numbers_in_numeric_columns_fails_in_one_line(spark, base, kind, value) -> None:
     path = base / f"bad_{kind.replace('<', '_').replace('>', '')}"
     spark.sql(f"SELECT 'k' AS id, 'a' AS label, CAST({value} AS {kind}) AS x").write.parquet(str(path))

@@ -33,7 +33,7 @@ def score_encode(df: Any, stats: dict) -> tuple[dict[str, np.ndarray], list]:
     cols = ["id", *bundle.feature_columns()]
     exprs, double_text = score.input_exprs(types, spec, cols)
     spec = replace(spec, double_text_columns=double_text)
-    width = {"numeric": len(stats["numeric_columns"]), "categorical": len(stats["categorical_columns"])}
+    width = {"numeric": len(features.numeric_names(stats)), "categorical": len(stats["categorical_columns"])}
 
     def run(batches):
         encoder = features.FeatureEncoder(None, stats)
