@@ -201,7 +201,7 @@ def act(plan: PublishPlan) -> dict[str, Any]:
 def _previous_owner(out: str, files: list[str]) -> Callable[[str], bool]:
     """What of ``out`` earlier hvdtrain runs wrote: what its ledger names, and what its published manifest names
     (datasets written before ledgers: also ``etl_report.json`` and ``rejects/`` when that report is one)."""
-    found = ledger.read(out)
+    found = ledger.read_own(out, WRITER, "etl.output")
     named: set[str] = set()
     for name in (manifest.MANIFEST_NAME, manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX):
         if name not in files:
@@ -265,7 +265,7 @@ def check_claim(out: str) -> list[str]:
 def claim_staging(out: str, run_id: str) -> None:
     """Record ``_staging/<run_id>`` in ``out``'s ledger (after :func:`check_claim`), before anything is staged."""
     files = check_claim(out)
-    found = ledger.read(out) or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))
+    found = ledger.read_own(out, WRITER, "etl.output") or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))
     fs.makedirs(out)
     ledger.write(out, found.adding(ledger.tree(f"{STAGING}/{run_id}")))
 
@@ -273,7 +273,7 @@ def claim_staging(out: str, run_id: str) -> None:
 def _staging_entries(out: str) -> tuple[str, ...]:
     """The runs' staging folders ``out``'s ledger names and that are still there: a publish keeps them in the
     ledger (etl.job clears its own; a killed run's stays named)."""
-    found = ledger.read(out)
+    found = ledger.read_own(out, WRITER, "etl.output")
     entries = [e for e in found.entries if e.startswith(STAGING + "/")] if found else []
     return tuple(e for e in entries if fs.exists(fs.join(out, e.removesuffix("/*"))))  # a run cleared its own
 

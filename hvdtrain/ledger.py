@@ -84,6 +84,18 @@ def read(folder: str) -> Optional[Ledger]:
                         "and delete it, or choose another folder") from None
 
 
+def read_own(folder: str, writer: str, what: str) -> Optional[Ledger]:
+    """The folder's ledger when ``writer`` wrote it (None when it has none). A ledger of another hvdtrain command
+    (a dataset's in a run output, a run's in a dataset) raises DataError in one line: ``what`` (the setting, e.g.
+    ``train.output``) points at another command's output, which this one never replaces or deletes."""
+    found = read(folder)
+    if found is not None and found.writer != writer:
+        raise DataError(f"{what} {folder} holds the output of {found.writer!r} (its ledger {NAME}), not of "
+                        f"{writer!r}: {writer} never replaces or deletes another command's output; choose another "
+                        f"folder for {what}")
+    return found
+
+
 def write(folder: str, ledger: Ledger) -> None:
     """Record the ledger (atomically) before the data it names is written."""
     fs.write_bytes_atomic(fs.join(folder, NAME), ledger.to_json())

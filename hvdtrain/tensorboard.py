@@ -189,7 +189,7 @@ def prepare(local: str, remote: str, resume_step: int) -> None:
     event files an earlier run recorded there (its ledger; nothing else); a resumed run takes them back, without
     the events after ``resume_step``."""
     os.makedirs(local, exist_ok=True)
-    found = ledger.read(remote) if fs.exists(remote) else None
+    found = ledger.read_own(remote, WRITER, "the live TensorBoard folder") if fs.exists(remote) else None
     if resume_step == 0:
         if found is not None:
             ledger.delete_owned(remote, lambda rel: rel != ledger.NAME and found.owns(rel))

@@ -172,7 +172,7 @@ def _owner(output: str, files: list[str]) -> ledger.Ledger:
     """What of ``output`` hvdtrain wrote: its ledger; for an output of an older hvdtrain (no ledger, but a
     result.json whose report is this folder's eval_report.json) the names those versions wrote; else only what
     a launch or TensorBoard may have put there already (:data:`WRITTEN_LATER`)."""
-    found = ledger.read(output)
+    found = ledger.read_own(output, WRITER, "train.output")
     if found is not None:
         return found
     if RESULT_NAME in files:
@@ -204,7 +204,7 @@ def claim_output(output: str, write: bool) -> None:
     this run writes is ever mistaken for the user's, and nothing of the user's for this run's."""
     check_replaceable(output)
     if write:
-        found = ledger.read(output)
+        found = ledger.read_own(output, WRITER, "train.output")
         files = [f for f in fs.walk(output) if f != ledger.NAME]
         claimed = found or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))  # files the check owned
         fs.makedirs(output)
