@@ -39,6 +39,7 @@ from hvdtrain import config as config_mod
 from hvdtrain import console, fs, lease, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
+from hvdtrain.features import TEXT_SEP
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -159,6 +160,8 @@ def read_vocab(uri: str) -> list[str]:
 
 
 def _tokenizer(rows: Any, cfg: JobConfig):
+    from pyspark.sql import functions as F
+
     opts = text.TextOptions.from_etl(cfg.etl)
     if cfg.etl.vocab_file:
         if not fs.exists(cfg.etl.vocab_file):
@@ -169,7 +172,8 @@ def _tokenizer(rows: Any, cfg: JobConfig):
             return text.from_vocab(lines, opts)
         except ValueError as exc:
             raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
-    counts = top_word_counts(rows.where("split = 'train'").select("text"), opts, cfg.etl.vocab_size)
+    texts = rows.where("split = 'train'").select(F.translate("text", TEXT_SEP, " ").alias("text"))
+    counts = top_word_counts(texts, opts, cfg.etl.vocab_size)  # every text column's words
     return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
 
 
@@ -213,13 +217,15 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     rows, num_cols, cat_cols = encoder_inputs(rows, cfg.source)
+    several = len(cfg.source.text_columns) > 1  # a tuple of the row's texts (hvdtrain.features.encode_columns)
     weight = cfg.source.weight_column  # validated: a finite number >= 0 (etl.validate.weight_rules)
     # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
     # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
     # target. Shard contents and order are the same on every rerun, whatever the input partitioning.
     keyed = split_mod.add_order(rows, cfg.etl.seed, "_order").rdd.map(lambda r: (
         (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["_order"], r["key"]),
-        (r["text"], encode_label(r["label"]), tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols),
+        (tuple(r["text"].split(TEXT_SEP)) if several and r["text"] else r["text"], encode_label(r["label"]),
+         tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols),
          float(r[weight]) if weight else None)))
     ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
     task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,

@@ -130,9 +130,9 @@ def read_input(spark: Any, cfg: JobConfig, bundle: score_lib.ModelBundle, split:
     if extra:
         raise DataError(f"score.columns names {', '.join(extra)}, not in {sources.describe(cfg)} "
                         f"({', '.join(df.columns)})")
-    text = bundle.text_column
+    text = set(bundle.text_columns)
     cols = [F.col(f"`{src.key_column}`").cast("string").alias(src.key_column)]
-    cols += [F.col(f"`{c}`").cast("string").alias(c) if c == text else F.col(f"`{c}`")
+    cols += [F.col(f"`{c}`").cast("string").alias(c) if c in text else F.col(f"`{c}`")
              for c in dict.fromkeys(bundle.feature_columns() + list(cfg.score.columns)) if c != src.key_column]
     return df.select(*cols)
 

@@ -8,6 +8,7 @@ from etl.validate import CORRUPT, extra_columns
 from hvdtrain import fs
 from hvdtrain.config import JobConfig
 from hvdtrain.errors import DataError
+from hvdtrain.features import TEXT_SEP
 
 
 def describe(cfg: JobConfig) -> str:
@@ -45,12 +46,28 @@ def read(spark: Any, cfg: JobConfig) -> Any:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
     check_feature_types(df, cfg)
+    missing = [f"source.text_columns {c!r}" for c in src.text_columns if c not in df.columns]
+    if missing:
+        raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
+                        f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
     cols = [(labels.source_column(df, col, cfg.task) if role == "label" and col else
+             joined_text(src.text_columns) if role == "text" and len(src.text_columns) > 1 else
              (F.col(f"`{col}`") if col else F.lit(None)).cast("string")).alias(role) for role, col in wanted.items()]
     cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
     if CORRUPT in df.columns:
         cols.append(F.col(CORRUPT))
     return df.select(*cols)
+
+
+def joined_text(columns: list[str]) -> Any:
+    """Several text columns as one string column (NULL when all are NULL): validation checks their whole text,
+    the vocabulary counts words in all of them, and the shard writer splits them again (:data:`TEXT_SEP`)."""
+    from pyspark.sql import functions as F
+
+    cells = [F.translate(F.coalesce(F.col(f"`{c}`").cast("string"), F.lit("")), TEXT_SEP, "") for c in columns]
+    present = F.greatest(*[F.col(f"`{c}`").isNotNull() for c in columns])
+    blank = F.least(*[F.trim(cell) == "" for cell in cells])  # text_empty then rejects it, as for one column
+    return F.when(present, F.when(blank, F.lit("")).otherwise(F.concat_ws(TEXT_SEP, *cells)))
 
 
 def check_feature_types(df: Any, cfg: JobConfig) -> None:

@@ -98,6 +98,9 @@ class SourceConfig:
     # The character set of csv/json files; null reads UTF-8. Spark reads these (others: convert with iconv).
     encoding: Optional[Charset] = None
     text_column: Optional[str] = "text"  # null for a tabular-only dataset
+    # Several text columns (e.g. [title, body]) in one input_ids feature, [SEP] between them (hvdtrain.features
+    # encode_columns); text_column then becomes the first of them.
+    text_columns: list[str] = field(default_factory=list)
     label_column: str = "label"
     key_column: str = "id"
     numeric_columns: list[str] = field(default_factory=list)
@@ -123,11 +126,17 @@ class SourceConfig:
                  "applies to csv and json files only: remove it (Hive tables, Parquet and ORC hold UTF-8)")
         if self.filter is not None:
             check_predicate("filter", self.filter)
+        if self.text_columns:
+            _require(len(set(self.text_columns)) == len(self.text_columns), "text_columns", self.text_columns,
+                     "must not repeat a column")
+            _require(self.text_column in (None, "text", self.text_columns[0]), "text_column", self.text_column,
+                     f"and text_columns ({self.text_columns}) are both set: keep text_columns only")
+            self.text_column = self.text_columns[0]
         _require(self.text_column is not None
                  or bool(self.numeric_columns or self.categorical_columns or self.datetime_columns),
                  "text_column", self.text_column, "may be null only when numeric_columns, categorical_columns or "
                  "datetime_columns name the features")
-        roles = [c for c in (self.key_column, self.text_column, self.label_column) if c]
+        roles = [c for c in (self.key_column, self.text_column, self.label_column, *self.text_columns) if c]
         features = self.numeric_columns + self.categorical_columns + self.datetime_columns
         clash = sorted({c for c in features if c in roles or features.count(c) > 1})
         _require(not clash, "numeric_columns", clash,

@@ -132,6 +132,56 @@ def encode(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray
     return ids, mask
 
 
+SEP = "[SEP]"
+# Joins a row's text columns where they travel as one string (the ETL's validated ``text``); removed from every
+# text first, so a row always splits back into its columns (a control character: the normalizer drops it anyway)
+TEXT_SEP = "\x1f"
+
+
+def shares(lengths: Sequence[int], budget: int) -> list[int]:
+    """Tokens each text column keeps of ``budget`` (pure): the shortest take what they have, the rest split what
+    is left evenly (a later column gets an odd token), so no share is wasted on a short column."""
+    out = [0] * len(lengths)
+    left, todo = budget, sorted(range(len(lengths)), key=lambda j: (lengths[j], j))
+    for n, j in enumerate(todo):
+        out[j] = min(lengths[j], left // (len(todo) - n))
+        left -= out[j]
+    return out
+
+
+def encode_columns(tok: Tokenizer, rows: Sequence[Sequence[Optional[str]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) of rows of several text columns, in one sequence of ``max_length`` tokens.
+
+    Each column is tokenized alone (the same normalization and WordPiece as one column); the columns follow one
+    another with ``[SEP]`` between them (none when the vocabulary lacks it), each cut to its :func:`shares` of
+    ``max_length`` minus the separators (from the end, or the start with ``truncation: left``). A missing column
+    holds no token. The model sees one ``input_ids`` feature, as with one text column.
+    """
+    length = int((tok.padding or {}).get("length") or (tok.truncation or {})["max_length"])
+    left = (tok.truncation or {}).get("direction") == "left"
+    sep = tok.token_to_id(SEP)
+    width = len(rows[0]) if rows else 0
+    tokens = []
+    for j in range(width):
+        texts = [(r[j] or "").replace(TEXT_SEP, "") for r in rows]
+        encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(texts)
+        tokens.append([[t for t, m in zip(e.ids, e.attention_mask) if m] for e in encodings])
+    budget = length - (width - 1 if sep is not None else 0)
+    ids = np.zeros((len(rows), length), dtype=np.int64)
+    mask = np.zeros((len(rows), length), dtype=np.int64)
+    for i in range(len(rows)):
+        cols = [tokens[j][i] for j in range(width)]
+        keep = shares([len(c) for c in cols], budget)
+        seq: list[int] = []
+        for j, (col, n) in enumerate(zip(cols, keep)):
+            if j and sep is not None:
+                seq.append(sep)
+            seq += (col[len(col) - n:] if left else col[:n]) if n else []
+        ids[i, :len(seq)] = seq
+        mask[i, :len(seq)] = 1
+    return ids, mask
+
+
 # -- tabular -----------------------------------------------------------------------------------
 
 HASH = "blake2b-64"  # the hash of hashed categorical columns (:func:`hash_bucket`), recorded in the manifest
@@ -347,12 +397,18 @@ class FeatureEncoder:
         check_hash(tabular_stats)
         self.stats = tabular_stats
 
-    def encode(self, texts: Optional[Sequence[str]], numeric: Sequence[Sequence[Optional[float]]] = (),
+    def encode(self, texts: Optional[Sequence[Any]], numeric: Sequence[Sequence[Optional[float]]] = (),
                categorical: Sequence[Sequence[Any]] = ()) -> dict[str, np.ndarray]:
-        """Features by name: input_ids/attention_mask int64 [n, max_length], numeric float32, categorical int64."""
+        """Features by name: input_ids/attention_mask int64 [n, max_length], numeric float32, categorical int64.
+
+        ``texts``: one string per row, or a tuple per row of its text columns' values (:func:`encode_columns`).
+        """
         out: dict[str, np.ndarray] = {}
         if self.tok is not None:
-            out["input_ids"], out["attention_mask"] = encode(self.tok, texts or [])
+            texts = list(texts or [])
+            several = bool(texts) and not isinstance(texts[0], str)  # a row of several text columns: a tuple
+            out["input_ids"], out["attention_mask"] = encode_columns(self.tok, texts) if several \
+                else encode(self.tok, texts)
         if self.stats is not None:
             num, cat = transform(self.stats, numeric, categorical)
             if numeric_names(self.stats):

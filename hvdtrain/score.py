@@ -88,13 +88,19 @@ class ModelBundle:
         return self.preprocessing.get("text", {}).get("column")
 
     @property
+    def text_columns(self) -> list[str]:
+        """Every text column (one input_ids sequence, [SEP] between them: ``source.text_columns``)."""
+        text = self.preprocessing.get("text", {})
+        return list(text.get("columns") or ([text["column"]] if text.get("column") else []))
+
+    @property
     def tabular(self) -> Optional[dict[str, Any]]:
         return self.preprocessing.get("tabular")
 
     def feature_columns(self) -> list[str]:
         """The source columns the model's features are made from (text, numeric, categorical)."""
         tab = self.tabular or {}
-        return ([self.text_column] if self.text_column else []) + list(tab.get("numeric_columns", [])) \
+        return self.text_columns + list(tab.get("numeric_columns", [])) \
             + list(tab.get("categorical_columns", [])) + list((tab.get("datetime") or {}).get("columns", []))
 
 
@@ -181,6 +187,7 @@ class ScoreSpec:
     datetime_columns: tuple[str, ...] = ()
     # FLOAT/DOUBLE feature columns, which reach the tasks as Spark's text of the double (input_exprs)
     double_text_columns: tuple[str, ...] = ()
+    text_columns: tuple[str, ...] = ()  # more than one: their texts join in one sequence (features.encode_columns)
 
     @property
     def score_width(self) -> int:
@@ -190,8 +197,6 @@ class ScoreSpec:
 
 def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], dict[str, np.ndarray]]:
     """Why each row cannot be scored (None: it can), and the numeric columns as float arrays (pure pandas)."""
-    import pandas as pd
-
     n = len(frame)
     reasons: list[Optional[str]] = [None] * n
 
@@ -201,15 +206,16 @@ def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], di
                 reasons[i] = reason
 
     flag(frame[spec.key_column].isna().to_numpy(), f"null key ({spec.key_column})")
-    if spec.text_column:
-        texts = frame[spec.text_column]
-        flag(texts.isna().to_numpy(), f"null text ({spec.text_column})")
-        strings = texts if pd.api.types.is_string_dtype(texts.dtype) and texts.dtype != object \
-            else texts.astype("string")  # a cast costs more than the check (Spark's Arrow strings need none)
-        flag((strings.str.strip().fillna("") == "").to_numpy(), f"blank text ({spec.text_column})")
+    text_columns = list(spec.text_columns) or ([spec.text_column] if spec.text_column else [])
+    if text_columns:  # several: null or blank only when all are, as the ETL's validation checks their joined text
+        named = ", ".join(text_columns)
+        strings = [_strings(frame[c]) for c in text_columns]
+        flag(np.logical_and.reduce([s.isna().to_numpy() for s in strings]), f"null text ({named})")
+        flag(np.logical_and.reduce([(s.str.strip().fillna("") == "").to_numpy() for s in strings]),
+             f"blank text ({named})")
         # U+FFFD: Spark read bytes the file's charset does not decode (a Latin-1 CSV read as UTF-8)
-        flag(strings.str.contains("\ufffd", regex=False).fillna(False).to_numpy(dtype=bool),
-             f"undecodable text ({spec.text_column}): set source.encoding")
+        flag(np.logical_or.reduce([s.str.contains("\ufffd", regex=False).fillna(False).to_numpy(dtype=bool)
+                                   for s in strings]), f"undecodable text ({named}): set source.encoding")
     numeric: dict[str, np.ndarray] = {}
     for c in spec.numeric_columns:
         raw = frame[c]
@@ -218,6 +224,13 @@ def reject_reasons(frame: Any, spec: ScoreSpec) -> tuple[list[Optional[str]], di
         flag(bad, f"bad numeric value in {c}")
         numeric[c] = values
     return reasons, numeric
+
+
+def _strings(texts: Any) -> Any:
+    """A text column as pandas strings (a cast costs more than the check: Spark's Arrow strings need none)."""
+    import pandas as pd
+
+    return texts if pd.api.types.is_string_dtype(texts.dtype) and texts.dtype != object else texts.astype("string")
 
 
 def numeric_values(raw: Any) -> np.ndarray:
@@ -270,8 +283,8 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
 
 
 def _input_json(frame: Any, i: int, spec: ScoreSpec) -> str:
-    cols = [c for c in (spec.text_column, *spec.numeric_columns, *spec.categorical_columns, *spec.datetime_columns)
-            if c]
+    cols = [c for c in (*(spec.text_columns or [spec.text_column]), *spec.numeric_columns, *spec.categorical_columns,
+                        *spec.datetime_columns) if c]
     row = {c: frame[c].iloc[i] for c in cols}
     return json.dumps({k: (None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
                        for k, v in row.items()})
@@ -318,7 +331,10 @@ def decide(probs: np.ndarray, values: np.ndarray, spec: "ScoreSpec") -> tuple[li
 def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dict[str, np.ndarray]] = None
                 ) -> dict[str, np.ndarray]:
     """Model inputs for rows that passed :func:`reject_reasons` (the ETL's FeatureEncoder)."""
-    texts = frame[spec.text_column].astype(str).tolist() if spec.text_column else None
+    texts: Optional[list[Any]] = frame[spec.text_column].astype(str).tolist() if spec.text_column else None
+    if len(spec.text_columns) > 1:  # a tuple of the row's texts, a missing one None (as the ETL's writer passes)
+        texts = [tuple(None if v is None or v is _NA or (isinstance(v, float) and np.isnan(v)) else str(v)
+                       for v in row) for row in frame[list(spec.text_columns)].itertuples(index=False)]
     if numeric is None:
         numeric = {c: numeric_values(frame[c]) for c in spec.numeric_columns}
     # the numeric row as the ETL's writer passes it: numeric columns, then datetime columns (unix_date/micros)
@@ -623,7 +639,7 @@ def make_spec(bundle: ModelBundle, options: Optional[ScoreOptions] = None) -> Sc
     opts = options or ScoreOptions()
     tab = bundle.tabular or {}
     return ScoreSpec(
-        key_column=opts.key_column, text_column=bundle.text_column,
+        key_column=opts.key_column, text_column=bundle.text_column, text_columns=tuple(bundle.text_columns),
         numeric_columns=tuple(tab.get("numeric_columns", [])),
         categorical_columns=tuple(tab.get("categorical_columns", [])), extra_columns=tuple(opts.extra_columns),
         labels=tuple(bundle.labels), tokenizer_json=bundle.tokenizer_json, tabular=bundle.tabular,

@@ -304,7 +304,9 @@ def train_dataset(manifest: Manifest, stream: TrainStream, *, features: Optional
     files = _PassFiles(source, mine, order_seed, first_pass)
     base_seed = shuffle_seed(stream.seed, stream.rank)
     parser = Parser(manifest, features)
-    window = shuffle_window(stream.shuffle_buffer, per_pass, record_bytes(manifest, features), stream.batch_size)
+    # Sized by every feature the dataset has, not the ones read: the order must not change with what is read
+    # (train.record_trace adds the keys).
+    window = shuffle_window(stream.shuffle_buffer, per_pass, record_bytes(manifest), stream.batch_size)
     # A window spans chunks of every file in the cycle, however small the window.
     cycles = min(n, stream.cycle_length)
     chunk = min(CHUNK, max(1, -(-window // cycles)))

@@ -107,3 +107,21 @@ def test_training_warns_on_a_dataset_sorted_by_key_and_not_on_a_hash_ordered_one
     ordered = sorted_label_dataset(str(tmp_path / "ordered"), per_shard=10, shards=1, row_order="hash:1")
     assert ordered.row_order == "hash:1" and manifest_lib.order_warning(ordered) is None
     assert "row_order" not in legacy.to_dict()  # older datasets keep their layout and digest
+
+
+def test_reading_the_keys_too_does_not_change_the_order(tmp_path) -> None:
+    # train.record_trace reads the key feature as well: the window (sized by bytes) and so the order stay the same.
+    m = sorted_label_dataset(str(tmp_path), per_shard=3000, shards=1)
+    stream = data.TrainStream(rank=0, size=1, batch_size=50, shuffle_buffer=10_000, seed=4)
+    import hvdtrain.data.plan as plan_mod
+
+    old = plan_mod.WINDOW_BYTES
+    plan_mod.WINDOW_BYTES = 30 * pipeline.record_bytes(m)  # a window the bytes bound decides: 30 records
+    try:
+        plain = [b["numeric"].numpy().tolist() for b in itertools.islice(iter(data.train_dataset(
+            m, stream, features=["numeric"])), 20)]
+        traced = [b["numeric"].numpy().tolist() for b in itertools.islice(iter(data.train_dataset(
+            m, stream, features=["numeric", "key"])), 20)]
+    finally:
+        plan_mod.WINDOW_BYTES = old
+    assert plain == traced

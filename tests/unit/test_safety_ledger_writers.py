@@ -60,3 +60,15 @@ def test_each_command_still_takes_its_own_ledger(tmp_path) -> None:
     train_publish.claim_output(run, write=False)  # its own earlier output: replaceable
     data = _folder(tmp_path / "data", etl_publish.WRITER, ["manifest.json"])
     assert etl_publish.check_claim(data) == ["manifest.json"]
+
+
+def test_the_leases_own_temporary_files_are_not_taken_for_a_users(tmp_path) -> None:
+    # A lease renewal writes <lease>.tmp-* then renames it; a broken stale lease is moved to <lease>.broken-*.
+    # Seen by the publish's walk (or left by a run killed mid-renewal), neither may make etl.output "foreign".
+    from hvdtrain import lease
+
+    data = _folder(tmp_path, etl_publish.WRITER, ["manifest.json"])
+    for name in (lease.NAME, lease.NAME + ".tmp-1a2b3c4d", lease.NAME + ".broken-5e6f7a8b"):
+        with open(os.path.join(data, name), "w") as fh:
+            fh.write("{}")
+    assert etl_publish.check_claim(data) == ["manifest.json"]
