@@ -136,6 +136,8 @@ def _features(cfg: JobConfig, fitted: Fitted,
         vocab_info = {"path": prefix + "vocab.txt", "tokenizer": prefix + "tokenizer.json",
                       "size": len(fitted.vocab), "pad_id": 0, "learned": cfg.etl.vocab_file is None}
         preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}
+        if len(cfg.source.text_columns) > 1:  # one input_ids sequence, [SEP] between (features.encode_columns)
+            preprocessing["text"].update(columns=list(cfg.source.text_columns), separator="[SEP]")
     stats = fitted.tabular_stats
     if stats is not None:
         for name, (dtype, shape) in tabular.feature_specs(stats).items():
