@@ -129,9 +129,9 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
     files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
                    for root, _, names in os.walk(local) for name in names)
     parent, base = output.rstrip("/").rsplit("/", 1) if "/" in output.rstrip("/") else (".", output)
-    incoming = fs.join(parent, f".{base}.incoming-{os.getpid()}")
-    if fs.exists(incoming):
-        fs.delete(incoming)
+    # A fresh name per upload: a pid repeats across runs (in containers rank 0 is often the same pid), and a
+    # refused upload's folder is kept for the user, so no later run may delete it by that name.
+    incoming = fs.join(parent, f".{base}.incoming-{uuid.uuid4().hex[:12]}")
     for i, rel in enumerate(files, start=1):
         what = f"uploading {rel} ({i}/{len(files)}) to {output}"
         progress(what)

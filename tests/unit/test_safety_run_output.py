@@ -47,6 +47,10 @@ def test_a_stray_result_json_does_not_make_a_users_folder_replaceable(tmp_path: 
     assert (out / "thesis.tex").read_text() == "years of work"
     kept = [p for p in tmp_path.iterdir() if p.name.startswith(".thesis.incoming-")]  # the outputs, not lost
     assert len(kept) == 1 and (kept[0] / "model.keras").read_bytes() == b"new model"
+    # The next run (the same pid: in a container rank 0 often is) is refused too, and leaves the kept outputs be.
+    with pytest.raises(DataError, match="this run's outputs are kept in"):
+        publish.upload_dir(str(_local(tmp_path, b"second model")), str(out))
+    assert (kept[0] / "model.keras").read_bytes() == b"new model"
 
 
 def test_the_refusal_comes_before_training_starts(tmp_path: Path) -> None:
