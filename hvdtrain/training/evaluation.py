@@ -133,6 +133,9 @@ def split_report(counts: SplitCounts, labels: Sequence[str], expected_records: i
         out = metrics.multilabel_report(counts.arrays, counts.loss_sum, labels)
     elif counts.task == "regression":
         out = metrics.regression_report(counts.arrays["moments"])
+        # the training objective, as the step computes it: squared error of the target as the model learns it
+        # (task.target_transform), sample weights included; rmse, mae and r2 are in the target's own units
+        out["loss"] = loss
         out["residual_sample"] = residual_sample(counts)
     else:
         out = {**metrics.report(counts.confusion, labels), "loss": loss,

@@ -93,3 +93,20 @@ def test_a_subclassed_model_cannot_carry_the_inversion_and_says_so_in_one_line()
         heads.serving_model(Sub(), head)
     assert "'mine' has no symbolic inputs" in str(info.value) and "target_transform=none" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_the_reported_loss_is_the_training_objective_and_the_errors_are_in_target_units() -> None:
+    # Training's loss is the squared error of the standardized target; the evaluation's "loss" must be the same
+    # quantity (not the MSE in the target's units, std^2 = 6.25 million times larger here), rmse/mae the raw ones.
+    from hvdtrain.training import evaluation
+
+    head = heads.for_task(TaskConfig(kind="regression"), [], {}, STATS)
+    labels = np.array([4000.0, 6500.0, 1500.0, 9000.0], np.float32)
+    outputs = np.array([[0.1], [1.0], [-1.2], [2.0]], np.float32)
+    counts = evaluation.empty_counts("regression", 0)
+    evaluation.add_batch(counts, labels, {k: v.numpy() for k, v in head.eval_outputs(labels, outputs).items()})
+    report = evaluation.split_report(counts, [], 4)
+    assert report["loss"] == pytest.approx(float(np.mean(head.loss(labels, outputs).numpy())), rel=1e-6)
+    predictions = outputs[:, 0] * 2500.0 + 4000.0
+    assert report["mae"] == pytest.approx(float(np.mean(np.abs(predictions - labels))), rel=1e-6)
+    assert report["rmse"] == pytest.approx(float(np.sqrt(np.mean((predictions - labels) ** 2))), rel=1e-6)
