@@ -117,6 +117,7 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
             "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model"),
+            "task_digest": cfg.section_hash("task"),
             **({"manifest_digest_legacy": legacy_digest} if legacy_digest else {})}
 
 
@@ -181,6 +182,10 @@ def check_layout(saved: dict[str, Any], now: dict[str, Any], where: str) -> tupl
         warnings.append(f"resuming {where} with train.epochs {saved['epochs']} -> {now['epochs']}: {effect} "
                         f"(decay steps {horizon}, train.lr_schedule {now.get('lr_schedule')}); from step {step} "
                         "the learning rate is not the one either run alone would have used")
+    if "task_digest" in saved and saved["task_digest"] != now["task_digest"]:
+        warnings.append(f"resuming {where} with a changed task config (digest {saved['task_digest']} -> "
+                        f"{now['task_digest']}: the objective, e.g. task.target_transform, class weights or the "
+                        "positive label): the saved weights are restored, but from here they learn another objective")
     if "model_digest" in saved and saved["model_digest"] != now["model_digest"]:
         warnings.append(f"resuming {where} with a changed model config (digest {saved['model_digest']} -> "
                         f"{now['model_digest']}): the saved weights still fit this model and are restored, "

@@ -100,6 +100,13 @@ def test_a_changed_dataset_is_refused_and_a_changed_seed_or_model_warned(tmp_pat
     wider = config.from_dict({**cfg.to_dict(), "model": {**TINY, "dropout": 0.3}}, base_dir=str(tmp_path))
     warnings, step = resume.check_layout(saved, _layout(wider), "ckpt-12")
     assert step == 0 and len(warnings) == 1 and "changed model config" in warnings[0]
+    # another objective (issue 53: task.target_transform, class weights, the positive label) is named too
+    other = config.from_dict({**cfg.to_dict(), "task": {"kind": "multiclass", "class_weights": "balanced"}},
+                             base_dir=str(tmp_path))
+    warnings, step = resume.check_layout(saved, _layout(other), "ckpt-12")
+    assert step == 0 and len(warnings) == 1 and "changed task config" in warnings[0]
+    assert resume.check_layout({k: v for k, v in saved.items() if k != "task_digest"}, _layout(other),
+                               "ckpt-12") == ([], 0)  # a checkpoint from before the task digest: nothing to compare
 
 
 def test_a_changed_world_or_batch_size_resumes_only_from_an_epoch_end(tmp_path) -> None:
