@@ -355,9 +355,10 @@ def publish(staging: str, dest: str) -> None:
     """Data files, then checksums, then the commit marker: a reader never sees half a checkpoint.
 
     A committed checkpoint already at ``dest`` is never deleted or overwritten: it is kept and this one is
-    dropped with a warning (an elastic job that redoes steps after losing a host saves the same step again;
-    another job writing the same folder is refused earlier, by the folder's lease). Of an earlier, interrupted
-    publish of the same step, only the files a checkpoint holds are replaced."""
+    dropped with a warning (an elastic job that redoes steps after losing a host saves the same step again).
+    Training holds no lease on checkpoint.dir yet (only the ETL takes one, on etl.output): a second job writing
+    the same folder is not refused, and each keeps the other's checkpoints of a step both saved. Of an earlier,
+    interrupted publish of the same step, only the files a checkpoint holds are replaced."""
     if fs.exists(fs.join(dest, COMMIT)):
         log.warning("%s is already committed (saved before by this job or by another writer); it is kept as it "
                     "is and this save of the same step is dropped", dest)
