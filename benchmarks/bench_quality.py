@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import yaml
@@ -142,12 +142,13 @@ def prepare(table: Table, root: str, rows: int, epochs: int, keys: str = "table"
     return config, len(df)
 
 
-def hvdtrain_run(config: str, seed: int) -> dict[str, float]:
-    """``hvdtrain train --np 2`` with ``train.seed``; the test metrics of its result.json."""
+def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[str, float]:
+    """``hvdtrain train --np 2`` with ``train.seed`` and ``overrides`` (``model.numeric_embedding=ple``); the test
+    metrics of its result.json."""
     from hvdtrain import config as config_lib
 
-    _cli("train", config, "--np", str(RANKS), f"train.seed={seed}")
-    cfg = config_lib.load(config, [f"train.seed={seed}"])
+    _cli("train", config, "--np", str(RANKS), f"train.seed={seed}", *overrides)
+    cfg = config_lib.load(config, [f"train.seed={seed}", *overrides])
     with open(os.path.join(cfg.train.output, "result.json")) as fh:
         return json.load(fh)["test_metrics"]
 

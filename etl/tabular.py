@@ -9,10 +9,18 @@ Features written: ``numeric`` float32 [len(numeric_columns)] and
 ``categorical`` int64 [len(categorical_columns)], where index 0 is the
 unknown bucket (missing, unseen, or rarer than the top ``max_categories``);
 a column in ``etl.categorical_hash_buckets`` holds 1 + its stable hash bucket.
+
+``ple_edges`` (one list per slot of ``numeric``, in ``numeric_features`` order) holds the distinct
+``etl.ple_bins`` quantile edges of each numeric feature (minimum and maximum included) on the values the model
+sees: the raw quantiles of the training rows put through :func:`transform` itself, so an edge is exactly the
+float32 value a raw value at that quantile becomes in the shards. ``model.numeric_embedding: ple`` encodes
+over them (:mod:`hvdtrain.models`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from etl import drift, stats
 from hvdtrain.config import JobConfig
@@ -23,31 +31,64 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     """Statistics of the training rows (a Spark DataFrame with the source column names).
 
     Bounded aggregations only (:mod:`etl.stats`): one pass for the numeric summaries (mean, std, count and
-    approximate median and deciles), one grouped count of every categorical column in long format of which
-    only the top ``etl.max_categories`` values per column reach the driver, and one pass for the numeric
-    drift bins. A column in ``etl.categorical_hash_buckets`` keeps no vocabulary (its top values serve the
-    drift reference only).
+    approximate median, deciles and the ``etl.ple_bins`` quantile edges), one grouped count of every categorical
+    column in long format of which only the top ``etl.max_categories`` values per column reach the driver, and
+    one pass for the numeric drift bins. A column in ``etl.categorical_hash_buckets`` keeps no vocabulary (its
+    top values serve the drift reference only).
     """
     src, etl = cfg.source, cfg.etl
-    summary = stats.numeric_summary(train, src.numeric_columns, [0.5, *drift.DECILES])
+    ple = ple_quantiles(etl.ple_bins)
+    deciles = slice(1, 1 + len(drift.DECILES))
+    summary = stats.numeric_summary(train, src.numeric_columns, [0.5, *drift.DECILES, *ple])
     numeric = {c: {"mean": s["mean"], "std": s["std"], "median": (s["quantiles"] or [None])[0], "count": s["count"]}
                for c, s in summary.items()}
-    edges = {c: sorted(set(s["quantiles"][1:])) for c, s in summary.items()}
+    edges = {c: sorted(set(s["quantiles"][deciles])) for c, s in summary.items()}
+    raw_ple = {c: s["quantiles"][deciles.stop:] for c, s in summary.items()}
     counted = stats.category_counts(train, src.categorical_columns, etl.max_categories)
     hashed = {c: n for c, n in etl.categorical_hash_buckets.items() if c in counted}
     if src.datetime_columns:  # their features summarized as numeric columns (no drift bins: not source columns)
         derived, names = stats.datetime_frame(train, src.datetime_columns, etl.datetime_parts)
+        derived_summary = stats.numeric_summary(derived, names, [0.5, *ple])
         numeric.update({c: {"mean": s["mean"], "std": s["std"], "median": (s["quantiles"] or [None])[0],
-                            "count": s["count"]} for c, s in stats.numeric_summary(derived, names, [0.5]).items()})
-    return {"numeric_columns": list(src.numeric_columns), "categorical_columns": list(src.categorical_columns),
-            "datetime": {"columns": list(src.datetime_columns), "parts": list(etl.datetime_parts),
-                         "kinds": {c: stats.datetime_kind(train, c) for c in src.datetime_columns}},
-            "numeric_features": numeric_names({"numeric_columns": src.numeric_columns,
-                                               "datetime": {"columns": src.datetime_columns,
-                                                            "parts": etl.datetime_parts}}),
-            "impute": etl.impute, "impute_value": etl.impute_value, "scale": etl.scale,
-            "numeric": numeric, "categories": {c: cc.values for c, cc in counted.items() if c not in hashed},
-            "hash_buckets": hashed, "hash": HASH if hashed else None,
-            "distinct_values": {c: cc.distinct for c, cc in counted.items()},
-            # the training distributions scoring's drift check compares its input with
-            "reference": drift.reference(train, edges, counted)}
+                            "count": s["count"]} for c, s in derived_summary.items()})
+        raw_ple.update({c: s["quantiles"][1:] for c, s in derived_summary.items()})
+    out: dict[str, Any] = {
+        "numeric_columns": list(src.numeric_columns), "categorical_columns": list(src.categorical_columns),
+        "datetime": {"columns": list(src.datetime_columns), "parts": list(etl.datetime_parts),
+                     "kinds": {c: stats.datetime_kind(train, c) for c in src.datetime_columns}},
+        "numeric_features": numeric_names({"numeric_columns": src.numeric_columns,
+                                           "datetime": {"columns": src.datetime_columns,
+                                                        "parts": etl.datetime_parts}}),
+        "impute": etl.impute, "impute_value": etl.impute_value, "scale": etl.scale,
+        "numeric": numeric, "categories": {c: cc.values for c, cc in counted.items() if c not in hashed},
+        "hash_buckets": hashed, "hash": HASH if hashed else None,
+        "distinct_values": {c: cc.distinct for c, cc in counted.items()},
+        # the training distributions scoring's drift check compares its input with
+        "reference": drift.reference(train, edges, counted)}
+    if out["numeric_features"]:
+        out["ple_bins"] = etl.ple_bins
+        out["ple_edges"] = ple_edges(out, [raw_ple[c] for c in out["numeric_features"]])
+    return out
+
+
+def ple_quantiles(bins: int) -> list[float]:
+    """The quantiles whose values bound ``bins`` equal-frequency bins: 0, 1/bins, ..., 1 (pure)."""
+    return [i / bins for i in range(bins + 1)]
+
+
+def ple_edges(tab: dict[str, Any], raw: Sequence[Sequence[Optional[float]]]) -> list[list[float]]:
+    """Per slot of ``numeric``, the sorted distinct bin edges on the scale the model sees (pure).
+
+    ``raw`` holds each slot's quantiles in the training rows' units (empty when the column had no value). They go
+    through :func:`transform`, the code the shard writer runs, with the slots as plain numeric columns (a datetime
+    column's features are already derived), so the imputation of a missing quantile and the scaling are the
+    shards' own.
+    """
+    names = tab["numeric_features"]
+    depth = max((len(q) for q in raw), default=0) or 1
+    grid = np.full((depth, len(names)), np.nan)  # [quantile, slot]; NaN: imputed like a missing value
+    for j, q in enumerate(raw):
+        grid[:len(q), j] = [np.nan if v is None else v for v in q]
+    view = {**tab, "numeric_columns": list(names), "datetime": {}, "categorical_columns": []}
+    scaled, _ = transform(view, grid.tolist(), [])
+    return [sorted({float(v) for v in scaled[:, j]}) for j in range(len(names))]

@@ -248,6 +248,8 @@ class EtlConfig:
     impute: Literal["mean", "median", "constant"] = "mean"  # missing numeric values, fitted on train
     impute_value: float = 0.0  # with impute: constant
     scale: bool = True  # standard-scale numeric columns with train mean and std
+    # Quantile bins per numeric feature for model.numeric_embedding: ple (edges recorded on the scaled values)
+    ple_bins: int = 16
     max_categories: int = 1000  # per categorical column; rarer values share the unknown bucket (index 0)
     # Categorical columns hashed instead of indexed: column -> number of hash buckets (for IDs with millions of
     # values). Index 0 stays the missing bucket; a value goes to 1 + a stable hash mod buckets (hvdtrain.features).
@@ -282,6 +284,7 @@ class EtlConfig:
         _require(self.vocab_size >= 10, "vocab_size", self.vocab_size, "must be >= 10")
         _require(self.target_shard_mb > 0, "target_shard_mb", self.target_shard_mb, "must be > 0")
         _require(self.max_categories >= 1, "max_categories", self.max_categories, "must be >= 1")
+        _require(1 <= self.ple_bins <= 1024, "ple_bins", self.ple_bins, "must be in [1, 1024]")
         _require(all(p in DATETIME_PARTS for p in self.datetime_parts) and
                  len(set(self.datetime_parts)) == len(self.datetime_parts), "datetime_parts", self.datetime_parts,
                  f"must name each part once, out of {', '.join(DATETIME_PARTS)}")
@@ -301,8 +304,11 @@ class ModelConfig:
     ``transformer`` (text: ``input_ids`` + ``attention_mask``) uses ``embed_dim``,
     ``num_heads``, ``ff_dim``, ``num_layers``: tiny by default, DistilBERT-shaped
     with ``embed_dim: 768, num_heads: 12, ff_dim: 3072, num_layers: 6``.
-    ``mlp`` (tabular: ``numeric`` and/or ``categorical``) uses ``hidden_units``
-    and ``categorical_embed_dim``. ``dropout`` applies to both.
+    ``mlp`` (tabular: ``numeric`` and/or ``categorical``) uses ``hidden_units``,
+    ``categorical_embed_dim`` (a width, or ``auto``: by each column's cardinality) and
+    ``numeric_embedding`` (``none``: the scaled values as they are; ``ple``: piecewise-linear encoding over
+    the ETL's quantile bins; ``periodic``: trainable sin/cos frequencies; each followed by a per-feature
+    linear layer + ReLU of width ``numeric_embed_dim``; see docs/models.md). ``dropout`` applies to both.
     ``custom`` calls ``builder`` (``package.module:function``) with the dataset's
     :class:`hvdtrain.data.contract.ModelContract` and ``params`` (free-form, also
     merged into a built-in kind's settings); see docs/models.md.
@@ -315,7 +321,14 @@ class ModelConfig:
     num_layers: int = 1
     dropout: float = 0.1
     hidden_units: list[int] = field(default_factory=lambda: [128, 64])  # mlp: one Dense layer per entry
-    categorical_embed_dim: int = 8  # mlp: embedding width of each categorical column
+    # mlp: embedding width of each categorical column; auto: min(32, round(1.6 * cardinality ** 0.56)) per column
+    categorical_embed_dim: Union[int, Literal["auto"]] = 8
+    # mlp: how the numeric features enter (Gorishniy et al., NeurIPS 2022): none, ple (needs the ETL's
+    # preprocessing.tabular.ple_edges, etl.ple_bins), periodic; then a per-feature Dense(numeric_embed_dim) + ReLU
+    numeric_embedding: Literal["none", "ple", "periodic"] = "none"
+    numeric_embed_dim: int = 24
+    periodic_frequencies: int = 48  # periodic: sin/cos pairs per feature
+    periodic_sigma: float = 0.01  # periodic: the frequencies start from N(0, sigma) (rtdl_num_embeddings' default)
     builder: Optional[str] = None  # custom: "package.module:function" returning an uncompiled keras.Model
     params: dict[str, Any] = field(default_factory=dict)  # passed to the builder (hvdtrain tune can search them)
     code: Optional[str] = path_field(None)  # a folder holding the builder's package; shipped to YARN and Spark
@@ -340,7 +353,12 @@ class ModelConfig:
         _require(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _require(bool(self.hidden_units) and all(u > 0 for u in self.hidden_units), "hidden_units",
                  self.hidden_units, "must be a non-empty list of layer widths > 0, e.g. [128, 64]")
-        _require(self.categorical_embed_dim > 0, "categorical_embed_dim", self.categorical_embed_dim, "must be > 0")
+        _require(self.categorical_embed_dim == "auto" or self.categorical_embed_dim > 0, "categorical_embed_dim",
+                 self.categorical_embed_dim, "must be > 0, or auto (a width per column by its cardinality)")
+        for name in ("numeric_embed_dim", "periodic_frequencies"):
+            _require(getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
+        _require(math.isfinite(self.periodic_sigma) and self.periodic_sigma > 0, "periodic_sigma",
+                 self.periodic_sigma, "must be a finite number > 0, e.g. 0.01 (0.01 to 100 are usual)")
 
 
 def _is_builder_path(value: Optional[str]) -> bool:
@@ -986,6 +1004,9 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if any(typing.get_origin(a) is Literal and value in typing.get_args(a) for a in inner):
+            return value  # a word the field takes besides its type (model.categorical_embed_dim: auto)
+        inner = [a for a in inner if typing.get_origin(a) is not Literal] or inner
         if isinstance(value, dict):  # a field that takes a word or a mapping (task.class_weights)
             inner = [a for a in inner if typing.get_origin(a) is dict] or inner
         return _coerce(inner[0], value, dotted)

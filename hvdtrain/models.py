@@ -21,6 +21,14 @@ registered and has ``get_config()``: it is wrapped in a functional model over
 the contract's features (:func:`as_functional`), so it trains and exports like
 the others; one without them is refused in one line before any training.
 
+The tabular ``mlp`` can embed its numeric features (``model.numeric_embedding``; Gorishniy, Rubachev and
+Babenko, "On Embeddings for Numerical Features in Tabular Deep Learning", NeurIPS 2022): ``ple``, the
+piecewise-linear encoding over the ETL's quantile edges, or ``periodic``, sin/cos of trainable frequencies,
+each followed by a per-feature linear layer + ReLU (the paper's Q-L-R and PLR). Both are built from
+``keras.ops`` over constants and ``EinsumDense``, not from a layer class of hvdtrain's own: a registered class
+would have to be imported wherever ``model.keras`` is loaded (scoring's executors, MLflow serving), and the
+built-ins need nothing.
+
 The built-in models are functional graphs of built-in layers and ``keras.ops`` only, so
 ``model.keras`` (and the MLflow Keras flavor built on it) loads with plain
 ``keras.models.load_model``: no hvdtrain import and no custom objects at
@@ -31,9 +39,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from hvdtrain.config import ModelConfig
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
 
 # train.mixed_precision -> Keras dtype policy (variables stay float32 under both mixed policies).
 POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+AUTO_EMBED_MAX = 32  # model.categorical_embed_dim: auto never gives a column a wider embedding
+_UNBOUNDED = float(np.finfo(np.float32).max)  # a bound that clips nothing (JSON has no infinity)
 
 
 def _embed(input_ids: Any, vocab_size: int, max_length: int, embed_dim: int) -> Any:
@@ -101,16 +112,100 @@ def _categorical_embedding(categorical: Any, cardinalities: tuple[int, ...], dim
     return layers.Flatten(name="categorical_flat")(table)
 
 
+def embedding_widths(cardinalities: Sequence[int], setting: Union[int, str]) -> tuple[int, ...]:
+    """Embedding width per categorical column (pure): ``setting`` itself, or for ``auto`` fastai's rule
+    ``round(1.6 * cardinality ** 0.56)`` (cardinality with the unknown bucket) capped at :data:`AUTO_EMBED_MAX`."""
+    if setting == "auto":
+        return tuple(min(AUTO_EMBED_MAX, round(1.6 * c ** 0.56)) for c in cardinalities)
+    return tuple(int(setting) for _ in cardinalities)
+
+
+def _categorical_embeddings(categorical: Any, cardinalities: tuple[int, ...], widths: tuple[int, ...]) -> Any:
+    """One embedding table per column, each of its own width (``categorical_embed_dim: auto``), concatenated.
+
+    As in :func:`_categorical_embedding`, an index outside the column's range maps to its unknown bucket 0.
+    """
+    parts = []
+    for j, (size, width) in enumerate(zip(cardinalities, widths)):
+        ids = ops.take(categorical, j, axis=1)
+        ids = ops.where(ops.logical_and(ids >= 0, ids < size), ids, ops.zeros_like(ids))
+        parts.append(layers.Embedding(size, width, name=f"categorical_embedding{j}")(ids))
+    return parts[0] if len(parts) == 1 else layers.Concatenate(name="categorical_flat")(parts)
+
+
+def ple_tables(edges: Sequence[Sequence[float]]) -> tuple[np.ndarray, ...]:
+    """float32 ``(left, width, lower, upper)``, each ``[features, bins]``, of the piecewise-linear encoding (pure).
+
+    Bin ``t`` of a feature with edges ``b_0 < ... < b_T`` is ``clip((x - b_t) / (b_{t+1} - b_t), lower, upper)``:
+    in [0, 1], except that the first bin is not bounded below and the last not above (the paper's definition: a
+    value beyond the training range keeps a slope). A feature with fewer bins than the widest has its padding
+    bins fixed at 0; one with a single edge (a constant column) has the one bin ``x - b_0``.
+    """
+    bins = max([len(e) - 1 for e in edges] + [1])
+    left = np.zeros((len(edges), bins), np.float32)
+    width, lower, upper = np.ones_like(left), np.zeros_like(left), np.zeros_like(left)
+    for j, col in enumerate(edges):
+        e = np.asarray(col, np.float32)
+        n = max(len(e) - 1, 1)
+        left[j, :n] = e[:n]
+        width[j, :n] = np.diff(e) if len(e) > 1 else 1.0  # in float32: (b_{t+1} - b_t) / width is exactly 1
+        upper[j, :n] = 1.0
+        lower[j, 0], upper[j, n - 1] = -_UNBOUNDED, _UNBOUNDED
+    return left, width, lower, upper
+
+
+def piecewise_linear_encoding(numeric: Any, edges: Sequence[Sequence[float]]) -> Any:
+    """``[batch, features]`` -> ``[batch, features, bins]``: :func:`ple_tables`' encoding, in float32."""
+    left, width, lower, upper = (ops.convert_to_tensor(a) for a in ple_tables(edges))
+    x = ops.expand_dims(ops.cast(numeric, "float32"), -1)
+    return ops.minimum(ops.maximum((x - left) / width, lower), upper)
+
+
+def periodic_encoding(numeric: Any, frequencies: int, sigma: float) -> Any:
+    """``[batch, features]`` -> ``[batch, features, 2 * frequencies]``: ``cos`` and ``sin`` of ``2 pi c x``, with a
+    trainable ``c`` per feature and frequency drawn from N(0, sigma) (the paper's periodic embedding)."""
+    features = numeric.shape[-1]
+    angle = layers.EinsumDense("bk,kn->bkn", output_shape=(features, frequencies), dtype="float32",
+                               kernel_initializer=keras.initializers.RandomNormal(0.0, sigma),
+                               name="numeric_frequencies")(ops.cast(numeric, "float32") * (2.0 * np.pi))
+    return ops.concatenate([ops.cos(angle), ops.sin(angle)], axis=-1)
+
+
+def _numeric_part(numeric: Any, shape: "InputShape", params: dict[str, Any]) -> Any:
+    """The numeric features as the MLP takes them: as they are, or embedded (``model.numeric_embedding``)."""
+    kind = params.get("numeric_embedding", "none")
+    if kind == "none":
+        return numeric
+    if kind == "ple":
+        if not shape.ple_edges:
+            raise ConfigError("model.numeric_embedding", kind, "needs the ETL's quantile edges "
+                              "(preprocessing.tabular.ple_edges), which this dataset's manifest lacks: rerun the ETL "
+                              "with this hvdtrain version, or use model.numeric_embedding=periodic")
+        encoded = piecewise_linear_encoding(numeric, shape.ple_edges)
+    elif kind == "periodic":
+        encoded = periodic_encoding(numeric, params["periodic_frequencies"], params["periodic_sigma"])
+    else:
+        raise ConfigError("model.numeric_embedding", kind, "must be one of none, ple, periodic")
+    features = encoded.shape[1]
+    # One linear map per feature (kernel [features, encoding, dim], bias [features, dim]), then ReLU.
+    embedded = layers.EinsumDense("bkt,ktd->bkd", output_shape=(features, params["numeric_embed_dim"]),
+                                  bias_axes="kd", activation="relu", name="numeric_embedding")(encoded)
+    return layers.Flatten(name="numeric_flat")(embedded)
+
+
 def mlp_classifier(shape: "InputShape", params: dict[str, Any]) -> keras.Model:
-    """Tabular MLP: numeric features and categorical embeddings, concatenated, then Dense layers."""
+    """Tabular MLP: numeric features (optionally embedded) and categorical embeddings, concatenated, then Dense
+    layers."""
     inputs, parts = {}, []
     if "numeric" in shape.inputs:
         inputs["numeric"] = keras.Input((shape.numeric_features,), dtype="float32", name="numeric")
-        parts.append(inputs["numeric"])
+        parts.append(_numeric_part(inputs["numeric"], shape, params))
     if "categorical" in shape.inputs:
         inputs["categorical"] = keras.Input((len(shape.cardinalities),), dtype="int64", name="categorical")
-        parts.append(_categorical_embedding(inputs["categorical"], shape.cardinalities,
-                                            params["categorical_embed_dim"]))
+        dim = params["categorical_embed_dim"]
+        parts.append(_categorical_embeddings(inputs["categorical"], shape.cardinalities,
+                                             embedding_widths(shape.cardinalities, dim)) if dim == "auto" else
+                     _categorical_embedding(inputs["categorical"], shape.cardinalities, dim))
     x = parts[0] if len(parts) == 1 else layers.Concatenate(name="features")(parts)
     for i, units in enumerate(params["hidden_units"]):
         x = layers.Dense(units, activation="relu", name=f"dense{i}")(x)
@@ -125,7 +220,8 @@ BUILDERS: dict[str, Builder] = {
     "mlp": mlp_classifier,
 }
 _BUILTIN_PARAMS = ("embed_dim", "num_heads", "ff_dim", "num_layers", "dropout", "hidden_units",
-                   "categorical_embed_dim")
+                   "categorical_embed_dim", "numeric_embedding", "numeric_embed_dim", "periodic_frequencies",
+                   "periodic_sigma")
 
 
 def builder_params(model_cfg: ModelConfig) -> dict[str, Any]:

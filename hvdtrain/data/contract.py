@@ -10,6 +10,7 @@ any rank starts work import it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -60,6 +61,8 @@ class InputShape:
     label names (empty for regression); the model must return
     ``[batch, num_outputs]`` float scores (logits; the value for regression).
     ``weight_feature`` names the per-example loss weight when the dataset has one (never a model input).
+    ``ple_edges``: per slot of ``numeric``, the ETL's sorted quantile edges on the scaled values
+    (``preprocessing.tabular.ple_edges``; empty when the manifest has none), which ``numeric_embedding: ple`` needs.
     """
 
     max_length: int
@@ -77,6 +80,7 @@ class InputShape:
     labels: tuple[str, ...] = field(default=(), compare=False)
     features: dict[str, Feature] = field(default_factory=dict, compare=False)
     weight_feature: Optional[str] = None
+    ple_edges: tuple[tuple[float, ...], ...] = field(default=(), compare=False)
 
     @property
     def num_outputs(self) -> int:
@@ -193,7 +197,31 @@ def check_manifest(manifest: Manifest, model_cfg: ModelConfig, task: Optional[st
                       hash_buckets=tabular.hash_buckets,
                       task=manifest.task, labels=tuple(manifest.labels),
                       features=describe_features(manifest, inputs, text[1], tabular.cardinalities),
-                      weight_feature=_weight_feature(manifest))
+                      weight_feature=_weight_feature(manifest),
+                      ple_edges=_ple_edges(manifest, tabular.numeric_features,
+                                           required=model_cfg.kind == "mlp" and model_cfg.numeric_embedding == "ple"))
+
+
+def _ple_edges(manifest: Manifest, width: int, required: bool) -> tuple[tuple[float, ...], ...]:
+    """The ETL's quantile edges per ``numeric`` slot (:mod:`etl.tabular`); () without them, unless ``required``.
+
+    Raises:
+        DataError: ``model.numeric_embedding: ple`` and the manifest has no usable edges (an older ETL).
+    """
+    found = manifest.preprocessing.get("tabular", {}).get("ple_edges")
+    ok = (isinstance(found, list) and len(found) == width > 0
+          and all(isinstance(col, list) and col and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                        for v in col) and col == sorted(col) for col in found))
+    if ok:
+        return tuple(tuple(float(v) for v in col) for col in found)
+    if required:
+        where = manifest.location or "manifest"
+        shown = found if not isinstance(found, list) else f"{len(found)} list(s)"
+        raise DataError(f"{where}: model.numeric_embedding=ple needs preprocessing.tabular.ple_edges, one sorted "
+                        f"list of finite edges per slot of feature 'numeric' ({width}), but it is {shown}: rerun "
+                        "the ETL with this hvdtrain version (it records etl.ple_bins quantile edges), or use "
+                        "model.numeric_embedding=periodic, which needs no fitted edges")
+    return ()
 
 
 def _weight_feature(manifest: Manifest) -> Optional[str]:
