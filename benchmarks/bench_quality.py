@@ -147,8 +147,14 @@ def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[
     metrics of its result.json."""
     from hvdtrain import config as config_lib
 
-    _cli("train", config, "--np", str(RANKS), f"train.seed={seed}", *overrides)
-    cfg = config_lib.load(config, [f"train.seed={seed}", *overrides])
+    # Each run its own checkpoints and outputs: in a shared checkpoint.dir the next seed would resume the last
+    # one's final checkpoint and train nothing (the seed spread would read 0).
+    tag = "-".join([f"seed{seed}", *overrides]).replace("/", "_").replace("=", "_")
+    cfg = config_lib.load(config)
+    overrides = [f"train.seed={seed}", f"checkpoint.dir={cfg.checkpoint.dir}/{tag}",
+                 f"train.output={cfg.train.output}/{tag}", *overrides]
+    _cli("train", config, "--np", str(RANKS), *overrides)
+    cfg = config_lib.load(config, overrides)
     with open(os.path.join(cfg.train.output, "result.json")) as fh:
         return json.load(fh)["test_metrics"]
 
