@@ -36,7 +36,7 @@ from etl import split as split_mod
 from etl import stats as stats_mod
 from etl.fitted import Fitted
 from hvdtrain import config as config_mod
-from hvdtrain import console, fs, lease, manifest, secrets, wordpiece
+from hvdtrain import console, fs, lease, ledger, manifest, secrets, wordpiece
 from hvdtrain.config import SPLITS, JobConfig
 from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
 from hvdtrain.features import TEXT_SEP
@@ -97,6 +97,7 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]
     staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
+    first = not fs.exists(fs.join(cfg.etl.output, ledger.NAME))  # this run writes the folder's first ledger
     publish.claim_staging(cfg.etl.output, run_id)  # the ledger names it before anything is staged
     try:
         with timer.stage("read"):
@@ -135,6 +136,8 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
         clean_staging(cfg.etl.output, run_id)
+        if first:  # a failed first run leaves nothing behind, not even the ledger naming its staging
+            drop_ledger(cfg.etl.output)
         raise
     clean_staging(cfg.etl.output, run_id)
     return report
@@ -275,6 +278,17 @@ def clean_staging(out: str, run_id: str) -> None:
             fs.delete(staging)
     except ANY_ERROR as exc:  # clean-up must not hide the real error
         log.warning("could not remove %s: %s", fs.join(staging, run_id), exc)
+
+
+def drop_ledger(out: str) -> None:
+    """Delete ``out``'s ledger when it names nothing but runs' staging that is gone (a failed first run's)."""
+    try:
+        found = ledger.read(out)
+        staged = [e for e in found.entries if e.startswith(publish.STAGING + "/")] if found else []
+        if found is not None and len(staged) == len(found.entries) and not fs.exists(fs.join(out, publish.STAGING)):
+            fs.delete(fs.join(out, ledger.NAME))
+    except ANY_ERROR as exc:  # clean-up must not hide the real error
+        log.warning("could not remove %s: %s", fs.join(out, ledger.NAME), exc)
 
 
 def summary_table(report: dict[str, Any]) -> str:
