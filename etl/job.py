@@ -276,6 +276,11 @@ def clean_staging(out: str, run_id: str) -> None:
         fs.delete(fs.join(staging, run_id))
         if fs.exists(staging) and not fs.listdir(staging):
             fs.delete(staging)
+        found = ledger.read(out)  # the ledger no longer names what is gone: a rerun's ledger is the same bytes
+        mine = f"{publish.STAGING}/{run_id}"
+        if found is not None and any(e == mine or e.startswith(mine + "/") for e in found.entries):
+            ledger.write(out, ledger.Ledger(found.writer, tuple(e for e in found.entries
+                                                                if not (e == mine or e.startswith(mine + "/")))))
     except ANY_ERROR as exc:  # clean-up must not hide the real error
         log.warning("could not remove %s: %s", fs.join(staging, run_id), exc)
 

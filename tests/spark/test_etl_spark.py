@@ -481,6 +481,10 @@ def published_files(out: str) -> dict[str, bytes]:
     report = json.loads(files.pop("etl_report.json"))
     report.pop("stage_seconds")
     files["etl_report.json (no timings)"] = json.dumps(report, sort_keys=True).encode()
+    if "_hvdtrain_ledger.json" in files:  # what it names, as above: paths without v-<run>/, rejects as their rows
+        owned = json.loads(files.pop("_hvdtrain_ledger.json"))
+        entries = sorted(unversioned(e) for e in owned["entries"] if not e.startswith("rejects/"))
+        files["_hvdtrain_ledger.json (entries)"] = json.dumps([owned["writer"], entries]).encode()
     return files
 
 
