@@ -12,7 +12,7 @@ import pytest
 from hvdtrain import config, manifest
 from hvdtrain.errors import ConfigError
 from tests.multiprocess.test_yarn_local import run_submit, submit_env
-from tests.unit.test_yarn_command import ENV, PYTHON, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
+from tests.unit.test_yarn_command import ENV, PYTHON, REDACTION, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import etl_submit
 
 
@@ -29,7 +29,7 @@ def test_cluster_mode_ships_env_code_kerberos_queue_and_yarn_env_like_training()
         *confs("spark.pyspark.python=./env/bin/python", "spark.pyspark.driver.python=./env/bin/python",
                "spark.yarn.appMasterEnv.PYSPARK_PYTHON=./env/bin/python", "spark.yarn.appMasterEnv.TZ=UTC",
                f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", "spark.executorEnv.TZ=UTC",
-               "spark.sql.shuffle.partitions=400"),
+               *REDACTION, "spark.sql.shuffle.partitions=400"),
         etl_submit.ETL_SCRIPT, "--config", "hvdtrain-job.yaml", "--overwrite",
     ]
     assert p.env == {"PYTHONUNBUFFERED": "1"} and p.result_uri == "hdfs://nn:8020/data/reviews/manifest.json"
@@ -43,7 +43,7 @@ def test_client_mode_without_a_fixed_executor_count_leaves_allocation_to_the_clu
         "--driver-memory", "4g", "--executor-memory", "8g", "--executor-cores", "4", "--archives", f"{ENV}#env",
         "--py-files", ZIP, "--files", YAML,
         *confs("spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}",
-               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}"),
+               f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", *REDACTION),
         etl_submit.ETL_SCRIPT, "--config", YAML,
     ]
 
