@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from etl import stats
-from hvdtrain import config, features
-from tests.support.spark_jvm import assert_local_default_fs
+from hvdtrain import features
+from tests.support.spark_jvm import module_session, parquet_job
 
 pytestmark = pytest.mark.spark
 
@@ -41,17 +41,7 @@ _COLUMNS = {
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    from etl import session
-
-    base = tmp_path_factory.mktemp("category_forms")
-    cfg = config.from_dict({"name": "forms", "workdir": str(base), "source": {"path": str(base / "in"),
-                                                                             "format": "parquet"}},
-                           base_dir=str(base))
-    s = session.get_session(cfg, "local[2]")
-    assert_local_default_fs(s)
-    s.conf.set("spark.sql.shuffle.partitions", "2")
-    yield s
-    s.stop()
+    yield from module_session(parquet_job(tmp_path_factory.mktemp("category_forms")))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from etl import tabular
 from hvdtrain import config, features
 from tests.support import feature_paths
-from tests.support.spark_jvm import assert_local_default_fs
+from tests.support.spark_jvm import module_session
 
 pytestmark = pytest.mark.spark
 
@@ -42,13 +42,7 @@ def cfg(base):
 
 @pytest.fixture(scope="module")
 def spark(cfg):
-    from etl import session
-
-    s = session.get_session(cfg, "local[2]")
-    assert_local_default_fs(s)
-    s.conf.set("spark.sql.shuffle.partitions", "2")
-    yield s
-    s.stop()
+    yield from module_session(cfg)
 
 
 def test_writer_and_scoring_encode_datetimes_bit_for_bit_in_any_time_zone(spark, cfg) -> None:

@@ -18,7 +18,7 @@ from etl import sources, stats
 from hvdtrain import config
 from hvdtrain.errors import DataError
 from tests.support import feature_paths
-from tests.support.spark_jvm import assert_local_default_fs
+from tests.support.spark_jvm import module_session, parquet_job
 
 pytestmark = pytest.mark.spark
 
@@ -42,16 +42,7 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spark(base):
-    from etl import session
-
-    cfg = config.from_dict({"name": "forms", "workdir": str(base), "source": {"path": str(base / "in"),
-                                                                             "format": "parquet"}},
-                           base_dir=str(base))
-    s = session.get_session(cfg, "local[2]")
-    assert_local_default_fs(s)
-    s.conf.set("spark.sql.shuffle.partitions", "2")
-    yield s
-    s.stop()
+    yield from module_session(parquet_job(base))
 
 
 def _source(names, **extra):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import config, features, manifest, score
-from tests.support.spark_jvm import assert_local_default_fs
+from tests.support.spark_jvm import module_session
 
 pytestmark = pytest.mark.spark
 
@@ -41,13 +41,7 @@ def cfg(base):
 
 @pytest.fixture(scope="module")
 def spark(cfg):
-    from etl import session
-
-    s = session.get_session(cfg, "local[2]")
-    assert_local_default_fs(s)
-    s.conf.set("spark.sql.shuffle.partitions", "2")
-    yield s
-    s.stop()
+    yield from module_session(cfg)
 
 
 def test_two_text_columns_etl_and_scoring_give_the_same_ids(spark, cfg) -> None:

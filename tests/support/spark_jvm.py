@@ -38,3 +38,25 @@ def assert_local_default_fs(spark: Any) -> None:
     fs = default_fs(spark)
     assert fs.startswith("file:"), (f"this Spark JVM resolves bare paths on {fs}: an earlier test started Spark with "
                                     "HADOOP_CONF_DIR set and left its JVM running (tests/support/spark_jvm.py)")
+
+
+def module_session(cfg: Any) -> Any:
+    """A module's local[2] SparkSession (2 shuffle partitions: small tables), stopped after its last test; a
+    fixture yields from it: ``yield from module_session(cfg)``."""
+    from etl import session
+
+    s = session.get_session(cfg, "local[2]")
+    assert_local_default_fs(s)
+    s.conf.set("spark.sql.shuffle.partitions", "2")
+    yield s
+    s.stop()
+
+
+def parquet_job(base: Any) -> Any:
+    """A minimal job config whose source is Parquet files under ``base/in`` (for modules that call the ETL's
+    and scoring's functions directly)."""
+    from hvdtrain import config
+
+    return config.from_dict({"name": "forms", "workdir": str(base), "source": {"path": str(base / "in"),
+                                                                              "format": "parquet"}},
+                            base_dir=str(base))
