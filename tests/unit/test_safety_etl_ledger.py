@@ -6,7 +6,6 @@ The publish is driven as etl.job.run drives it (check_output, then plan_publish 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -18,9 +17,9 @@ from etl import publish, writer
 from etl.accounting import RowCounts
 from hvdtrain import config, fs, ledger, manifest
 from hvdtrain.errors import DataError
+from tests.unit.test_safety_etl_output import ROWS, stage_shards
 
 SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
-ROWS = {"train": 8, "validation": 1, "test": 1}
 
 
 def _publish(out: Path, tag: str, tmp: Path, rejects: bool = False) -> dict:
@@ -28,14 +27,7 @@ def _publish(out: Path, tag: str, tmp: Path, rejects: bool = False) -> dict:
                             "etl": {"output": str(out), "max_length": 8, "overwrite": True}}, base_dir=str(tmp))
     replacing = etl_job.check_output(cfg)
     staging = fs.join(str(out), "_staging", tag)
-    results = []
-    for i, split in enumerate(("train", "validation", "test")):
-        data = f"{tag}{i}".encode() * 10
-        staged = fs.join(staging, f"{i}.tf")
-        fs.write_bytes_atomic(staged, data)
-        results.append(writer.ShardResult(partition=i, split=split, index=0, staged=staged, records=ROWS[split],
-                                          bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                                          class_counts={0: ROWS[split]}))
+    results = stage_shards(out, tag)
     rejected = {}
     if rejects:
         fs.write_bytes_atomic(fs.join(staging, "rejects", "part-0.parquet"), f"rejects of {tag}".encode())

@@ -22,10 +22,8 @@ def job(out: Path, tmp: Path, overwrite: bool = True) -> config.JobConfig:
                             base_dir=str(tmp))
 
 
-def plan(out: Path, tag: str, tmp: Path) -> publish.PublishPlan:
-    """Stage one shard per split for dataset ``tag`` and plan its publish (check_output first, as etl.job.run)."""
-    cfg = job(out, tmp)
-    replacing = etl_job.check_output(cfg)
+def stage_shards(out: Path, tag: str) -> list[writer.ShardResult]:
+    """One staged shard per split of dataset ``tag`` under ``out/_staging/<tag>``, as the write tasks report them."""
     staging = fs.join(str(out), "_staging", tag)
     results = []
     for i, split in enumerate(("train", "validation", "test")):
@@ -35,6 +33,15 @@ def plan(out: Path, tag: str, tmp: Path) -> publish.PublishPlan:
         results.append(writer.ShardResult(partition=i, split=split, index=0, staged=staged, records=ROWS[split],
                                           bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
                                           class_counts={0: ROWS[split]}))
+    return results
+
+
+def plan(out: Path, tag: str, tmp: Path) -> publish.PublishPlan:
+    """Stage one shard per split for dataset ``tag`` and plan its publish (check_output first, as etl.job.run)."""
+    cfg = job(out, tmp)
+    replacing = etl_job.check_output(cfg)
+    staging = fs.join(str(out), "_staging", tag)
+    results = stage_shards(out, tag)
     counts = RowCounts(rows_in=10, rejected={}, before_dedup=10, after_dedup=10, label_unknown=0,
                        by_split=dict(ROWS), written=dict(ROWS))
     fitted = publish.Fitted(labels=["a"], text_specs=manifest.text_features(8, 4), vocab=["[PAD]", "[UNK]"],
