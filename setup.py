@@ -20,7 +20,7 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["hvdtrain", "hvdtrain.*", "etl", "etl.*", "yarn", "yarn.*"]),
     # hvdtrain cluster: the minicluster launcher (compiled at first use) and the pom Maven fetches its jars with
-    package_data={"yarn": ["*.sh"], "hvdtrain.minicluster": ["*.java", "pom.xml"]},
+    package_data={"yarn": ["*.sh"], "hvdtrain.hadoop.minicluster": ["*.java", "pom.xml"]},
     install_requires=[
         tensorflow,
         "keras>=3.10,<4",
@@ -35,12 +35,12 @@ setup(
         "google-crc32c>=1.5,<2",
         "matplotlib>=3.8,<4",
         "venv-pack>=0.2,<0.3",
-        # hvdtrain/monitoring.py: start_http_server returns (server, thread) from 0.20; tested with 0.26.0
+        # hvdtrain/observe/monitoring.py: start_http_server returns (server, thread) from 0.20; tested with 0.26.0
         "prometheus_client>=0.20,<0.27",
         # hvdtrain/tune.py: RetryHeartbeatStaleTrialCallback and heartbeat_stale_trial_callback are 4.9+/5.x
         # names (the old ones go in 6.0); tested with 5.0.0
         "optuna>=5.0,<6",
-        # hvdtrain/tensorboard.py: tf.summary's writers and `hvdtrain tensorboard` (TF 2.21 no longer pulls it
+        # hvdtrain/observe/tensorboard.py: tf.summary's writers and `hvdtrain tensorboard` (TF 2.21 no longer pulls it
         # in); tested with 2.21.0
         "tensorboard>=2.20,<2.22",
         # Horovod 0.28.1 itself is built from its sdist by scripts/build_horovod.sh

@@ -18,7 +18,7 @@ from benchmarks.common import Entry, median_time
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain import checkpoint as ck
+    from hvdtrain.training import checkpoint as ck
 
     mb = 32 if quick else 256
     rng = np.random.default_rng(0)

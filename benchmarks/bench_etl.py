@@ -5,8 +5,8 @@ every word's count to the driver (how the ETL did it before).
 
 Both write the same rows (a key, 128 token ids, a label) as tf.train.Example
 TFRecords. The Spark side runs the ETL's own encoder and framing
-(hvdtrain.tfrecord, as etl/writer.py uses them) in Spark tasks writing through
-hvdtrain.fs; tokenization is left out of both. The SparkSession is started and
+(hvdtrain.data.tfrecord, as etl/writer.py uses them) in Spark tasks writing through
+hvdtrain.hadoop.fs; tokenization is left out of both. The SparkSession is started and
 the input cached before timing, so JVM start-up is excluded.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ def tf_loop(ids: np.ndarray, labels: np.ndarray, path: str) -> None:
 def write_partition(index: int, rows: Any, out_dir: str):
     """Spark task: the ETL's encoder + TFRecord framing, batched as in etl/writer.py."""
     from etl.writer import BATCH
-    from hvdtrain import fs, tfrecord
+    from hvdtrain.data import tfrecord
+    from hvdtrain.hadoop import fs
 
     with fs.open_output(fs.join(out_dir, f"part-{index:05d}.tfrecord")) as stream:
         w = tfrecord.TFRecordWriter(stream)
@@ -151,7 +152,7 @@ def _vocab_driver_memory(spark, distinct: int) -> Entry:
 
     from etl import job as etl_job
     from etl import text
-    from hvdtrain import wordpiece
+    from hvdtrain.data import wordpiece
 
     opts, vocab_size = text.TextOptions(), 2000
     # Ten distinct words per row (a base-36 serial) plus a few common ones, as a long-tailed column has.
@@ -206,7 +207,7 @@ def _collect_all_counts(texts, opts) -> dict:
 
 def _serialize_cost_us(ids: np.ndarray, labels: np.ndarray) -> float:
     """Per-row cost of the ETL's encoder and TFRecord framing alone (one process, no I/O)."""
-    from hvdtrain import tfrecord
+    from hvdtrain.data import tfrecord
 
     keys = [b"row-%09d" % i for i in range(len(labels))]
     sec = median_time(lambda: tfrecord.encode_framed({

@@ -38,7 +38,7 @@ def make_table(spark: Any, path: str, rows: int, distinct_ids: int, items: int) 
 
 
 def job_config(source: str, output: str, workdir: str) -> Any:
-    from hvdtrain import config
+    from hvdtrain.core import config
 
     return config.from_dict({
         "name": "highcard", "workdir": workdir,

@@ -11,7 +11,7 @@ yarn_submit_overhead     seconds from ``hvdtrain yarn submit --master yarn --num
                          with the env archive already on HDFS (warm), against ``hvdtrain train --np 2`` of the same
                          job on this host, in interleaved pairs (target <= 3x); the cold submission (the archive
                          uploaded to the fresh cluster's env cache and localized) in its notes. Both read the
-                         ranks' start-up breakdown (:mod:`hvdtrain.startup`; on YARN its clock starts at the
+                         ranks' start-up breakdown (:mod:`hvdtrain.runtime.startup`; on YARN its clock starts at the
                          command, so spark-submit, the application master and the containers are its launcher).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import tempfile
 from benchmarks.bench_input import make_dataset
 from benchmarks.bench_launch import hvdtrain_startup, median_phases, tiny_job
 from benchmarks.common import Entry, interleaved
-from hvdtrain import envcheck, fs
-from hvdtrain.minicluster import cluster
+from hvdtrain.hadoop import envcheck, fs
+from hvdtrain.hadoop.minicluster import cluster
 from yarn import packaging
 from yarn.packaging import PACK_CACHE_ENV
 

@@ -28,7 +28,7 @@ CHUNK = 8 << 20
 
 def make_dataset(root: str, records: int, packed: bool = True):
     """The synthetic training shards; ``packed=False``: the same rows with tokens as int64 lists."""
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     per_split = {"train": records, "validation": 64, "test": 64}
     return make_text_dataset(root, TextSpec(layout=Layout(n_per_split=per_split, shards_per_split=8), num_classes=4,
@@ -155,7 +155,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 def _staging_overlap(m, batch: int, quick: bool) -> list[Entry]:
     """Steady-state step time with shards staged through the remote code path vs read in place.
 
-    The "remote" filesystem is the local one reached through hvdtrain.fs's
+    The "remote" filesystem is the local one reached through hvdtrain.hadoop.fs's
     staging path (copy ahead into a bounded local folder), which is what an
     hdfs:// dataset goes through; the model step is a fixed small matmul so the
     figure isolates input overhead. The timed window is a whole pass over the

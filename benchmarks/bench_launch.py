@@ -2,7 +2,7 @@
 
 The job is ``horovodrun -np 2`` of the benchmark worker; the baseline is the same worker as one plain process
 (no launcher, no Horovod), in interleaved pairs. Beside it, ``hvdtrain train --np 2`` of a tiny job is run
-``reps`` times and its ranks' start-up breakdown (:mod:`hvdtrain.startup`: launcher, interpreter and imports,
+``reps`` times and its ranks' start-up breakdown (:mod:`hvdtrain.runtime.startup`: launcher, interpreter and imports,
 rendezvous, data plan, tracking, model build, first step) is reported, phase by phase, as the median over
 the runs: where the time to the first step goes in the product's own path.
 """
@@ -48,8 +48,8 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 def tiny_job(root: str, **sections: Any) -> tuple[str, str]:
     """A small text dataset and a 1-epoch job on it under ``root`` (``sections`` added to the config, e.g.
     ``yarn``); returns (the job's YAML, the dataset)."""
-    from hvdtrain import config
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.core import config
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     data = os.path.join(root, "data")
     make_text_dataset(data, TextSpec(layout=Layout(

@@ -18,7 +18,7 @@ def paired_ratios(on: list[float], off: list[float]) -> list[float]:
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     steps, reps = ("10", "1") if quick else ("100", "9")
     root = tempfile.mkdtemp(prefix="bench-monitoring-")

@@ -6,7 +6,7 @@ shards with the same input pipeline, per-rank batch (64) and thread budget
 ``horovodrun -np 2 --gloo`` (``train_worker``) against the same step under
 ``strategy.run`` on 2 local TF_CONFIG workers with ring collectives
 (``mwms_worker``). hvdtrain's ranks start with the malloc setting its launcher
-gives them (``MALLOC_TOP_PAD_``, :func:`hvdtrain.launch.malloc_env`); the peer runs
+gives them (``MALLOC_TOP_PAD_``, :func:`hvdtrain.runtime.launch.malloc_env`); the peer runs
 as a user would start it, and a third arm gives it the same setting
 (``notes.ratio_to_mwms_same_malloc``). Launches alternate (hvdtrain, MWMS, MWMS
 with the setting, hvdtrain, ...); the ratio is reported as min/median/max over the pairs.
@@ -20,8 +20,8 @@ import tempfile
 
 from benchmarks.common import Entry, interleaved_results
 from benchmarks.launch import horovodrun, tf_workers
-from hvdtrain.config import TrainConfig
-from hvdtrain.launch import malloc_env
+from hvdtrain.core.config import TrainConfig
+from hvdtrain.runtime.launch import malloc_env
 
 FIT_NOTE = ("Keras 3 model.fit on MWMS's distributed dataset fails on TensorFlow 2.21, so the peer is the "
             "custom loop TensorFlow documents for MWMS (strategy.run + GradientTape)")
@@ -31,7 +31,7 @@ MODEL_SIZES = {"train_vs_mwms": "demo", "train_vs_mwms_large": "large"}  # large
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     steps, reps = ("16", 1) if quick else ("96", 5)  # a multiple of train.steps_per_call
     root = tempfile.mkdtemp(prefix="bench-mwms-")

@@ -145,7 +145,7 @@ def prepare(table: Table, root: str, rows: int, epochs: int, keys: str = "table"
 def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[str, float]:
     """``hvdtrain train --np 2`` with ``train.seed`` and ``overrides`` (``model.numeric_embedding=ple``); the test
     metrics of its result.json."""
-    from hvdtrain import config as config_lib
+    from hvdtrain.core import config as config_lib
 
     # Each run its own checkpoints and outputs: in a shared checkpoint.dir the next seed would resume the last
     # one's final checkpoint and train nothing (the seed spread would read 0).
@@ -161,7 +161,8 @@ def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[
 
 def read_split(dataset: str, split: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every record of a split, as the model's inputs (numpy) and the labels, in manifest order."""
-    from hvdtrain import data, manifest
+    from hvdtrain import data
+    from hvdtrain.data import manifest
 
     m = manifest.read(dataset)
     names = [n for n in ("numeric", "categorical") if n in m.features]
@@ -192,9 +193,11 @@ def keras_run(config: str, seed: int) -> dict[str, float]:
     """The same builder, plain Keras ``model.fit`` in this process, on the same encoded rows and split."""
     import keras
 
-    from hvdtrain import config as config_lib
-    from hvdtrain import data, heads, manifest
-    from hvdtrain.models import build_model
+    from hvdtrain import data
+    from hvdtrain.core import config as config_lib
+    from hvdtrain.data import manifest
+    from hvdtrain.model import heads
+    from hvdtrain.model.models import build_model
 
     cfg = config_lib.load(config)
     m = manifest.read(cfg.etl.output)
@@ -230,7 +233,7 @@ def practitioner_runs(config: str, seed: int = 0) -> dict[str, dict[str, float]]
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.preprocessing import OneHotEncoder
 
-    from hvdtrain import config as config_lib
+    from hvdtrain.core import config as config_lib
 
     cfg = config_lib.load(config)
     (x, y), (tx, ty) = read_split(cfg.etl.output, "train"), read_split(cfg.etl.output, "test")

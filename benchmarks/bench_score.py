@@ -47,9 +47,10 @@ PYFUNC_ROWS = 20_000
 
 def make_model(folder: str, rows: list[tuple[str, str, str]]) -> tuple[Any, dict]:
     """A demo-shaped transformer and its tokenizer, saved as a training output folder."""
-    from hvdtrain import features, models
-    from hvdtrain.config import ModelConfig
+    from hvdtrain.core.config import ModelConfig
+    from hvdtrain.data import features
     from hvdtrain.data.contract import InputShape
+    from hvdtrain.model import models
 
     opts = features.TextOptions(max_length=48)
     base = features.base(opts)
@@ -78,7 +79,7 @@ def plain_process(parquet: str, folder: str) -> Callable[[], int]:
     import pyarrow.parquet as pq
 
     from hvdtrain import score as score_lib
-    from hvdtrain.features import FeatureEncoder
+    from hvdtrain.data.features import FeatureEncoder
 
     bundle = score_lib.bundle_from_folder(folder)
     predict = score_lib.compile_predict(score_lib.load_keras(bundle.model_bytes),
@@ -163,7 +164,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
 
     from etl import sample
     from hvdtrain import score as score_lib
-    from hvdtrain.config import SampleConfig
+    from hvdtrain.core.config import SampleConfig
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -261,9 +262,10 @@ def spread(name: str, n: int, times: list[float]) -> dict[str, list[float]]:
 
 
 def _vs_pyfunc(spark: Any, tmp: str, bundle: Any, made: dict, model: Any, rows: list, reps: int) -> Entry:
-    from hvdtrain import config, tracking
     from hvdtrain import score as score_lib
-    from hvdtrain.features import FeatureEncoder
+    from hvdtrain.core import config
+    from hvdtrain.data.features import FeatureEncoder
+    from hvdtrain.observe import tracking
 
     cfg = config.from_dict({"name": "benchscore", "workdir": tmp, "tracking": {"uri": os.path.join(tmp, "mlflow")}})
     tracker = tracking.Tracker(cfg)

@@ -15,8 +15,8 @@ import tempfile
 
 from benchmarks.common import Entry
 from benchmarks.launch import horovodrun, plain, plain_many
-from hvdtrain.config import TrainConfig
-from hvdtrain.launch import malloc_env
+from hvdtrain.core.config import TrainConfig
+from hvdtrain.runtime.launch import malloc_env
 
 MODEL_SIZES = {"hvd_overhead": "demo", "hvd_overhead_large": "large"}
 
@@ -27,7 +27,7 @@ def median_of(fn, reps: int) -> dict:
 
 
 def run(quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     steps = "24" if quick else "96"  # a multiple of train.steps_per_call
     reps = 1 if quick else 5

@@ -2,7 +2,7 @@
 every configuration for the full budget.
 
 What runs: the scheduler, not Horovod. Each trial trains a small numpy MLP (one tanh hidden layer, softmax,
-SGD with momentum) in this process on a tabular dataset from :mod:`hvdtrain.synthetic` with a known ceiling
+SGD with momentum) in this process on a tabular dataset from :mod:`hvdtrain.data.synthetic` with a known ceiling
 (the nearest true class center; 10% label noise). The study is :func:`hvdtrain.tune.make_pruner` and the
 driver's sampler (TPE, seeded) in an in-memory Optuna storage, reporting validation accuracy after each epoch
 as a trial run does. Every trial's training is seeded by its configuration, so ASHA's trial is exactly the
@@ -28,7 +28,7 @@ ETA, MIN_EPOCHS = 3, 1
 
 def make_data(n_train: int, seed: int = 0) -> dict[str, Any]:
     """Train/validation/test splits and the ceiling (the nearest-center rule's test accuracy)."""
-    from hvdtrain import synthetic
+    from hvdtrain.data import synthetic
 
     classes, width, signal = 4, 8, 0.7
     rng = np.random.default_rng(seed)

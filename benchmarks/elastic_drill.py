@@ -38,8 +38,8 @@ from typing import Any, Optional, Sequence
 
 from benchmarks import kill_drill
 from benchmarks.kill_drill import Segments, add_trace_line, stitched
-from hvdtrain import config
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import distributed
+from hvdtrain.runtime import distributed
 from hvdtrain.training import steps
 
 ROWS, DIM, BATCH, IDS = 1_000_000, 16, 256, 8

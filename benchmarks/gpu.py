@@ -62,7 +62,7 @@ def probe() -> tuple[int, bool]:
 
 
 def measure(gpus: int, quick: bool, extra: dict) -> list[Entry]:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     reps, steps = (1, "20") if quick else (5, "200")
     root = tempfile.mkdtemp(prefix="bench-gpu-")

@@ -7,7 +7,7 @@ allreduce: bus bandwidth of a 64 MB float32 all-reduce on GPU tensors (NCCL
 when Horovod is built with it) and on host tensors (Gloo), interleaved.
 train: samples/s of hvdtrain's step on the GPU benchmark model under
 ``train.mixed_precision`` PRECISION (none, bfloat16, float16).
-Each rank is pinned to its own GPU by ``hvdtrain.distributed.init``.
+Each rank is pinned to its own GPU by ``hvdtrain.runtime.distributed.init``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ WARMUP = 10
 def allreduce(quick: bool) -> dict:
     import tensorflow as tf
 
-    from hvdtrain import distributed
+    from hvdtrain.runtime import distributed
 
     rank = distributed.init()
     import horovod.tensorflow as hvd
@@ -48,8 +48,10 @@ def allreduce(quick: bool) -> dict:
 def train(dataset: str, precision: str, steps: int) -> dict:
     import tensorflow as tf
 
-    from hvdtrain import config, data, distributed, manifest
-    from hvdtrain.data import contract
+    from hvdtrain import data
+    from hvdtrain.core import config
+    from hvdtrain.data import contract, manifest
+    from hvdtrain.runtime import distributed
     from hvdtrain.training import state
     from hvdtrain.training import steps as steps_lib
 

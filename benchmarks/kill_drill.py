@@ -107,7 +107,7 @@ class Report:
 
 
 def make_dataset(drill: Drill) -> None:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     layout = Layout(n_per_split={"train": drill.train_records, "validation": 64, "test": 64}, shards_per_split=4)
     make_text_dataset(drill.data_dir, TextSpec(layout=layout, class_rate=0.35, seed=21))
@@ -126,7 +126,7 @@ def allreduce_mode(np: int) -> str:
 
 
 def write_config(drill: Drill, name: str, tracking: bool = True, **fault: int) -> str:
-    from hvdtrain import config
+    from hvdtrain.core import config
 
     cfg = config.from_dict({
         "name": name, "workdir": drill.workdir, "source": {"table": "demo.reviews"},
@@ -155,7 +155,7 @@ def _env(launch: Launch = Launch()) -> dict[str, str]:
 def command(config_path: str, launch: Launch = Launch()) -> list[str]:
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return [hr, "-np", str(launch.np), "-H", launch.hosts, "--gloo", *launch.args, sys.executable, "-m",
-            "hvdtrain.train", config_path]
+            "hvdtrain.training.train", config_path]
 
 
 def supervised_command(config_path: str, max_restarts: int, np: int = NP) -> list[str]:
@@ -284,7 +284,7 @@ def kill_once(drill: Drill, name: str, config_path: str, kill: Kill, runs_before
 
 
 def _final_state(drill: Drill, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    from hvdtrain import checkpoint
+    from hvdtrain.training import checkpoint
 
     loaded = checkpoint.restore_latest(os.path.join(drill.workdir, "checkpoints", name))
     if loaded is None:

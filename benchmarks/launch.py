@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from hvdtrain.launch import malloc_env
+from hvdtrain.runtime.launch import malloc_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def horovodrun(np: int, module: str, args: list[str], env: Optional[dict[str, str]] = None,
                timeout: int = 900) -> dict:
     """Run ``python -m module args`` on np local Gloo ranks, with the malloc setting hvdtrain's launcher gives its
-    ranks (:func:`hvdtrain.launch.malloc_env`); the line 'BENCH {json}' is the result."""
+    ranks (:func:`hvdtrain.runtime.launch.malloc_env`); the line 'BENCH {json}' is the result."""
     hr = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [hr, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", module, *args]
     full_env = {**os.environ, **malloc_env(os.environ), "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT,

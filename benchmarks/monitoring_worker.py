@@ -31,11 +31,14 @@ def main() -> None:
     p.add_argument("out_dir")
     args = p.parse_args()
 
-    from hvdtrain import breakdown, config, data, distributed, manifest, monitoring
-    from hvdtrain.data import contract
+    from hvdtrain import data
+    from hvdtrain.core import config
+    from hvdtrain.data import contract, manifest
+    from hvdtrain.observe import breakdown, monitoring
+    from hvdtrain.observe.events import LoopPlan
+    from hvdtrain.runtime import distributed
     from hvdtrain.training import state
     from hvdtrain.training import steps as steps_lib
-    from hvdtrain.training.events import LoopPlan
     from hvdtrain.training.loop import fit
 
     rank = distributed.init()

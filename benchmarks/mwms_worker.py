@@ -20,7 +20,7 @@ import sys
 import time
 
 from benchmarks.train_worker import BATCH, MODELS, WARMUP, bench_config
-from hvdtrain.errors import ANY_ERROR
+from hvdtrain.core.errors import ANY_ERROR
 
 
 def _try_fit(strategy, model, ds, inputs) -> str:
@@ -59,8 +59,9 @@ def main() -> None:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     task, size = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
 
-    from hvdtrain import config, data, manifest
-    from hvdtrain.data import contract
+    from hvdtrain import data
+    from hvdtrain.core import config
+    from hvdtrain.data import contract, manifest
     from hvdtrain.training import state
     from hvdtrain.training import steps as steps_lib
 

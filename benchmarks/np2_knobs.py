@@ -38,7 +38,7 @@ MWMS_VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
 
 
 def main() -> None:
-    from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 
     argv = sys.argv[1:]
     study = mwms_study if argv[:1] == ["mwms"] else np2_study

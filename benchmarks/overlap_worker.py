@@ -74,7 +74,7 @@ def make_steps(width: int, layers: int) -> tuple[dict, dict, int]:
     import keras
     import tensorflow as tf
 
-    from hvdtrain import distributed
+    from hvdtrain.runtime import distributed
     from hvdtrain.training import steps as steps_lib
 
     rank = distributed.info()
@@ -107,7 +107,7 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # before Horovod starts: lets --trace record on demand
-    from hvdtrain import distributed
+    from hvdtrain.runtime import distributed
 
     rank = distributed.init()
     steps, batch, params = make_steps(args.width, args.layers)

@@ -18,7 +18,7 @@ import time
 import traceback
 
 from benchmarks.common import Entry, markdown_table, write_reports
-from hvdtrain.errors import ANY_ERROR
+from hvdtrain.core.errors import ANY_ERROR
 
 GROUPS = {
     "etl": "benchmarks.bench_etl",

@@ -96,7 +96,7 @@ def fit_link(points: Sequence[tuple[float, float]], workers: int, copy_bandwidth
 
 
 def transformer_parameters(vocab: int, max_length: int, dim: int, ff_dim: int, layers: int, classes: int) -> int:
-    """Trainable parameters of hvdtrain's transformer classifier (hvdtrain.models) (pure)."""
+    """Trainable parameters of hvdtrain's transformer classifier (hvdtrain.model.models) (pure)."""
     attention = 4 * (dim * dim + dim)  # query, key, value, output projections with biases
     block = attention + (dim * ff_dim + ff_dim) + (ff_dim * dim + dim) + 2 * 2 * dim  # + 2 layer norms
     return vocab * dim + max_length * dim + layers * block + dim * classes + classes

@@ -45,12 +45,14 @@ def bench_config(dataset: str, model: str) -> dict:
 
 def timed_in_loop(step, batches, steps: int, per_call: int, rank) -> tuple[float, float]:
     """hvdtrain's loop with a run's per-step hooks, 2 epochs; (first step's wall time, epoch 2's seconds)."""
-    from hvdtrain import progress, watchdog
+    from hvdtrain.observe import progress
+    from hvdtrain.observe.events import Hook
+    from hvdtrain.runtime import watchdog
     from hvdtrain.training import hooks, loop
 
     marks: list[float] = []
 
-    class FirstStep(hooks.Hook):
+    class FirstStep(Hook):
         def on_step(self, info) -> None:
             if not marks:
                 marks.append(time.time())
@@ -89,8 +91,10 @@ def main() -> None:
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras
 
-    from hvdtrain import config, data, distributed, manifest
-    from hvdtrain.data import contract
+    from hvdtrain import data
+    from hvdtrain.core import config
+    from hvdtrain.data import contract, manifest
+    from hvdtrain.runtime import distributed
     from hvdtrain.training import state
     from hvdtrain.training import steps as steps_lib
 

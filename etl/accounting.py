@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
 
 LABEL_UNKNOWN = "label_unknown"  # the reject rule of rows whose label never occurs in train
 

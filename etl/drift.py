@@ -1,4 +1,4 @@
-"""Drift statistics in Spark: counts of rows in the training reference's bins (math in hvdtrain.drift).
+"""Drift statistics in Spark: counts of rows in the training reference's bins (math in hvdtrain.data.drift).
 
 The ETL calls :func:`reference` on the training split (stored in the manifest);
 scoring calls :func:`check` on the rows it is about to score. Both bin the
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from etl import stats
-from hvdtrain import drift as drift_lib
-from hvdtrain.config import JobConfig
-from hvdtrain.features import FeatureEncoder
+from hvdtrain.core.config import JobConfig
+from hvdtrain.data import drift as drift_lib
+from hvdtrain.data.features import FeatureEncoder
 
 DECILES = [i / 10 for i in range(1, 10)]
 

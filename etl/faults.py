@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from hvdtrain.errors import ConfigError
+from hvdtrain.core.errors import ConfigError
 
 ENV = "HVDTRAIN_ETL_FAULT"
 DROP_STAGES = ("validate", "split", "write")

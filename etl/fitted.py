@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hvdtrain import manifest
+from hvdtrain.data import manifest
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Fitted:
     vocab: Optional[list[str]] = None  # vocab.txt lines in id order; None for tabular-only data
     tokenizer_json: Optional[str] = None
     tabular_stats: Optional[dict[str, Any]] = None
-    task: str = "multiclass"  # how labels are encoded (etl/labels.py; hvdtrain.tasks)
+    task: str = "multiclass"  # how labels are encoded (etl/labels.py; hvdtrain.core.tasks)
     target: Optional[dict[str, Any]] = None  # regression: the training target's statistics (etl.labels.target_stats)
     weighted: bool = False  # rows carry a sample weight (source.weight_column), written as the ``weight`` feature
 

@@ -35,11 +35,14 @@ from etl import labels as label_mod
 from etl import split as split_mod
 from etl import stats as stats_mod
 from etl.fitted import Fitted
-from hvdtrain import config as config_mod
-from hvdtrain import console, fs, lease, ledger, manifest, secrets, wordpiece
-from hvdtrain.config import SPLITS, JobConfig
-from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, add_note
-from hvdtrain.features import TEXT_SEP
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import SPLITS, JobConfig
+from hvdtrain.core.errors import ANY_ERROR, DataError, HvdtrainError, add_note
+from hvdtrain.data import manifest, wordpiece
+from hvdtrain.data.features import TEXT_SEP
+from hvdtrain.hadoop import fs, lease, ledger
+from hvdtrain.observe import console
 
 log = logging.getLogger("hvdtrain.etl")
 
@@ -184,7 +187,7 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
     """The most frequent words of a ``text`` column and their counts, reduced on the executors.
 
     Words are counted per Arrow batch in the tasks, summed by a Spark aggregation, and only the top
-    :func:`hvdtrain.wordpiece.candidates_limit` (by count, ties by word) reach the driver, so the driver's
+    :func:`hvdtrain.data.wordpiece.candidates_limit` (by count, ties by word) reach the driver, so the driver's
     memory is bounded by the vocabulary size, not by the number of distinct words.
     """
     from collections import Counter
@@ -220,7 +223,7 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     offsets = {s: plan.offset(s) for s in SPLITS}
     counts = dict(plan.counts)
     rows, num_cols, cat_cols = encoder_inputs(rows, cfg.source)
-    several = len(cfg.source.text_columns) > 1  # a tuple of the row's texts (hvdtrain.features.encode_columns)
+    several = len(cfg.source.text_columns) > 1  # a tuple of the row's texts (hvdtrain.data.features.encode_columns)
     weight = cfg.source.weight_column  # validated: a finite number >= 0 (etl.validate.weight_rules)
     # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
     # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
@@ -242,7 +245,7 @@ def encoder_inputs(rows: Any, src: Any) -> tuple[Any, list[str], list[str]]:
     Categorical values as the strings the fit counted and datetime values as the numbers it derived its
     features from, made by the fit's own Spark expressions (:mod:`etl.stats`), so nothing the writer encodes
     depends on this process's time zone or on how Spark hands a type to Python. The numeric row is the numeric
-    columns, then the datetime columns (:func:`hvdtrain.features.transform`).
+    columns, then the datetime columns (:func:`hvdtrain.data.features.transform`).
     """
     cats, dts = list(src.categorical_columns), list(src.datetime_columns)
     rows = rows.select("*", *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)],

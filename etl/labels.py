@@ -1,4 +1,4 @@
-"""Labels per task (:mod:`hvdtrain.tasks`): check the label column fits ``task``, learn the label list,
+"""Labels per task (:mod:`hvdtrain.core.tasks`): check the label column fits ``task``, learn the label list,
 quarantine rows the model cannot learn from, and encode each label the way the task's loss reads it.
 
 ==========  ===========================================  ==============================================
@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from etl.accounting import LABEL_UNKNOWN
-from hvdtrain.config import JobConfig, TaskConfig
-from hvdtrain.errors import DataError
+from hvdtrain.core.config import JobConfig, TaskConfig
+from hvdtrain.core.errors import DataError
 
 LABEL_NOT_A_NUMBER = "label_not_a_number"
 MAX_CLASSES = 10_000  # more distinct labels than this is an ID or a continuous target, not classes

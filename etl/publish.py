@@ -11,12 +11,12 @@ written last.
 Publishing over a dataset (``etl.overwrite``) never touches the old one until the
 new one is complete: the new shards, vocabulary and tokenizer go to a version
 folder ``v-<run>/`` beside the old files, then ``manifest.json`` is replaced in
-one rename (:func:`hvdtrain.manifest.write`), and only then are the old files
+one rename (:func:`hvdtrain.data.manifest.write`), and only then are the old files
 deleted and ``rejects/`` and ``etl_report.json`` replaced. A run that fails or is
 killed before the rename leaves the old dataset whole and readable; a dead
 run's version folder is deleted by the next publish.
 
-What is deleted is only what hvdtrain recorded (:mod:`hvdtrain.ledger`): before
+What is deleted is only what hvdtrain recorded (:mod:`hvdtrain.hadoop.ledger`): before
 the first file moves in, :func:`act` writes ``_hvdtrain_ledger.json`` naming
 what this publish will own, and a clean-up deletes only files that ledger, or the
 published manifest, names; never a file because of its name (``train/``,
@@ -36,14 +36,16 @@ from etl import accounting, sample, sources, tabular, text, writer
 from etl import split as split_mod
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import fs, lease, ledger, manifest, tasks
-from hvdtrain.config import SPLITS, JobConfig
+from hvdtrain.core import tasks
+from hvdtrain.core.config import SPLITS, JobConfig
+from hvdtrain.core.errors import ANY_ERROR, DataError
+from hvdtrain.data import manifest
 from hvdtrain.data.contract import WEIGHT_FEATURE
-from hvdtrain.errors import ANY_ERROR, DataError
+from hvdtrain.hadoop import fs, lease, ledger
 
 log = logging.getLogger("hvdtrain.etl")
 LEFTOVER = "the next publish to this folder deletes it"  # about a folder that could not be deleted
-WRITER = "hvdtrain etl"  # the writer named in etl.output's ledger (hvdtrain.ledger)
+WRITER = "hvdtrain etl"  # the writer named in etl.output's ledger (hvdtrain.hadoop.ledger)
 STAGING = "_staging"  # etl.job's: each run records and clears its own _staging/<run id>; a publish leaves it
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from hvdtrain.config import SampleConfig
+from hvdtrain.core.config import SampleConfig
 
 TOPICS = ["sports", "science", "politics", "music", "travel", "cooking", "finance", "health",
           "gaming", "movies", "fashion", "weather"]

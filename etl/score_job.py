@@ -37,11 +37,13 @@ if __package__ in (None, ""):  # `spark-submit etl/score_job.py`: make the repo 
 from etl import drift as drift_mod
 from etl import session, sources
 from etl import split as split_mod
-from hvdtrain import config as config_mod
-from hvdtrain import console, fs, secrets
 from hvdtrain import score as score_lib
-from hvdtrain.config import JobConfig, parse_partition
-from hvdtrain.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig, parse_partition
+from hvdtrain.core.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import console
 
 log = logging.getLogger("hvdtrain.score")
 REPORT_NAME = "score_report.json"
@@ -183,7 +185,7 @@ def table_location(spark: Any, table: str, partition: Optional[str] = None) -> s
 
 
 def fs_uri(location: str) -> str:
-    """A Spark/Hive location as an hvdtrain.fs URI (``file:/x`` is local)."""
+    """A Spark/Hive location as an hvdtrain.hadoop.fs URI (``file:/x`` is local)."""
     return urllib.parse.urlparse(location).path if location.startswith("file:") else location
 
 

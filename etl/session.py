@@ -8,7 +8,7 @@ its classpath, as spark-submit sets it up.
 Quiet by default: when this process starts Spark itself (a local run: ``hvdtrain
 etl``, ``hvdtrain demo``, ``python -m etl.job --master ...``), Spark's own log
 (log4j, and whatever the JVM and its Python workers print) goes to
-``{workdir}/logs/spark-<job>.log`` (:func:`hvdtrain.console.spark_log_file`)
+``{workdir}/logs/spark-<job>.log`` (:func:`hvdtrain.observe.console.spark_log_file`)
 and its stage progress bars are off, so the job's own lines and its one-line
 error stay readable; ``verbose`` puts both back on the console. Under
 spark-submit, Spark's logging is spark-submit's.
@@ -23,10 +23,12 @@ import sys
 import tempfile
 from typing import Any, Iterator, Optional
 
-from hvdtrain import config as config_mod
-from hvdtrain import console, fs, secrets
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import EnvironmentProblem
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import EnvironmentProblem
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import console
 
 # Spark's own defaults (log4j2-defaults.properties), written to a file instead of the console.
 LOG4J2_PROPERTIES = """\

@@ -5,10 +5,10 @@ from typing import Any
 
 from etl import labels, sample
 from etl.validate import CORRUPT, extra_columns
-from hvdtrain import fs
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import DataError
-from hvdtrain.features import TEXT_SEP
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import DataError
+from hvdtrain.data.features import TEXT_SEP
+from hvdtrain.hadoop import fs
 
 
 def describe(cfg: JobConfig) -> str:

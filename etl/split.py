@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from hvdtrain.config import SPLITS
+from hvdtrain.core.config import SPLITS
 
 BUCKETS = 10_000
 

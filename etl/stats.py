@@ -3,7 +3,7 @@
 Every statistic the ETL fits (category vocabularies and counts, numeric summaries, drift bins) and the
 drift check of scoring are computed here. Categorical columns are unpivoted to long format, one
 ``(c, v)`` row per cell (``c`` the column's index, ``v`` its value as a string, in the one form encoding
-looks up: :func:`hvdtrain.features.category_string`), and counted with one
+looks up: :func:`hvdtrain.data.features.category_string`), and counted with one
 ``groupBy``: a plan holds a few expressions per *column*, never one per category, and the count of
 a value lives in a shuffle on the executors. Only bounded results reach the driver: the ``limit``
 most frequent values of each column (ties by value) and per-column totals. Known categories that a
@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hvdtrain.features import category_string, datetime_feature_names, datetime_values
+from hvdtrain.data.features import category_string, datetime_feature_names, datetime_values
 
 QUANTILE_ACCURACY = 10_000  # percentile_approx: rank error at most 1/10,000 of the rows, bounded memory
 OTHER_BIN, MISSING_BIN = -2, -1  # the last two drift bins (category_bins: ..., other, missing)
@@ -40,7 +40,7 @@ class CategoryCounts:
         return [v for v, _ in self.top]
 
     def bin_counts(self) -> list[int]:
-        """Rows per drift bin of :func:`hvdtrain.drift.category_bins` over ``values``: each value, other, missing."""
+        """Rows per drift bin of :func:`hvdtrain.data.drift.category_bins` over ``values``: each value, other, missing."""
         known = [n for _, n in self.top]
         return [*known, self.rows - sum(known), self.missing]
 
@@ -60,7 +60,7 @@ def long_format(df: Any, columns: Sequence[str], value: Callable[[str], Any]) ->
 
 
 def category_value(df: Any, name: str) -> Any:
-    """Column ``name`` of ``df`` as the strings encoding looks up (:func:`hvdtrain.features.category_string`).
+    """Column ``name`` of ``df`` as the strings encoding looks up (:func:`hvdtrain.data.features.category_string`).
 
     Spark's cast to string, except for FLOAT and DOUBLE: their digits come from the JVM's
     ``Double.toString`` (``1.0E10``, and before Java 19 not always the shortest: ``8.409999999999999E21``),
@@ -77,7 +77,7 @@ def category_value(df: Any, name: str) -> Any:
 
 
 def _python_string(column: Any) -> Any:
-    """A double column through :func:`hvdtrain.features.category_string` (a pandas UDF: one Arrow batch a call)."""
+    """A double column through :func:`hvdtrain.data.features.category_string` (a pandas UDF: one Arrow batch a call)."""
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
@@ -160,14 +160,14 @@ def numeric_summary(df: Any, columns: Sequence[str], quantiles: Sequence[float])
 
 
 def datetime_kind(df: Any, name: str) -> str:
-    """``date`` or ``timestamp``: how :func:`hvdtrain.features.datetime_values` reads the column's numbers."""
+    """``date`` or ``timestamp``: how :func:`hvdtrain.data.features.datetime_values` reads the column's numbers."""
     from pyspark.sql.types import DateType
 
     return "date" if isinstance(df.schema[name].dataType, DateType) else "timestamp"
 
 
 def epoch_value(df: Any, name: str) -> Any:
-    """A DATE or TIMESTAMP column as the number :func:`hvdtrain.features.datetime_values` takes: ``unix_date``
+    """A DATE or TIMESTAMP column as the number :func:`hvdtrain.data.features.datetime_values` takes: ``unix_date``
     (days) or ``unix_micros`` (an instant, so no time zone enters; TIMESTAMP_NTZ is read in the session's,
     which hvdtrain sets to UTC). NULL stays NULL."""
     from pyspark.sql import functions as F
@@ -179,7 +179,7 @@ def epoch_value(df: Any, name: str) -> Any:
 
 def datetime_frame(df: Any, columns: Sequence[str], parts: Sequence[str]) -> tuple[Any, list[str]]:
     """(a DataFrame of the numeric features ``columns`` become, their names), made by
-    :func:`hvdtrain.features.datetime_values` in a pandas UDF: the code the shard writer and scoring run."""
+    :func:`hvdtrain.data.features.datetime_values` in a pandas UDF: the code the shard writer and scoring run."""
     import pandas as pd
 
     kinds = {c: datetime_kind(df, c) for c in columns}
@@ -197,7 +197,7 @@ def datetime_frame(df: Any, columns: Sequence[str], parts: Sequence[str]) -> tup
 
 
 def numeric_bucket(name: str, edges: Sequence[float]) -> Any:
-    """Spark expression: the bin of :func:`hvdtrain.drift.numeric_bin` (missing or non-numeric last)."""
+    """Spark expression: the bin of :func:`hvdtrain.data.drift.numeric_bin` (missing or non-numeric last)."""
     from pyspark.sql import functions as F
 
     x = _col(name).cast("double")

@@ -2,7 +2,7 @@
 
 Statistics are fitted here on the training split only (Spark aggregates) and
 stored in the manifest, so serving applies exactly what training saw. Applying
-them is pure NumPy code in :mod:`hvdtrain.features` (shared with scoring),
+them is pure NumPy code in :mod:`hvdtrain.data.features` (shared with scoring),
 re-exported here.
 
 Features written: ``numeric`` float32 [len(numeric_columns)] and
@@ -14,7 +14,7 @@ a column in ``etl.categorical_hash_buckets`` holds 1 + its stable hash bucket.
 ``etl.ple_bins`` quantile edges of each numeric feature (minimum and maximum included) on the values the model
 sees: the raw quantiles of the training rows put through :func:`transform` itself, so an edge is exactly the
 float32 value a raw value at that quantile becomes in the shards. ``model.numeric_embedding: ple`` encodes
-over them (:mod:`hvdtrain.models`).
+over them (:mod:`hvdtrain.model.models`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from etl import drift, stats
-from hvdtrain.config import JobConfig
-from hvdtrain.features import HASH, cardinalities, feature_specs, fill_values, numeric_names, transform  # noqa: F401
+from hvdtrain.core.config import JobConfig
+from hvdtrain.data.features import HASH, cardinalities, feature_specs, fill_values, numeric_names, transform  # noqa: F401
 
 
 def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""Text to fixed-length token ids: the code lives in :mod:`hvdtrain.features` (shared with scoring).
+"""Text to fixed-length token ids: the code lives in :mod:`hvdtrain.data.features` (shared with scoring).
 
 Re-exported here so the ETL's Spark side keeps one import path.
 """
-from hvdtrain.features import (  # noqa: F401 - re-exported for etl callers
+from hvdtrain.data.features import (  # noqa: F401 - re-exported for etl callers
     PAD,
     SPECIAL_TOKENS,
     UNK,

@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional, get_args
 
 from etl import faults
 from etl.accounting import RowCounts
-from hvdtrain import fs
-from hvdtrain.config import Charset, JobConfig
-from hvdtrain.errors import DataError
+from hvdtrain.core.config import Charset, JobConfig
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import fs
 
 CORRUPT = "_corrupt_record"
 DUPLICATE = "duplicate_key"

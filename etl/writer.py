@@ -18,10 +18,11 @@ import numpy as np
 
 from etl import faults
 from etl.fitted import Fitted
-from hvdtrain import fs, tfrecord
-from hvdtrain.config import SPLITS
+from hvdtrain.core.config import SPLITS
+from hvdtrain.data import tfrecord
 from hvdtrain.data.contract import WEIGHT_FEATURE
-from hvdtrain.features import FeatureEncoder
+from hvdtrain.data.features import FeatureEncoder
+from hvdtrain.hadoop import fs
 
 BATCH = 1024
 # Bytes per int64 token id in a record: varints of ids < 16384 take 1-2 bytes.
@@ -151,7 +152,7 @@ def _write_shard(rows: Iterable, path: str, encode: "RecordEncoder", compression
 
 class RecordEncoder:
     """Turns a batch of rows into tf.train.Example records: the model features from
-    :class:`hvdtrain.features.FeatureEncoder` (the code scoring runs too), the encoded label and the key.
+    :class:`hvdtrain.data.features.FeatureEncoder` (the code scoring runs too), the encoded label and the key.
 
     The label is an int64 class index (multiclass, binary), a float32 multi-hot
     vector (multilabel) or a float32 target (regression): see etl/labels.py. With

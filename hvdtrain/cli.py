@@ -18,25 +18,10 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from hvdtrain import (
-    checkpoint,
-    console,
-    demo,
-    elastic_plan,
-    envcheck,
-    fs,
-    keras3_check,
-    manifest,
-    secrets,
-    startup,
-    supervise,
-    tasks,
-    tensorboard,
-    timeline,
-    tune,
-)
-from hvdtrain import config as config_mod
-from hvdtrain.errors import (
+from hvdtrain import tune
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets, tasks
+from hvdtrain.core.errors import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
     ConfigError,
@@ -47,7 +32,13 @@ from hvdtrain.errors import (
     UsageError,
     add_note,
 )
-from hvdtrain.launch import (
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import envcheck, fs
+from hvdtrain.hadoop.minicluster import cluster as minicluster
+from hvdtrain.model import keras3_check
+from hvdtrain.observe import console, tensorboard, timeline
+from hvdtrain.runtime import elastic_plan, startup, supervise
+from hvdtrain.runtime.launch import (
     child_env,
     etl_command,
     horovod_command,
@@ -57,13 +48,13 @@ from hvdtrain.launch import (
     sealed_env,
     train_command,
 )
-from hvdtrain.minicluster import cluster as minicluster
+from hvdtrain.training import checkpoint, demo
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
 
 def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> console.Outcome:
-    """One try of a step in a child process, shown through :mod:`hvdtrain.console`.
+    """One try of a step in a child process, shown through :mod:`hvdtrain.observe.console`.
 
     On a terminal the child's output is tidied and rank 0's progress drawn; elsewhere
     its lines pass unchanged. The outcome keeps the last lines for :func:`supervise.classify`.
@@ -187,7 +178,7 @@ def _launch_command(cfg: config_mod.JobConfig, config_path: str, overrides: Sequ
 
 def check_builder_importable(model: config_mod.ModelConfig) -> None:
     """``model.builder``'s module can be found (with ``model.code``) before any rank starts; the ranks import
-    it and check what it returns (hvdtrain.models). Finding a module does not import TensorFlow here."""
+    it and check what it returns (hvdtrain.model.models). Finding a module does not import TensorFlow here."""
     if model.kind != "custom" or not model.builder:
         return
     import importlib.util
@@ -351,7 +342,7 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    """``hvdtrain cluster up|status|down|fetch``: the one-machine Hadoop (hvdtrain/minicluster)."""
+    """``hvdtrain cluster up|status|down|fetch``: the one-machine Hadoop (hvdtrain/hadoop/minicluster)."""
     spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
                                    secure=args.secure,
                                    ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())

@@ -13,7 +13,7 @@ bundles, reject rules, the per-batch scoring function, output schemas) test
 without Spark. TensorFlow is imported only where a model is loaded.
 
 One preprocessing: rows become features through
-:class:`hvdtrain.features.FeatureEncoder`, the code the ETL wrote the TFRecords
+:class:`hvdtrain.data.features.FeatureEncoder`, the code the ETL wrote the TFRecords
 with, using the tokenizer and statistics the ETL fitted (shipped with the model:
 ``labels.json`` and ``tokenizer.json`` in the training output / MLflow run).
 
@@ -37,10 +37,11 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import fs, tracking
-from hvdtrain import manifest as manifest_lib
-from hvdtrain.errors import DataError
-from hvdtrain.features import FeatureEncoder
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest as manifest_lib
+from hvdtrain.data.features import FeatureEncoder
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import tracking
 
 try:
     from pandas import NA as _NA
@@ -259,7 +260,7 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
     a categorical column as ``CAST(c AS STRING)``, the fit's own expression (``etl.stats.category_value``; an INT
     with NULLs would otherwise arrive as float64, ``5.0``); a FLOAT/DOUBLE column (numeric or categorical) as
     the JVM's text of the double, which Python parses back exactly, keeping NaN apart from NULL (one NaN in
-    pandas); a datetime column as ``unix_date``/``unix_micros`` (``hvdtrain.features.datetime_values``). A
+    pandas); a datetime column as ``unix_date``/``unix_micros`` (``hvdtrain.data.features.datetime_values``). A
     column also asked for as an extra output column keeps its own type.
     """
     extra = set(spec.extra_columns)
@@ -343,7 +344,7 @@ def encode_rows(frame: Any, spec: ScoreSpec, encoder: Any, numeric: Optional[dic
     num_rows = [[None if np.isnan(numeric[c][i]) else float(numeric[c][i]) for c in num_cols]
                 for i in range(len(frame))]
     # values as they come (a bool stays a bool, input_exprs sends Spark's strings): the encoder makes the string
-    # the ETL counted (hvdtrain.features.category_string); a double sent as the JVM's text is parsed back first
+    # the ETL counted (hvdtrain.data.features.category_string); a double sent as the JVM's text is parsed back first
     cat_rows = [[_category(v, c in spec.double_text_columns) for v, c in zip(row, spec.categorical_columns)]
                 for row in frame[list(spec.categorical_columns)].itertuples(index=False)] \
         if spec.categorical_columns else [[] for _ in range(len(frame))]

@@ -43,13 +43,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from hvdtrain import config as config_lib
-from hvdtrain import fs, launch, plots, secrets, tasks, tracking
-from hvdtrain.errors import ANY_ERROR, ConfigError, HvdtrainError
+from hvdtrain.core import config as config_lib
+from hvdtrain.core import secrets, tasks
+from hvdtrain.core.errors import ANY_ERROR, ConfigError, HvdtrainError
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import plots, tracking
+from hvdtrain.runtime import launch
 
 log = logging.getLogger("hvdtrain.tune")
 KINDS = ("loguniform", "uniform", "int", "choice")
-METRICS = tasks.validation_metrics("multiclass")  # the default task's; each task has its own (hvdtrain.tasks)
+METRICS = tasks.validation_metrics("multiclass")  # the default task's; each task has its own (hvdtrain.core.tasks)
 FREE_SECTIONS = ("model.params.",)  # free-form keys the user's builder reads: any name may be searched
 STORAGE_ENV = "HVDTRAIN_TUNE_STORAGE"  # the study's storage URL, handed to each trial (it may hold a password)
 LAUNCHERS = ("local", "horovodrun", "yarn")
@@ -256,7 +259,7 @@ def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str,
 
 def trial_env(env: Mapping[str, str], storage: str) -> dict[str, str]:
     """A trial's environment (pure): the study's storage URL rides here, not on the command line (a secret in it
-    is sealed away from horovodrun's rank command lines by :func:`hvdtrain.launch.sealed_env`)."""
+    is sealed away from horovodrun's rank command lines by :func:`hvdtrain.runtime.launch.sealed_env`)."""
     return {**env, STORAGE_ENV: storage}
 
 

@@ -21,17 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from etl import job as etl_job  # noqa: E402
 from etl import score_job  # noqa: E402
-from hvdtrain import (  # noqa: E402
-    checkpoint,
-    config,
-    distributed,  # noqa: E402
-    errors,
-    fs,
-    manifest,
-    resume,
-    tracking,
-)
-from hvdtrain.errors import ANY_ERROR  # noqa: E402
+from hvdtrain.core import config, errors
+from hvdtrain.core.errors import ANY_ERROR  # noqa: E402
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import tracking
+from hvdtrain.runtime import distributed
+from hvdtrain.training import checkpoint, resume
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ def _manifest(shard: str = "train/part-0", tokenizer: str = "tokenizer.json", ra
     return run
 
 
-# What an hvdtrain ETL's ledger says (hvdtrain/ledger.py): without it, its files would be refused as foreign.
+# What an hvdtrain ETL's ledger says (hvdtrain/hadoop/ledger.py): without it, its files would be refused as foreign.
 LEDGER = {"_hvdtrain_ledger.json": '{"format": 1, "writer": "hvdtrain etl", "entries": ["*", "*/*"]}'}
 
 

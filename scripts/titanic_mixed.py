@@ -113,8 +113,8 @@ def main() -> int:
     cfg = config(workdir, args.elastic)
     subprocess.run(["hvdtrain", "etl", cfg, "--overwrite"], check=True)
     subprocess.run(["hvdtrain", "train", cfg, "--np", str(args.np)], check=True)
-    from hvdtrain import config as config_mod
-    from hvdtrain import manifest
+    from hvdtrain.core import config as config_mod
+    from hvdtrain.data import manifest
 
     job = config_mod.load(cfg)
     with open(os.path.join(job.train.output, "eval_report.json")) as fh:

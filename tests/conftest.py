@@ -84,7 +84,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """After the test's fixtures are torn down.
 
     ``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI in this process: a test that calls it (directly,
-    or through hvdtrain.tracking in-process) must not point later tests' default store at its temporary one.
+    or through hvdtrain.observe.tracking in-process) must not point later tests' default store at its temporary one.
     No cluster setting may outlive the test that set it."""
     yield
     if _MLFLOW_URI_AT_START is None:

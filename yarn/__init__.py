@@ -3,7 +3,7 @@
 - :mod:`yarn.submit` — the command (``python -m yarn.submit`` / ``hvdtrain yarn submit``):
   validation and the spark-submit plan (pure), then the submission as a context manager.
 - :mod:`yarn.driver` — the Spark driver: ``horovod.spark.run`` of the rank function.
-- :mod:`yarn.executor` — what each rank runs: GPU pinning, then ``hvdtrain.train.run``.
+- :mod:`yarn.executor` — what each rank runs: GPU pinning, then ``hvdtrain.training.train.run``.
 - :mod:`yarn.run` — ``hvdtrain yarn run``: a user's own Horovod script, submitted the same way, run by every rank
   (:func:`yarn.executor.run_script`) with per-rank logs.
 - :mod:`yarn.score`, :mod:`yarn.etl_submit` — ``hvdtrain yarn score`` / ``hvdtrain yarn etl``: the scoring job

@@ -8,7 +8,7 @@ spark-submit runs this file (``yarn/submit.py`` builds the command)::
 It starts N Spark tasks, one per executor; Horovod's Gloo controller connects
 them, and each task's rank process runs :func:`yarn.executor.run_rank`. The
 driver prints rank 0's result, writes every rank's record to ``--result``
-(through :mod:`hvdtrain.fs`, so an ``hdfs://`` path works in cluster mode,
+(through :mod:`hvdtrain.hadoop.fs`, so an ``hdfs://`` path works in cluster mode,
 where this process's output goes to the YARN logs), and exits 0 only when
 every rank trained.
 
@@ -31,18 +31,21 @@ import logging  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Iterator, Mapping, Optional, Sequence  # noqa: E402
 
-from hvdtrain import checkpoint, console, fs, hadoop_conf, hadoop_tokens, startup, supervise  # noqa: E402
-from hvdtrain import config as config_mod  # noqa: E402
-from hvdtrain.config import JobConfig  # noqa: E402
-from hvdtrain.errors import HvdtrainError, StepFailed  # noqa: E402
-from hvdtrain.launch import spark_malloc_env  # noqa: E402
+from hvdtrain.core import config as config_mod  # noqa: E402
+from hvdtrain.core.config import JobConfig  # noqa: E402
+from hvdtrain.core.errors import HvdtrainError, StepFailed  # noqa: E402
+from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens
+from hvdtrain.observe import console
+from hvdtrain.runtime import startup, supervise
+from hvdtrain.runtime.launch import spark_malloc_env  # noqa: E402
+from hvdtrain.training import checkpoint  # noqa: E402
 from yarn import executor
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
 
 def horovod_env(cfg: JobConfig) -> dict[str, str]:
-    """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`),
+    """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.runtime.launch.malloc_env`),
     then yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...). A top pad set in yarn.env or as the executors' environment in
     yarn.spark_conf is left to win."""
     return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf)}
@@ -133,7 +136,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
             wait=lambda attempt: supervise.backoff(attempt, cfg.fault.restart_backoff))
         summary = {**summarize(last["records"]), "restarts": [vars(r) for r in outcome.restarts]}
         # Before Spark stops: on a Kerberos cluster this driver reaches HDFS with the application's delegation
-        # token (hvdtrain.hadoop_tokens), which the ResourceManager cancels once the application ends.
+        # token (hvdtrain.hadoop.hadoop_tokens), which the ResourceManager cancels once the application ends.
         fs.write_bytes_atomic(args.result, (json.dumps(summary, indent=2) + "\n").encode())
         return last["records"], outcome, summary
     finally:
@@ -145,7 +148,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
 def hdfs_token_for_ranks(cfg: JobConfig) -> Iterator[dict[str, str]]:
     """On a Kerberos cluster, with ``yarn.principal``/``yarn.keytab`` on this host (client mode): the ranks'
     environment gets an HDFS delegation token for ``fs.defaultFS`` that this driver renews while they run
-    (:class:`hvdtrain.hadoop_tokens.TokenRenewer`). Otherwise nothing: the ranks use their containers' tokens."""
+    (:class:`hvdtrain.hadoop.hadoop_tokens.TokenRenewer`). Otherwise nothing: the ranks use their containers' tokens."""
     y, props = cfg.yarn, hadoop_conf.load()
     if not (hadoop_tokens.kerberos_enabled(props) and y.principal and y.keytab and os.path.isfile(y.keytab)
             and props.get("fs.defaultFS", "").startswith("hdfs://")):

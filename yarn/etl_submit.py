@@ -12,7 +12,7 @@ run's printout and the :class:`yarn.submit.Submission` that kills the
 application when the command is interrupted. The ETL is an ordinary Spark job:
 task retries and the cluster's dynamic allocation stay on unless
 ``--num-executors`` fixes the count. The write tasks set up libhdfs in their
-container themselves (:func:`hvdtrain.fs.prepare_hdfs_client`), as training
+container themselves (:func:`hvdtrain.hadoop.fs.prepare_hdfs_client`), as training
 ranks do, so ``etl.output=hdfs://...`` works without any CLASSPATH in the command.
 """
 from __future__ import annotations
@@ -22,11 +22,12 @@ import os
 import sys
 from typing import Callable, Optional, Sequence
 
-from hvdtrain import config as config_mod
-from hvdtrain import fs, secrets
-from hvdtrain.config import JobConfig
-from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.hadoop import fs
+from hvdtrain.hadoop.envcheck import HorovodBuild
 from yarn import packaging, submit
 
 ETL_SCRIPT = os.path.join(packaging.project_root(), "etl", "job.py")

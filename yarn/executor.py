@@ -9,10 +9,11 @@ in the task's Python worker itself). Before TensorFlow is imported it:
 2. points libhdfs at the Hadoop client of the container (``CLASSPATH`` from
    ``hadoop classpath --glob``, ``ARROW_LIBHDFS_DIR``) when the job reads or
    writes ``hdfs://`` and the container's environment lacks them
-   (:func:`hvdtrain.fs.prepare_hdfs_client`, which the ETL's write tasks run too);
+   (:func:`hvdtrain.hadoop.fs.prepare_hdfs_client`, which the ETL's write tasks run too);
 
 then rebuilds the job config from a plain dict and calls
-:func:`hvdtrain.train.run` (:func:`hvdtrain.elastic.run` with ``train.elastic``). It returns a small record: rank, host, GPUs, where
+:func:`hvdtrain.training.train.run` (:func:`hvdtrain.training.elastic.run` with
+``train.elastic``). It returns a small record: rank, host, GPUs, where
 the code was imported from, and the training result (or the user-facing error,
 so the driver can print one line instead of N tracebacks).
 
@@ -31,15 +32,17 @@ import zipfile
 from typing import IO, Any, Mapping, Optional, Sequence
 
 import hvdtrain
-from hvdtrain import config, cpus, distributed, fs, startup  # no TensorFlow import either
-from hvdtrain.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
-from hvdtrain.errors import ANY_ERROR, HvdtrainError
+from hvdtrain.core import config  # no TensorFlow import either
+from hvdtrain.core.errors import ANY_ERROR, HvdtrainError
+from hvdtrain.hadoop import fs
+from hvdtrain.runtime import cpus, distributed, startup
+from hvdtrain.runtime.distributed import ASSIGNED_GPUS_ENV  # no TensorFlow import: safe before GPU pinning
 
 
 def gpu_env(addresses: Sequence[str]) -> dict[str, str]:
     """Environment that exposes exactly the assigned GPUs (pure); nothing when none were assigned.
 
-    ``HVDTRAIN_ASSIGNED_GPUS`` tells :func:`hvdtrain.distributed.pin_gpu` that the visible GPUs
+    ``HVDTRAIN_ASSIGNED_GPUS`` tells :func:`hvdtrain.runtime.distributed.pin_gpu` that the visible GPUs
     are already this rank's own, so it must not index them by local rank: two executors on one
     host each see one GPU, yet have local ranks 0 and 1.
     """
@@ -90,14 +93,14 @@ def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     gpus = assigned_gpus()
     os.environ.update(gpu_env(gpus))  # before TensorFlow initializes CUDA
     # On YARN each rank is one task of spark.task.cpus = yarn.executor_cores CPUs (yarn/submit.py): TensorFlow's
-    # pools are sized from that, not from the host (hvdtrain.cpus takes the smallest limit that applies).
+    # pools are sized from that, not from the host (hvdtrain.runtime.cpus takes the smallest limit that applies).
     os.environ.setdefault(cpus.TASK_CPUS_ENV, str(cfg_dict.get("yarn", {}).get("executor_cores", "")))
     fs.prepare_hdfs_client(*uses_hdfs(cfg_dict))  # the same set-up as the ETL's shard-writing tasks
 
     if cfg_dict["train"].get("elastic"):  # deferred: TensorFlow, after GPU pinning
-        from hvdtrain.elastic import run  # hvdtrain's loop under Horovod elastic (horovod.spark.run_elastic)
+        from hvdtrain.training.elastic import run  # hvdtrain's loop under Horovod elastic (horovod.spark.run_elastic)
     else:
-        from hvdtrain.train import run
+        from hvdtrain.training.train import run
 
     startup.mark("interpreter and imports")  # this Python worker's start, the task's arrival, TensorFlow's import
     result, error, code = None, None, 0

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Optional, Sequence
 
-from hvdtrain import fs
-from hvdtrain.config import YarnConfig
-from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ANY_ERROR, ConfigError, EnvironmentProblem
+from hvdtrain.core.config import YarnConfig
+from hvdtrain.core.errors import ANY_ERROR, ConfigError, EnvironmentProblem
+from hvdtrain.hadoop import fs
+from hvdtrain.hadoop.envcheck import HorovodBuild
 
 CODE_PACKAGES = ("hvdtrain", "etl", "yarn")
 CODE_SUFFIXES = (".py", ".sh")

@@ -12,7 +12,7 @@ with ``--files``; every rank (:func:`yarn.executor.run_script`) unpacks it and r
 ``python SCRIPT ARGS`` from there with the environment Horovod sets for a rank, its output teed to
 ``<output>/logs/rank<N>.log``. The command's exit code is the worst rank's. The config (optional)
 supplies the ``yarn:`` and ``fault:`` blocks; the script is checked for Keras 2 uses first
-(:mod:`hvdtrain.keras3_check`).
+(:mod:`hvdtrain.model.keras3_check`).
 """
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ import time
 import zipfile
 from typing import Any, Optional, Sequence
 
-from hvdtrain import config as config_mod
-from hvdtrain import fs, keras3_check
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import ANY_ERROR, ConfigError, StepFailed
+from hvdtrain.core import config as config_mod
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import ANY_ERROR, ConfigError, StepFailed
+from hvdtrain.hadoop import fs
+from hvdtrain.model import keras3_check
 from yarn import submit
 
 MAX_FOLDER_BYTES = 200 << 20  # a script's folder is code; data belongs on HDFS

@@ -20,10 +20,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from hvdtrain import config as config_mod
-from hvdtrain import envcheck, fs, secrets
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.hadoop import envcheck, fs
 from yarn import packaging, submit
 
 SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")

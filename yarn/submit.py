@@ -6,7 +6,7 @@
 (also ``hvdtrain yarn submit ...``). Flags override the config's ``yarn:`` block.
 The driver (:mod:`yarn.driver`) calls ``horovod.spark.run`` with
 :func:`yarn.executor.run_rank` on N Spark tasks, one per executor, and each
-task's process runs :func:`hvdtrain.train.run`.
+task's process runs :func:`hvdtrain.training.train.run`.
 
 Plan, then act:
 
@@ -50,12 +50,15 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
-from hvdtrain import config as config_mod
-from hvdtrain import console, envcheck, fs, hadoop_conf, hadoop_tokens, secrets, startup
-from hvdtrain.config import JobConfig
-from hvdtrain.envcheck import HorovodBuild
-from hvdtrain.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
-from hvdtrain.launch import LAUNCHER_RECORD, spark_malloc_env
+from hvdtrain.core import config as config_mod
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
+from hvdtrain.hadoop import envcheck, fs, hadoop_conf, hadoop_tokens
+from hvdtrain.hadoop.envcheck import HorovodBuild
+from hvdtrain.observe import console
+from hvdtrain.runtime import startup
+from hvdtrain.runtime.launch import LAUNCHER_RECORD, spark_malloc_env
 from yarn import packaging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,7 +113,7 @@ AM_JVM_OPTIONS = f"spark.yarn.appMasterEnv.{JVM_OPTIONS_ENV}"
 
 def worker_env_conf(cfg: JobConfig) -> list[tuple[str, str]]:
     """``spark.executorEnv.*`` of a job whose executors' Python workers do the work (ETL, scoring): yarn.env, and
-    glibc's malloc top pad (:func:`hvdtrain.launch.malloc_env`) unless yarn.env or yarn.spark_conf sets one (pure).
+    glibc's malloc top pad (:func:`hvdtrain.runtime.launch.malloc_env`) unless yarn.env or yarn.spark_conf sets one (pure).
     A training job's ranks get theirs from the driver (``yarn/driver.py:horovod_env``)."""
     return [(f"spark.executorEnv.{k}", v) for k, v in sorted(spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf).items())]
 
@@ -215,7 +218,7 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     """Refuse a submission that cannot work, with one line naming the value and the fix.
 
     Only what the config cannot know is checked here (the master, the Horovod
-    build, files on this host); :class:`~hvdtrain.config.YarnConfig` checks its
+    build, files on this host); :class:`~hvdtrain.core.config.YarnConfig` checks its
     own values when it is built.
     """
     y = cfg.yarn
@@ -310,7 +313,7 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
 
 def conf_args(conf: Sequence[tuple[str, str]], properties_file: str) -> tuple[list[str], dict[str, str]]:
     """(argv, secret settings) for ``conf`` (pure): plain settings as ``--conf K=V``; secret ones (a secret
-    key or a URL password, :mod:`hvdtrain.secrets`) go to ``properties_file``, named on argv instead."""
+    key or a URL password, :mod:`hvdtrain.core.secrets`) go to ``properties_file``, named on argv instead."""
     plain, secret = secrets.split_secret_items(dict(conf))
     argv = [arg for key, value in plain.items() for arg in ("--conf", f"{key}={value}")]
     if secret:  # Spark 4 reads spark-defaults.conf beside a --properties-file only when asked to

@@ -1,6 +1,15 @@
-"""Input: from a manifest to the batches each rank trains on.
+"""Data: the dataset contract between the ETL and training, and the input pipeline.
 
-One module each:
+The dataset itself:
+
+* :mod:`~hvdtrain.data.manifest`: the published manifest (shards, splits, schema, digests);
+* :mod:`~hvdtrain.data.tfrecord`: TFRecord framing and Example encoding without TensorFlow;
+* :mod:`~hvdtrain.data.features`: feature values as the ETL encodes them and scoring reproduces them;
+* :mod:`~hvdtrain.data.wordpiece`: the WordPiece vocabulary and tokenizer for text columns;
+* :mod:`~hvdtrain.data.drift`: the drift reference and comparison;
+* :mod:`~hvdtrain.data.synthetic`: generated sample datasets with a known ceiling.
+
+Input, from a manifest to the batches each rank trains on:
 
 * :mod:`~hvdtrain.data.contract`: the manifest-to-model contract (features a
   model kind reads, :class:`InputShape`); pure, no TensorFlow;

@@ -5,7 +5,7 @@ A builder (built-in or ``model.kind: custom``) sees only the contract: each
 feature's name, dtype, shape and vocabulary / category sizes, the task, the
 label names and the width its output must have.
 
-Pure and free of TensorFlow: :mod:`hvdtrain.models` and the checks that run before
+Pure and free of TensorFlow: :mod:`hvdtrain.model.models` and the checks that run before
 any rank starts work import it.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from hvdtrain import tasks
-from hvdtrain.config import ModelConfig
-from hvdtrain.errors import DataError
-from hvdtrain.manifest import FeatureSpec, Manifest
+from hvdtrain.core import tasks
+from hvdtrain.core.config import ModelConfig
+from hvdtrain.core.errors import DataError
+from hvdtrain.data.manifest import FeatureSpec, Manifest
 
 # The features each model kind reads. A transformer needs both; an MLP reads
 # whichever of its features the dataset has (at least one).
@@ -27,7 +27,7 @@ MODEL_INPUTS: dict[str, tuple[str, ...]] = {
     "custom": ("input_ids", "attention_mask", "numeric", "categorical"),  # whichever the dataset has
 }
 KEY_FEATURE = "key"  # the record keys, read when tracing the data order
-# float32 [] per-example loss weight, written when the ETL has source.weight_column (hvdtrain.heads.Head.loss)
+# float32 [] per-example loss weight, written when the ETL has source.weight_column (hvdtrain.model.heads.Head.loss)
 WEIGHT_FEATURE = "weight"
 
 
@@ -57,7 +57,7 @@ class InputShape:
     ``categorical`` column, unknown bucket included) and ``hash_buckets`` (one
     per ``categorical`` column, 0 unless hashed). ``inputs`` are the
     features the model reads, in order; ``features`` describes each of them.
-    ``task`` is one of :data:`hvdtrain.tasks.KINDS`; ``labels`` the class or
+    ``task`` is one of :data:`hvdtrain.core.tasks.KINDS`; ``labels`` the class or
     label names (empty for regression); the model must return
     ``[batch, num_outputs]`` float scores (logits; the value for regression).
     ``weight_feature`` names the per-example loss weight when the dataset has one (never a model input).

@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
+from hvdtrain.core.errors import DataError
+from hvdtrain.data.manifest import ENCODINGS, Manifest
 from hvdtrain.data.plan import Share, file_seed, range_stream, resume_point, share, shuffle_seed, shuffle_window
 from hvdtrain.data.staging import FileSource, check_local_shards, file_paths
-from hvdtrain.errors import DataError
-from hvdtrain.manifest import ENCODINGS, Manifest
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-from hvdtrain import fs
-from hvdtrain.errors import ANY_FAILURE, DataError
-from hvdtrain.manifest import Manifest
+from hvdtrain.core.errors import ANY_FAILURE, DataError
+from hvdtrain.data.manifest import Manifest
+from hvdtrain.hadoop import fs
 
 log = logging.getLogger(__name__)
 STAGE_AHEAD = 3  # remote shards staged in front of the reader

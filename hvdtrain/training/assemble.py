@@ -14,18 +14,21 @@ from typing import Any, Iterator, Mapping, Optional
 
 import keras
 
-from hvdtrain import breakdown, distributed, monitoring, progress, resume, startup, tensorboard, tune
-from hvdtrain import config as config_lib
-from hvdtrain import timeline as timeline_lib
-from hvdtrain.errors import ConfigError, EnvironmentProblem
-from hvdtrain.training import hooks
+from hvdtrain import tune
+from hvdtrain.core import config as config_lib
+from hvdtrain.core.errors import ConfigError, EnvironmentProblem
+from hvdtrain.observe import breakdown, monitoring, progress, tensorboard
+from hvdtrain.observe import timeline as timeline_lib
+from hvdtrain.observe.events import Hook
+from hvdtrain.runtime import distributed, startup
+from hvdtrain.training import hooks, resume
 from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import evaluate_split, make_eval_step
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.state import average_statistics, current_learning_rate
 
-log = logging.getLogger("hvdtrain.train")
+log = logging.getLogger("hvdtrain.training.train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +55,10 @@ class Observed:
 
 @contextlib.contextmanager
 def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper],
-                   guard: Optional[steps_lib.FiniteGuard], observed: Observed) -> Iterator[list[hooks.Hook]]:
+                   guard: Optional[steps_lib.FiniteGuard], observed: Observed) -> Iterator[list[Hook]]:
     """Every hook of the run, in the order the loop calls them; ends the observers when training ends.
 
-    The end of start-up (the first step, :mod:`hvdtrain.startup`); progress and per-step metrics; the ranks'
+    The end of start-up (the first step, :mod:`hvdtrain.runtime.startup`); progress and per-step metrics; the ranks'
     statistics averaged (before validation and checkpoints read them); validation and early stopping; skipped
     steps (float16 all-reduce); the study's pruning (a tune trial); the epoch report (after validation, so it
     includes it); the checkpointer (a pruned or stopped run still saves its last epoch); then the observers.
@@ -67,7 +70,7 @@ def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[Earl
                _epoch_report(ctx, observed.optimizer), observed.checkpointer, *observers]
 
 
-def _progress(ctx: TrainContext) -> list[hooks.Hook]:
+def _progress(ctx: TrainContext) -> list[Hook]:
     """Rank 0's progress display and its per-step MLflow metrics."""
     cfg, rank = ctx.cfg, ctx.rank
     mode = progress.mode_for(cfg.train.progress, rank.is_chief)
@@ -78,12 +81,12 @@ def _progress(ctx: TrainContext) -> list[hooks.Hook]:
             hooks.StepMetricsHook(progress.MetricsLogger(ctx.tracker.log_metrics, every), rank.size)]
 
 
-def _statistics(model: keras.Model, checkpointer: resume.Checkpointer) -> hooks.Hook:
+def _statistics(model: keras.Model, checkpointer: resume.Checkpointer) -> Hook:
     """BatchNormalization's moving statistics (any rank-local float state) averaged over ranks when read."""
     return hooks.AverageStatistics(lambda: average_statistics(model), checkpointer.due)
 
 
-def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper]) -> list[hooks.Hook]:
+def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlyStopper]) -> list[Hook]:
     """Validation (and early stopping) after each epoch, when configured."""
     if not ctx.cfg.train.validates_each_epoch:
         return []
@@ -91,11 +94,11 @@ def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlySt
     return [hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper)]
 
 
-def _epoch_report(ctx: TrainContext, optimizer: Any) -> hooks.Hook:
+def _epoch_report(ctx: TrainContext, optimizer: Any) -> Hook:
     return hooks.EpochReport(ctx.cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer))
 
 
-def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
+def _pruning(ctx: TrainContext) -> list[Hook]:
     """A ``hvdtrain tune`` trial (``tune.trial`` set): the hook reporting to the study, on every rank."""
     tune_cfg = ctx.cfg.tune
     if tune_cfg.trial is None:
@@ -107,12 +110,12 @@ def _pruning(ctx: TrainContext) -> list[hooks.Hook]:
 
 
 @contextlib.contextmanager
-def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[hooks.Hook]]:
+def _observers(ctx: TrainContext, observed: Observed) -> Iterator[list[Hook]]:
     """The hooks after the checkpointer: TensorBoard (rank 0), Prometheus metrics, the step-time breakdown, the
     Horovod timeline (each when configured); stops the writers and closes the timeline when training ends."""
     cfg, rank = ctx.cfg, ctx.rank
     board = _tensorboard(ctx, observed)
-    out: list[hooks.Hook] = [board] if board is not None else []
+    out: list[Hook] = [board] if board is not None else []
     exporter, recorder = _metrics_exporter(ctx, observed)
     if exporter is not None and recorder is not None:  # both or neither
         out.append(recorder)
@@ -161,7 +164,7 @@ def _tensorboard(ctx: TrainContext, observed: Observed) -> Optional[tensorboard.
     return board
 
 
-def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[hooks.Hook]]:
+def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[Any], Optional[Hook]]:
     """This rank's Prometheus exporter and the hook feeding it (a collective: rank 0 checks the port and
     hands every rank the run id); (None, None) when monitoring is off."""
     mon, rank = ctx.cfg.monitoring, ctx.rank
@@ -174,7 +177,7 @@ def _metrics_exporter(ctx: TrainContext, observed: Observed) -> tuple[Optional[A
                     else None)
     shared = distributed.broadcast_object(
         {"run_id": ctx.run_id or f"untracked-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}",
-         "error": port_problem}, name="hvdtrain.monitoring")
+         "error": port_problem}, name="hvdtrain.observe.monitoring")
     if shared["error"]:
         raise EnvironmentProblem(shared["error"])
     missing = monitoring.available()

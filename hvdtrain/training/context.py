@@ -1,6 +1,6 @@
 """The run context: what every part of one training run needs to know, built once.
 
-:func:`hvdtrain.train.run` builds one :class:`TrainContext` after the manifest
+:func:`hvdtrain.training.train.run` builds one :class:`TrainContext` after the manifest
 has been checked and the ranks agreed on the plan, and passes it to the loop's
 hooks, evaluation and the checkpointer instead of long parameter lists.
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
-    from hvdtrain.config import JobConfig
+    from hvdtrain.core.config import JobConfig
     from hvdtrain.data.contract import InputShape
-    from hvdtrain.distributed import RankInfo
-    from hvdtrain.manifest import Manifest
-    from hvdtrain.tracking import Tracker
+    from hvdtrain.data.manifest import Manifest
+    from hvdtrain.observe.tracking import Tracker
+    from hvdtrain.runtime.distributed import RankInfo
 
 Phase = Callable[..., None]  # watchdog.Watchdog.phase(what, timeout=None): what the rank waits for next
 
@@ -30,7 +30,7 @@ class TrainContext:
     """One run's fixed facts, on every rank.
 
     ``layout`` is what the input position and step numbering depend on
-    (:func:`hvdtrain.resume.layout`); ``phase`` tells the stall watchdog what
+    (:func:`hvdtrain.training.resume.layout`); ``phase`` tells the stall watchdog what
     the rank is about to wait for.
     """
 
@@ -43,7 +43,7 @@ class TrainContext:
     tracker: "Tracker"
     layout: dict[str, Any]
     phase: Phase = no_phase
-    threads: int = 0  # this rank's CPU budget (hvdtrain.cpus): tf.data's private pool; 0 = TensorFlow's default
+    threads: int = 0  # this rank's CPU budget (hvdtrain.runtime.cpus): tf.data's private pool; 0 = TensorFlow's default
 
     @property
     def run_id(self) -> Optional[str]:

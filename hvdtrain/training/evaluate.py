@@ -6,12 +6,12 @@ from typing import Any
 
 import keras
 
-from hvdtrain import data, heads
-from hvdtrain.training import evaluation
+from hvdtrain import data
+from hvdtrain.model import evaluation, heads
 from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import TrainContext
 
-log = logging.getLogger("hvdtrain.train")
+log = logging.getLogger("hvdtrain.training.train")
 EVAL_SPLITS = ("validation", "test")
 
 

@@ -19,12 +19,12 @@ order written, in :func:`hvdtrain.training.assemble.training_hooks`):
   study and stops every rank together when the study prunes the trial;
 * :class:`EpochReport`: the epoch's learning rate, log line and MLflow metrics
   (after validation, so they include it);
-* :class:`hvdtrain.resume.Checkpointer`: saves when due (a collective);
-* after it, when configured: :class:`hvdtrain.tensorboard.TensorBoardHook` (rank 0's
-  TensorBoard events, written in the background), :class:`hvdtrain.monitoring.MetricsHook`
-  (Prometheus metrics), :class:`hvdtrain.breakdown.StepTimeBreakdown` (where
+* :class:`hvdtrain.training.resume.Checkpointer`: saves when due (a collective);
+* after it, when configured: :class:`hvdtrain.observe.tensorboard.TensorBoardHook` (rank 0's
+  TensorBoard events, written in the background), :class:`hvdtrain.observe.monitoring.MetricsHook`
+  (Prometheus metrics), :class:`hvdtrain.observe.breakdown.StepTimeBreakdown` (where
   each epoch's time went, gathered over ranks at epoch ends) and
-  :class:`hvdtrain.timeline.TimelineHook` (Horovod's timeline for a few steps).
+  :class:`hvdtrain.observe.timeline.TimelineHook` (Horovod's timeline for a few steps).
 
 Each hook is built complete: nothing is filled in after construction.
 """
@@ -36,32 +36,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import early_stopping, tasks
-from hvdtrain.config import EarlyStoppingConfig
-from hvdtrain.training.events import EpochStats, LoopState, StepInfo
+from hvdtrain.core import tasks
+from hvdtrain.core.config import EarlyStoppingConfig
+from hvdtrain.model import early_stopping
+from hvdtrain.observe.events import EpochStats, Hook, LoopState, StepInfo
 
-log = logging.getLogger("hvdtrain.train")
-
-
-class Hook:
-    """A loop hook that does nothing; subclasses override what they need."""
-
-    def start_epoch(self, epoch: int) -> None:
-        """Before the epoch's first step."""
-
-    def on_step(self, info: StepInfo) -> None:
-        """After each optimizer step; no collectives (rank 0's reporting is timed by its own clock)."""
-
-    def end_epoch(self, stats: EpochStats) -> bool:
-        """After each epoch; may run collectives; True stops training (the same answer on every rank)."""
-        return False
-
-    def after_step(self, state: LoopState) -> None:
-        """After each step that does not end an epoch, and after ``end_epoch``; may run collectives."""
-
-    def pause_after(self, global_step: int, layout_step: int) -> bool:
-        """Whether this hook acts after that step, so that a multi-step call must end there (pure)."""
-        return False
+log = logging.getLogger("hvdtrain.training.train")
 
 
 class FirstStep(Hook):
@@ -76,35 +56,8 @@ class FirstStep(Hook):
             done()
 
 
-class HookList(Hook):
-    """Hooks called in order; training stops when any hook's ``end_epoch`` says so."""
-
-    def __init__(self, hooks: Sequence[Hook]):
-        self.hooks = list(hooks)
-
-    def start_epoch(self, epoch: int) -> None:
-        for hook in self.hooks:
-            hook.start_epoch(epoch)
-
-    def on_step(self, info: StepInfo) -> None:
-        for hook in self.hooks:
-            hook.on_step(info)
-
-    def end_epoch(self, stats: EpochStats) -> bool:
-        stops = [hook.end_epoch(stats) for hook in self.hooks]  # every hook runs: some are collectives
-        return any(stops)
-
-    def after_step(self, state: LoopState) -> None:
-        for hook in self.hooks:
-            hook.after_step(state)
-
-    def pause_after(self, global_step: int, layout_step: int) -> bool:
-        return any(hook.pause_after(global_step, layout_step) for hook in self.hooks
-                   if hasattr(hook, "pause_after"))  # duck-typed hooks without it never pause
-
-
 class ProgressHook(Hook):
-    """Drives a :class:`hvdtrain.progress.Progress` display."""
+    """Drives a :class:`hvdtrain.observe.progress.Progress` display."""
 
     def __init__(self, progress: Any, world_size: int):
         self.progress, self.world_size = progress, world_size
@@ -121,7 +74,7 @@ class ProgressHook(Hook):
 
 
 class StepMetricsHook(Hook):
-    """Drives a :class:`hvdtrain.progress.MetricsLogger` with global step numbers."""
+    """Drives a :class:`hvdtrain.observe.progress.MetricsLogger` with global step numbers."""
 
     def __init__(self, logger: Any, world_size: int):
         self.logger, self.world_size = logger, world_size

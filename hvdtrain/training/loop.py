@@ -44,9 +44,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from hvdtrain import distributed
-from hvdtrain.training.events import EpochStats, LoopPlan, LoopState, Start, StepInfo, epoch_stats
-from hvdtrain.training.hooks import Hook, HookList
+from hvdtrain.observe.events import EpochStats, Hook, HookList, LoopPlan, LoopState, Start, StepInfo, epoch_stats
+from hvdtrain.runtime import distributed
 
 
 def take_batches(batches: Iterator[Any], count: int,

@@ -1,4 +1,4 @@
-"""Rank 0's outputs: files in ``train.output`` (replaced whole, see :func:`hvdtrain.fs.swap_in`) and MLflow."""
+"""Rank 0's outputs: files in ``train.output`` (replaced whole, see :func:`hvdtrain.hadoop.fs.swap_in`) and MLflow."""
 from __future__ import annotations
 
 import json
@@ -12,18 +12,23 @@ from typing import Any, Callable, Optional
 import keras
 import numpy as np
 
-from hvdtrain import data, fs, heads, launch, ledger, plots, secrets, tensorboard
-from hvdtrain import timeline as timeline_lib
-from hvdtrain.config import JobConfig
-from hvdtrain.errors import ANY_ERROR, DataError, StorageError
-from hvdtrain.manifest import Manifest
+from hvdtrain import data
+from hvdtrain.core import secrets
+from hvdtrain.core.config import JobConfig
+from hvdtrain.core.errors import ANY_ERROR, DataError, StorageError
+from hvdtrain.data.manifest import Manifest
+from hvdtrain.hadoop import fs, ledger
+from hvdtrain.model import heads
+from hvdtrain.observe import plots, tensorboard
+from hvdtrain.observe import timeline as timeline_lib
+from hvdtrain.runtime import launch
 from hvdtrain.training.context import TrainContext
 from hvdtrain.training.evaluate import task_head
 from hvdtrain.training.reports import CONFUSION_PNG, RESIDUALS_PNG, final_metrics, result_record
 
-log = logging.getLogger("hvdtrain.train")
+log = logging.getLogger("hvdtrain.training.train")
 RESULT_NAME = "result.json"  # written last into train.output
-WRITER = "hvdtrain train"  # the writer named in train.output's ledger (hvdtrain.ledger)
+WRITER = "hvdtrain train"  # the writer named in train.output's ledger (hvdtrain.hadoop.ledger)
 
 
 

@@ -8,12 +8,14 @@ from typing import Any, Optional, Sequence
 import keras
 import numpy as np
 
-from hvdtrain import distributed, fs, tasks
-from hvdtrain.config import TrainConfig
-from hvdtrain.schedules import scaled_learning_rate
-from hvdtrain.training import evaluation
+from hvdtrain.core import tasks
+from hvdtrain.core.config import TrainConfig
+from hvdtrain.hadoop import fs
+from hvdtrain.model import evaluation
+from hvdtrain.model.schedules import scaled_learning_rate
+from hvdtrain.observe.events import EpochStats
+from hvdtrain.runtime import distributed
 from hvdtrain.training.context import TrainContext
-from hvdtrain.training.events import EpochStats
 
 CONFUSION_PNG = "confusion_matrix.png"
 RESIDUALS_PNG = "residuals.png"  # a regression's test chart

@@ -10,12 +10,13 @@ from typing import Any, Callable, ContextManager, Iterator
 import keras
 import tensorflow as tf
 
-from hvdtrain import cpus, distributed, kerberos
-from hvdtrain import watchdog as watchdog_lib
-from hvdtrain.config import JobConfig, TrainConfig
-from hvdtrain.errors import DataError, EnvironmentProblem
+from hvdtrain.core.config import JobConfig, TrainConfig
+from hvdtrain.core.errors import DataError, EnvironmentProblem
+from hvdtrain.hadoop import kerberos
+from hvdtrain.runtime import cpus, distributed
+from hvdtrain.runtime import watchdog as watchdog_lib
 
-log = logging.getLogger("hvdtrain.train")
+log = logging.getLogger("hvdtrain.training.train")
 
 
 def set_horovod_env(cfg: JobConfig) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain import data, distributed
-from hvdtrain.config import JobConfig, TrainConfig
-from hvdtrain.models import build_model
-from hvdtrain.schedules import WarmupDecay, scaled_learning_rate
+from hvdtrain import data
+from hvdtrain.core.config import JobConfig, TrainConfig
+from hvdtrain.model.models import build_model
+from hvdtrain.model.schedules import WarmupDecay, scaled_learning_rate
+from hvdtrain.runtime import distributed
 
 
 def build_optimizer(train: TrainConfig, size: int, total_steps: int) -> keras.optimizers.Optimizer:

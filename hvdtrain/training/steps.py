@@ -8,7 +8,7 @@ global norm is the optimizer's ``global_clipnorm``, applied inside ``apply``,
 i.e. after the all-reduce (every rank clips the same averaged gradients the
 same way) and, under float16 loss scaling, after unscaling.
 
-The loss is Keras's: the task's batch-mean loss (:mod:`hvdtrain.heads`) plus
+The loss is Keras's: the task's batch-mean loss (:mod:`hvdtrain.model.heads`) plus
 ``model.losses`` (kernel regularizers, ``add_loss``), as ``model.fit`` has it. A batch
 with a ``weight`` feature (``source.weight_column``) weighs each example's loss, and the
 batch mean is ``mean(w * loss)``, as ``model.fit`` with ``sample_weight`` has it.
@@ -20,7 +20,7 @@ micro-batches have the same size (training batches drop the remainder), so
 the update equals one step on a batch of ``batch_size * k * ranks`` examples.
 
 Mixed precision: the loss is computed in float32 from float32 logits (the
-logits layer is float32, see :mod:`hvdtrain.models`); ``optimizer.scale_loss``
+logits layer is float32, see :mod:`hvdtrain.model.models`); ``optimizer.scale_loss``
 is the identity for a plain optimizer and multiplies by the dynamic scale for
 ``keras.optimizers.LossScaleOptimizer`` (float16), whose ``apply`` unscales,
 skips non-finite steps and adapts the scale. The finiteness check runs on the
@@ -44,9 +44,9 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from hvdtrain import distributed
 from hvdtrain.data.contract import WEIGHT_FEATURE
-from hvdtrain.heads import Head
+from hvdtrain.model.heads import Head
+from hvdtrain.runtime import distributed
 
 Batch = dict[str, tf.Tensor]
 Allreduce = Callable[[Sequence[Any]], list[Any]]
@@ -74,7 +74,7 @@ class Reduction:
     fp16: bool = False
     mode: AllreduceMode = "grouped"
     sparse: tuple[bool, ...] = ()  # per trainable variable: send its IndexedSlices gradient sparse (sparse_choice)
-    head: Head = Head()  # the task's loss whose gradients these are (hvdtrain.heads)
+    head: Head = Head()  # the task's loss whose gradients these are (hvdtrain.model.heads)
 
     def __call__(self, grads: Sequence[Any]) -> list[Any]:
         return distributed.allreduce_grads(grads, fp16=self.fp16, grouped=self.mode == "grouped", sparse=self.sparse)

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hvdtrain import config, fs, manifest
+from hvdtrain.core import config
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs
 
 pytestmark = pytest.mark.e2e
 

@@ -40,7 +40,7 @@ class CommandLines(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.seen: set[str] = set()
-        self.ranks_with_token: set[str] = set()  # pids of hvdtrain.train ranks whose environment held the token
+        self.ranks_with_token: set[str] = set()  # pids of hvdtrain.training.train ranks whose environment held the token
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -49,7 +49,7 @@ class CommandLines(threading.Thread):
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    if b"hvdtrain.train" in raw and "HOROVOD_RANK" in (environ := Path(f"/proc/{pid}/environ")
+                    if b"hvdtrain.training.train" in raw and "HOROVOD_RANK" in (environ := Path(f"/proc/{pid}/environ")
                                                                         .read_bytes().decode(errors="replace")):
                         if token in environ.encode():
                             self.ranks_with_token.add(pid)
@@ -137,7 +137,7 @@ def _mlflow_runs(uri: str) -> list[dict[str, str]]:
 def test_no_command_line_carries_the_secret(leak_run):
     seen = leak_run["cmdlines"]
     # the watcher saw the processes that matter, so an empty finding means something
-    assert any("horovodrun" in c for c in seen) and any("hvdtrain.train" in c for c in seen), sorted(seen)[:40]
+    assert any("horovodrun" in c for c in seen) and any("hvdtrain.training.train" in c for c in seen), sorted(seen)[:40]
     assert any("tune.trial=0" in c for c in seen), "no trial process was seen"
     assert any("SparkSubmit" in c or "pyspark" in c for c in seen), "no Spark process was seen"
     # the environment's secret reached every rank (train: 2, the trial: 2) through the sealed file

@@ -1,6 +1,6 @@
 """The ``hadoop`` tier's cluster: one real one-machine Hadoop per test session, always stopped at the end.
 
-``hvdtrain cluster`` (hvdtrain/minicluster) starts Apache Hadoop's MiniDFSCluster and MiniYARNCluster in one
+``hvdtrain cluster`` (hvdtrain/hadoop/minicluster) starts Apache Hadoop's MiniDFSCluster and MiniYARNCluster in one
 JVM (Maven fetches the jars on first use). Each test that uses the cluster runs with HADOOP_CONF_DIR set to the
 cluster's configs and its ``bin/`` (Hadoop's own ``yarn`` and ``hdfs`` CLIs) on PATH, as a user would after
 ``hvdtrain cluster up``; the environment is restored after every such test (and after every module fixture that
@@ -19,7 +19,7 @@ from typing import IO, Iterator
 
 import pytest
 
-from hvdtrain.minicluster import cluster
+from hvdtrain.hadoop.minicluster import cluster
 from yarn.packaging import PACK_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def hadoop_cluster() -> Iterator[dict]:
 # then ``yarn.packaging``'s packing into the cache); a failure here only means the first job packs.
 PREPACK = """
 import tempfile
-from hvdtrain import envcheck
+from hvdtrain.hadoop import envcheck
 from yarn import packaging
 digest = packaging.env_hash(packaging.current_identity(envcheck.probe_horovod_build()))
 with tempfile.TemporaryDirectory(prefix="hvdtrain-prepack-") as tmp:

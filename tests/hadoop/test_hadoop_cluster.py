@@ -37,9 +37,13 @@ import pytest
 import yaml
 
 from benchmarks import kill_drill
-from hvdtrain import checkpoint, config, fs, manifest, startup
-from hvdtrain.errors import ANY_FAILURE
-from hvdtrain.minicluster import cluster
+from hvdtrain.core import config
+from hvdtrain.core.errors import ANY_FAILURE
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs
+from hvdtrain.hadoop.minicluster import cluster
+from hvdtrain.runtime import startup
+from hvdtrain.training import checkpoint
 from tests.hadoop.conftest import cluster_env, packed_env
 from tests.multiprocess.test_yarn_local import REPO, read_records, run_submit, submit_command, submit_env, write_job
 
@@ -117,7 +121,7 @@ def test_safe_mode_during_a_checkpoint_write_is_waited_out(hadoop_cluster: dict,
     errors: list[BaseException] = []
     hadoop_cli("hdfs", "dfsadmin", "-safemode", "enter")
     try:
-        with caplog.at_level(logging.WARNING, logger="hvdtrain.fs"):
+        with caplog.at_level(logging.WARNING, logger="hvdtrain.hadoop.fs"):
             thread = threading.Thread(target=lambda: _record(errors, writer.save, 7, arrays, {"epoch": 1}))
             thread.start()
             deadline = time.monotonic() + 120

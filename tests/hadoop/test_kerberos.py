@@ -21,9 +21,11 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from hvdtrain import checkpoint, fs, hadoop_tokens, startup
-from hvdtrain.minicluster import cluster
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.hadoop import fs, hadoop_tokens
+from hvdtrain.hadoop.minicluster import cluster
+from hvdtrain.runtime import startup
+from hvdtrain.training import checkpoint
 from tests.hadoop.conftest import _delete_in_background, cluster_env, packed_env
 from tests.multiprocess.test_yarn_local import REPO, read_records, submit_command, submit_env, write_job
 from yarn.packaging import PACK_CACHE_ENV

@@ -1,6 +1,6 @@
 """``hdfs://`` and ``webhdfs://`` against the real NameNode and DataNode of the session's minicluster.
 
-hvdtrain.fs, checkpoints, staged training input and the ETL, end to end over WebHDFS (``hdfs://`` paths reach it
+hvdtrain.hadoop.fs, checkpoints, staged training input and the ETL, end to end over WebHDFS (``hdfs://`` paths reach it
 through HADOOP_CONF_DIR). The stand-in server (tests/webhdfs_server.py, tests/test_webhdfs.py) keeps only the
 faults a NameNode cannot be made to show on demand.
 """
@@ -13,9 +13,11 @@ import uuid
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint as ck
-from hvdtrain import config, data, fs
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain import data
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.hadoop import fs
+from hvdtrain.training import checkpoint as ck
 from yarn import packaging
 
 pytestmark = pytest.mark.hadoop
@@ -109,7 +111,8 @@ def test_etl_publishes_to_hdfs_byte_identical_to_a_local_run(hadoop_cluster, bas
     """Spark writes through its own Hadoop client where Python goes through WebHDFS: same hdfs:// path."""
     from etl import job as etl_job
     from etl import session
-    from hvdtrain import config, manifest
+    from hvdtrain.core import config
+    from hvdtrain.data import manifest
     from tests.support.spark_jvm import stop_with_jvm
 
     conf = {"name": "hdfs-etl", "workdir": str(tmp_path / "work"),

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import kill_drill
-from hvdtrain.errors import ANY_FAILURE
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core.errors import ANY_FAILURE
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 from tests.multiprocess.test_train_mp import _assert_complete, _env, _job, _outputs
 from tests.support import mp
 
@@ -33,7 +33,7 @@ PLACEMENT = [(0, 0, 0, 2), (1, 0, 1, 2), (2, 1, 0, 2), (3, 1, 1, 2)]
 
 def horovodrun_4(ssh: mp.SshHosts, config_path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = [str(mp.horovodrun()), "-np", "4", "-H", HOSTS, "--gloo", *ssh.horovodrun_args(),
-           sys.executable, "-m", "hvdtrain.train", str(config_path)]
+           sys.executable, "-m", "hvdtrain.training.train", str(config_path)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=ssh.env(_env()), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -59,7 +59,7 @@ def test_four_ranks_on_two_hosts_agree_and_resume_exactly_after_a_kill_on_the_se
         ssh_hosts: mp.SshHosts, tmp_path: Path) -> None:
     """The drill's uninterrupted run is the 4-rank, 2-host run checked first: every rank started through ssh,
     placed by host, identical weights, exact evaluation. Then a rank on the second host is killed."""
-    from hvdtrain import manifest as manifest_lib
+    from hvdtrain.data import manifest as manifest_lib
 
     seed = int(os.environ.get("HVDTRAIN_DRILL_SEED", random.randrange(10_000)))
     before = sessions_by_host(ssh_hosts)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdtrain import config
-from hvdtrain.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TabularSpec, make_tabular_dataset
 from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = r'''
 import json
 import numpy as np, keras, tensorflow as tf
-from hvdtrain import distributed
+from hvdtrain.runtime import distributed
 from hvdtrain.training import state
 from tests.support import builders
 from hvdtrain.data.contract import InputShape
@@ -99,7 +99,7 @@ def test_a_batch_norm_model_trains_with_ranks_agreeing_and_exports_their_mean_st
     }, base_dir=str(tmp_path))
     path = tmp_path / "bn.yaml"
     path.write_text(cfg.to_yaml())
-    _horovodrun("-m", "hvdtrain.train", str(path))
+    _horovodrun("-m", "hvdtrain.training.train", str(path))
     output = Path(cfg.train.output)
     report = json.loads((output / "eval_report.json").read_text())
     assert report["rank_digest"]["agree"], report["rank_digest"]

@@ -22,11 +22,11 @@ SCRIPT = """
 import hashlib, json, sys
 import numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
-from hvdtrain import distributed
+from hvdtrain.runtime import distributed
 from hvdtrain.training import state, steps
-from hvdtrain.config import ModelConfig, TrainConfig
+from hvdtrain.core.config import ModelConfig, TrainConfig
 from hvdtrain.data.contract import InputShape
-from hvdtrain.models import build_model
+from hvdtrain.model.models import build_model
 rank = distributed.init()
 shape = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric",), numeric_features=4)
 def run(mode):

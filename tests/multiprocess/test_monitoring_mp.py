@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import parser  # a required dependency (setup.py)
 
-from hvdtrain import timeline
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.observe import timeline
 from tests.multiprocess.test_train_mp import REPO, _env, _job, _outputs
 from tests.support import mp
 
@@ -73,7 +73,7 @@ def test_metrics_breakdown_and_timeline_of_a_two_rank_run(tmp_path: Path) -> Non
                  "monitoring.step_breakdown=true"]
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
     proc = subprocess.Popen([str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-                             "hvdtrain.train", str(config_path), *overrides], cwd=REPO, env=env,
+                             "hvdtrain.training.train", str(config_path), *overrides], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     files = tmp_path / "metrics"
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from hvdtrain import timeline
+from hvdtrain.observe import timeline
 from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess

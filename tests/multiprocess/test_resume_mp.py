@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import kill_drill
-from hvdtrain import config, watchdog
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.runtime import watchdog
 from tests.support import mp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,8 @@ def test_sigkill_a_rank_under_max_restarts_equals_the_uninterrupted_run(tmp_path
 STALL_SCRIPT = textwrap.dedent("""
     import sys
     from tests.support import faulty_fs
-    from hvdtrain import config, train
+    from hvdtrain.core import config
+    from hvdtrain.training import train
     faulty_fs.install(faulty_fs.FaultyHandler(hang=("part-",)))  # shard reads never return
     train.run(config.load(sys.argv[1]))
 """)
@@ -97,7 +99,7 @@ def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_p
     """Run 1 epoch at batch 8, then ask for 2 epochs at batch 4: the job resumes at epoch 2 in the new layout,
     step numbers going on from 8, the optimizer's step counter (the schedule) at the new layout's step; a
     mid-epoch switch is refused (unit tests)."""
-    from hvdtrain import checkpoint
+    from hvdtrain.training import checkpoint
 
     make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 64, "validation": 16,
                                                                                   "test": 16}, shards_per_split=2), max_length=8, seed=1))
@@ -111,7 +113,7 @@ def test_a_finished_run_continues_with_a_new_batch_size_from_its_epoch_end(tmp_p
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
     def train(*overrides: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path), *overrides], cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, "-m", "hvdtrain.training.train", str(path), *overrides], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc

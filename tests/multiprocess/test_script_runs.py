@@ -100,7 +100,7 @@ json.dump({"MALLOC_TOP_PAD_": start.get("MALLOC_TOP_PAD_")}, open(out, "w"))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/environ")
 def test_ranks_start_with_mallocs_top_pad_unless_the_user_set_one(tmp_path: Path) -> None:
-    """Every rank's process starts with glibc's MALLOC_TOP_PAD_ (hvdtrain.launch.malloc_env), and a user's own
+    """Every rank's process starts with glibc's MALLOC_TOP_PAD_ (hvdtrain.runtime.launch.malloc_env), and a user's own
     value wins."""
     mp.horovodrun()
     script = tmp_path / "reports.py"

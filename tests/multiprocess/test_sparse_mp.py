@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = r'''
 import json, sys
 import numpy as np, keras, tensorflow as tf
-from hvdtrain import distributed
+from hvdtrain.runtime import distributed
 from hvdtrain.training import steps
 rank = distributed.init()
 

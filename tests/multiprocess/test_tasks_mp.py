@@ -55,7 +55,7 @@ def _task_config(tmp: Path, task: str) -> Path:
 def _mixed_rows(path: Path, rows: int = 2400) -> None:
     """JSON lines with text, a numeric and a categorical column that all carry the class (plus noise)."""
     from etl import sample
-    from hvdtrain.config import SampleConfig
+    from hvdtrain.core.config import SampleConfig
 
     cfg = SampleConfig(rows=rows, num_classes=3, words_per_class=20, filler_words=150, class_word_rate=0.15,
                        label_noise=0.0)
@@ -99,8 +99,8 @@ def _bad_label_configs(tmp: Path) -> dict[str, Path]:
 def etl_main(configs: list[str], bad: list[str], report: str) -> None:
     """Run in one process: every ETL (sample tables created first), then the bad-label ETLs, recording errors."""
     from etl import job, session, sources
-    from hvdtrain import config
-    from hvdtrain.errors import HvdtrainError
+    from hvdtrain.core import config
+    from hvdtrain.core.errors import HvdtrainError
 
     errors = {}
     for path in configs + bad:
@@ -150,8 +150,8 @@ def _train(config: Path, *extra: str) -> tuple[dict, str]:
 
 
 def _best(config: Path) -> tuple[str, float]:
-    from hvdtrain import config as config_lib
-    from hvdtrain import manifest
+    from hvdtrain.core import config as config_lib
+    from hvdtrain.data import manifest
 
     sample = manifest.read(config_lib.load(config).etl.output).source["sample"]
     return sample["best_metric"], sample["best_value"]

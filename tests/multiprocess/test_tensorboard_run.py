@@ -1,4 +1,4 @@
-"""TensorBoard event files of real training runs (hvdtrain/tensorboard.py), read back with TensorBoard's own
+"""TensorBoard event files of real training runs (hvdtrain/observe/tensorboard.py), read back with TensorBoard's own
 reader: the expected tags at the expected global steps, the graph once, and a run resumed from a mid-epoch
 checkpoint continuing the same step axis without a duplicate step. Single process (no horovodrun)."""
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import checkpoint, config, fs
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.hadoop import fs
+from hvdtrain.training import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dropout": 0.0}
@@ -21,7 +23,7 @@ TINY_MODEL = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dr
 def _train(path: Path, *overrides: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_"))}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path), *overrides], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.training.train", str(path), *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

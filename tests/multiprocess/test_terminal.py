@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, console, tasks
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config, tasks
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.observe import console
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}

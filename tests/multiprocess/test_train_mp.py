@@ -17,8 +17,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from hvdtrain import config
-from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_tabular_dataset, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TabularSpec, TextSpec, make_tabular_dataset, make_text_dataset
 from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
@@ -62,7 +62,7 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 def _horovodrun(config_path: Path, timeout: float = 150, np: int = 2,
                 launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return _run([str(mp.horovodrun()), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *launcher,
-                 sys.executable, "-m", "hvdtrain.train", str(config_path)], timeout)
+                 sys.executable, "-m", "hvdtrain.training.train", str(config_path)], timeout)
 
 
 def wire_dtypes(timeline: Path) -> dict[str, set[str]]:
@@ -153,8 +153,12 @@ FRESH_PROCESS_CHECK = """
 import json, sys
 import numpy as np, tensorflow as tf, keras
 tf.config.threading.set_intra_op_parallelism_threads(1)
-from hvdtrain import data, distributed, manifest, metrics
-from hvdtrain.training import evaluation, steps
+from hvdtrain import data
+from hvdtrain.runtime import distributed
+from hvdtrain.data import manifest
+from hvdtrain.model import metrics
+from hvdtrain.model import evaluation
+from hvdtrain.training import steps
 out, dataset = sys.argv[1], sys.argv[2]
 model = keras.saving.load_model(out + '/model.keras')
 served = tf.saved_model.load(out + '/saved_model')
@@ -186,7 +190,7 @@ def test_two_ranks_match_one_process_and_the_export_reloads(tmp_path: Path) -> N
     timeline = tmp_path / "timeline.json"
     proc = _horovodrun(np2_config, timeout=400, launcher=("--timeline-filename", str(timeline)))
     one_config, one_out = _job(tmp_path / "one", "one", tmp_path / "data", **features)
-    one_proc = _run([sys.executable, "-m", "hvdtrain.train", str(one_config)], timeout=300)  # no horovodrun
+    one_proc = _run([sys.executable, "-m", "hvdtrain.training.train", str(one_config)], timeout=300)  # no horovodrun
     (two, report), (one, one_report) = _outputs(np2_out), _outputs(one_out)
     # one process without horovodrun: the local backend, its result on stdout, no tracking (off in _job)
     assert json.loads(one_proc.stdout) == one and one["run_id"] is None

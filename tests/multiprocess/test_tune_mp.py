@@ -1,5 +1,5 @@
 """``hvdtrain tune`` for real: 6 trials, eta 3, every trial ``horovodrun -np 2`` on a tiny text dataset shaped
-like the demo's (hvdtrain.synthetic), 2 trials at once, MLflow in a local store.
+like the demo's (hvdtrain.data.synthetic), 2 trials at once, MLflow in a local store.
 
 One study serves every test here: the driver is SIGKILLed while trials run, then the same command is run
 again and must finish the study (the killed driver's trials failed by the heartbeat check and queued again).
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, fs
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.hadoop import fs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -39,7 +40,7 @@ def _trial_processes(marker: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if marker in cmdline and "hvdtrain.train" in cmdline:
+        if marker in cmdline and "hvdtrain.training.train" in cmdline:
             out.append(int(pid))
     return out
 
@@ -105,7 +106,7 @@ def _load(cfg):
 def _client(cfg):
     import mlflow
 
-    from hvdtrain import tracking
+    from hvdtrain.observe import tracking
 
     return mlflow.MlflowClient(tracking.resolve_store(None, {}, cfg.workdir).tracking_uri)
 

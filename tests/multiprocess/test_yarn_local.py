@@ -19,8 +19,9 @@ from typing import Any, Optional
 
 import pytest
 
-from hvdtrain import config, fs
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.hadoop import fs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.spark]
 

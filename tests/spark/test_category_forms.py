@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from etl import stats
-from hvdtrain import features
+from hvdtrain.data import features
 from tests.support.spark_jvm import module_session, parquet_job
 
 pytestmark = pytest.mark.spark

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from etl import tabular
-from hvdtrain import config, features
+from hvdtrain.core import config
+from hvdtrain.data import features
 from tests.support import feature_paths
 from tests.support.spark_jvm import module_session
 
@@ -86,7 +87,7 @@ def test_calendar_parts_are_those_of_the_utc_instant() -> None:
 
 def test_a_string_column_in_datetime_columns_fails_in_one_line(spark, base) -> None:
     from etl import sources
-    from hvdtrain.errors import DataError
+    from hvdtrain.core.errors import DataError
 
     path = base / "strings"
     spark.sql("SELECT 'k' AS id, 'a' AS label, '2024-01-01' AS day").write.parquet(str(path))

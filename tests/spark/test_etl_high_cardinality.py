@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from hvdtrain import config, features, manifest
-from hvdtrain.data import contract
+from hvdtrain.core import config
+from hvdtrain.data import contract, features, manifest
 from tests.support.spark_jvm import assert_local_default_fs
 from tests.unit.test_tfrecord import read_with_tfrecord_package
 

@@ -8,8 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import config, fs, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs
 from tests.support.spark_jvm import assert_local_default_fs
 from tests.unit.test_tfrecord import read_with_tfrecord_package
 
@@ -127,8 +129,8 @@ def test_wordpiece_from_spark_counts_is_byte_identical_under_any_partitioning(sp
     input's partitioning; an unseen word spells with learned pieces."""
     from etl import job as etl_job
     from etl import sample, text
-    from hvdtrain import wordpiece
-    from hvdtrain.config import SampleConfig
+    from hvdtrain.core.config import SampleConfig
+    from hvdtrain.data import wordpiece
 
     opts, cap = text.TextOptions(max_length=16), 120
     docs = [doc for _, doc, _ in sample.generate(SampleConfig(rows=600, seed=5))]
@@ -398,7 +400,7 @@ def test_tabular_columns_use_statistics_fitted_on_train_only(spark, hive_cfg, tm
         np.testing.assert_array_equal(np.array(other["label"]).reshape(-1), mine["label"])
     # drift reference for scoring: training deciles and category shares, and a PSI check against them
     from etl import drift as etl_drift
-    from hvdtrain import drift
+    from hvdtrain.data import drift
 
     ref = tab["reference"]
     assert ref["categorical"]["city"]["bins"] == tab["categories"]["city"] + [drift.OTHER, drift.MISSING]
@@ -530,7 +532,7 @@ def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(
 
 def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path):
     """A YARN container has HADOOP_HOME but only wildcard CLASSPATH entries, which libhdfs's JVM cannot use: each
-    write task must run the set-up training ranks run (hvdtrain.fs.prepare_hdfs_client) before it opens its shard.
+    write task must run the set-up training ranks run (hvdtrain.hadoop.fs.prepare_hdfs_client) before it opens its shard.
     The real write function runs in Spark tasks over an hdfs:// stand-in (tests/support/hdfs_standin.py) that records the
     environment every shard was opened under."""
     from functools import partial

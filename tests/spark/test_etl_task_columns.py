@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdtrain import config, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
 from tests.support.spark_jvm import assert_local_default_fs
 
 pytestmark = pytest.mark.spark

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from etl import sources, stats
-from hvdtrain import config
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
 from tests.support import feature_paths
 from tests.support.spark_jvm import module_session, parquet_job
 

@@ -1,7 +1,7 @@
 """Batch scoring on local Spark with an embedded Hive metastore, against a tiny model trained here once.
 
 The module's fixture runs the real chain once: sample Hive table -> ETL -> one
-epoch of a tiny transformer (``python -m hvdtrain.train``, logged to a local
+epoch of a tiny transformer (``python -m hvdtrain.training.train``, logged to a local
 MLflow store and registered) -> ``etl.score_job.run`` into a Hive table. The
 tests then check that one run (and a few cheap reruns) from every side.
 """
@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import yaml
 
-from hvdtrain import config, fs, tfrecord
-from hvdtrain import manifest as manifest_lib
 from hvdtrain import score as score_lib
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest as manifest_lib
+from hvdtrain.data import tfrecord
+from hvdtrain.hadoop import fs
 
 # The module fixture (ETL, one training epoch, a scoring run) takes 2-3 minutes on an idle 2-core machine;
 # the limit leaves room for a loaded one.
@@ -65,7 +67,7 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     etl_job.run(spark, cfg)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI" and not k.startswith("HOROVOD_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.training.train", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # The rows to score: the sample plus 3 unscorable rows; score.partitions=6: more tasks than Python workers.
@@ -129,7 +131,7 @@ def test_scoring_features_are_the_etl_bytes_and_predictions_equal_the_driver_sid
     import keras
 
     from etl import score_job
-    from hvdtrain.features import FeatureEncoder
+    from hvdtrain.data.features import FeatureEncoder
 
     m, stored = _etl_features(world.cfg)
     bundle = score_lib.load_bundle(world.model)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdtrain import config, features, manifest, score
+from hvdtrain import score
+from hvdtrain.core import config
+from hvdtrain.data import features, manifest
 from tests.support.spark_jvm import module_session
 
 pytestmark = pytest.mark.spark

@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from hvdtrain import fs
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import fs
 
 
 def test_a_denied_path_is_a_permission_error_naming_it_and_not_retried(server):

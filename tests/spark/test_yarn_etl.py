@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, manifest
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.data import manifest
 from tests.multiprocess.test_yarn_local import run_submit, submit_env
 from tests.unit.test_yarn_command import ENV, PYTHON, REDACTION, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import etl_submit

@@ -22,7 +22,8 @@ from typing import Any, Iterator
 import pytest
 
 from benchmarks import kill_drill
-from hvdtrain import config, manifest
+from hvdtrain.core import config
+from hvdtrain.data import manifest
 from tests.multihost.test_multihost import StageWatcher
 from tests.multiprocess.test_yarn_local import read_records, records_uri, submit_env
 from tests.standalone.conftest import HOSTS, StandaloneCluster

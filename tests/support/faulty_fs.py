@@ -1,4 +1,4 @@
-"""A local filesystem that misbehaves on purpose, reachable as ``faulty://`` through hvdtrain.fs.
+"""A local filesystem that misbehaves on purpose, reachable as ``faulty://`` through hvdtrain.hadoop.fs.
 
 Used only to inject faults (the thing under test is real code on a real
 filesystem): the first ``fail_first`` calls raise a transient error,
@@ -14,7 +14,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from hvdtrain import fs
+from hvdtrain.hadoop import fs
 
 
 class FaultyHandler(pafs.FileSystemHandler):

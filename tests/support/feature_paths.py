@@ -1,5 +1,5 @@
 """The two ways a row becomes features, for tests that compare them: the ETL's shard writer (Spark rows made by
-``etl.job.encoder_inputs``, encoded by :class:`hvdtrain.features.FeatureEncoder`) and scoring (the rows selected by
+``etl.job.encoder_inputs``, encoded by :class:`hvdtrain.data.features.FeatureEncoder`) and scoring (the rows selected by
 ``hvdtrain.score.input_exprs``, read as pandas batches in ``mapInPandas``, checked and encoded by
 ``hvdtrain.score.reject_reasons`` / ``encode_rows``)."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdtrain import features, score
+from hvdtrain import score
+from hvdtrain.data import features
 
 
 def etl_encode(df: Any, src: Any, stats: dict) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from hvdtrain import fs
+from hvdtrain.hadoop import fs
 
 LOG = "_writes.jsonl"
 CONTAINER_CLASSPATH = "/yarn/container/__spark_libs__/*:/yarn/container/__app__.jar"

@@ -55,7 +55,7 @@ def module_session(cfg: Any) -> Any:
 def parquet_job(base: Any) -> Any:
     """A minimal job config whose source is Parquet files under ``base/in`` (for modules that call the ETL's
     and scoring's functions directly)."""
-    from hvdtrain import config
+    from hvdtrain.core import config
 
     return config.from_dict({"name": "forms", "workdir": str(base), "source": {"path": str(base / "in"),
                                                                               "format": "parquet"}},

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from hvdtrain import config, features, manifest
-from hvdtrain.data import contract
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.data import contract, features, manifest
 
 
 def stats(**extra):
@@ -24,7 +24,7 @@ def test_hash_buckets_are_pinned_and_the_same_in_another_process():
     assert [features.hash_bucket(v, 1000) for v in ("u1", "u2", "")] == [131, 115, 757]
     assert features.hash_bucket("user-42", 1_000_000) == 375024
     here = [features.hash_bucket(f"id{i}", 97) for i in range(50)]
-    code = "from hvdtrain import features; print([features.hash_bucket(f'id{i}', 97) for i in range(50)])"
+    code = "from hvdtrain.data import features; print([features.hash_bucket(f'id{i}', 97) for i in range(50)])"
     repo = os.path.dirname(os.path.dirname(features.__file__))
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123"}, cwd=repo).stdout

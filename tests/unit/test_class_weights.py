@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import config, heads
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.model import heads
 
 
 def test_a_class_weight_mapping_weighs_each_label_by_name_and_absent_labels_by_1() -> None:

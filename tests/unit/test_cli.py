@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import cli, errors
+from hvdtrain import cli
+from hvdtrain.core import errors
 
 
 @pytest.mark.parametrize("argv", [

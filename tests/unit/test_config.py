@@ -3,8 +3,8 @@ import os
 import pytest
 import yaml
 
-from hvdtrain import config
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "configs", "demo.yaml")
@@ -87,7 +87,7 @@ def test_config_import_does_not_pull_heavy_dependencies():
     import subprocess
     import sys
 
-    code = ("import sys, hvdtrain.config, hvdtrain.manifest, hvdtrain.cli; "
+    code = ("import sys, hvdtrain.core.config, hvdtrain.data.manifest, hvdtrain.cli; "
             "bad = [m for m in ('tensorflow', 'pyspark', 'horovod', 'mlflow', 'etl', 'yarn') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from hvdtrain import console, errors, progress
+from hvdtrain.core import errors
+from hvdtrain.observe import console, progress
 
 # What horovodrun relays from a failing 2-rank job, as recorded from `hvdtrain train --np 2`.
 EVENT = console.EVENT_MARK + json.dumps({"event": "error", "code": 3, "message": "no dataset at /d", "notes": []})

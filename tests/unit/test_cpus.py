@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cpus
+from hvdtrain.runtime import cpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,9 +52,9 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 logging.getLogger("hvdtrain").setLevel(logging.INFO)
 import tensorflow as tf
-from hvdtrain import distributed
+from hvdtrain.runtime import distributed
 from hvdtrain.training import runtime
-from hvdtrain.config import TrainConfig
+from hvdtrain.core.config import TrainConfig
 threads = runtime.configure_tf(distributed.init(use_horovod=False), TrainConfig())
 print("POOLS", threads, tf.config.threading.get_intra_op_parallelism_threads(),
       tf.config.threading.get_inter_op_parallelism_threads())

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from hvdtrain import config, models
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
 from hvdtrain.data import contract
-from hvdtrain.errors import ConfigError
-from hvdtrain.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.data.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.model import models
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = str(REPO / "examples")

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from hvdtrain import data
-from hvdtrain import manifest as manifest_lib
-from hvdtrain.config import ModelConfig
+from hvdtrain.core.config import ModelConfig
+from hvdtrain.core.errors import DataError
 from hvdtrain.data import contract, pipeline, staging
+from hvdtrain.data import manifest as manifest_lib
 from hvdtrain.data import plan as read_plan
-from hvdtrain.errors import DataError
-from hvdtrain.manifest import FeatureSpec
-from hvdtrain.synthetic import Layout, TabularSpec, TextSpec, make_text_dataset
+from hvdtrain.data.manifest import FeatureSpec
+from hvdtrain.data.synthetic import Layout, TabularSpec, TextSpec, make_text_dataset
 
 ALL = ["input_ids", "attention_mask", "label", "key"]
 
@@ -69,8 +69,9 @@ def test_shard_warning_names_the_etl_setting_when_ranks_outnumber_shards() -> No
 
 def test_training_warns_once_on_rank_0_when_the_train_split_has_fewer_shards_than_ranks(
         dataset: manifest_lib.Manifest, caplog: pytest.LogCaptureFixture) -> None:
-    from hvdtrain import config as config_mod
-    from hvdtrain import distributed, train
+    from hvdtrain.core import config as config_mod
+    from hvdtrain.runtime import distributed
+    from hvdtrain.training import train
 
     cfg = config_mod.from_dict({"etl": {"output": dataset.location, "max_length": 12},
                                 "train": {"batch_size": 4}})
@@ -290,7 +291,7 @@ def test_remote_shards_are_staged_ahead_and_released_after_their_last_record(tmp
 def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_path) -> None:
     import pyarrow.fs as pafs
 
-    from hvdtrain import fs
+    from hvdtrain.hadoop import fs
 
     m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=80, shards_per_split=8),
                                                                   max_length=6))
@@ -319,7 +320,7 @@ def test_staged_training_stream_reads_every_record_and_keeps_disk_bounded(tmp_pa
 def test_corrupt_and_truncated_shards_are_named_with_expected_and_actual(tmp_path) -> None:
     import pyarrow.fs as pafs
 
-    from hvdtrain import fs
+    from hvdtrain.hadoop import fs
 
     m = make_text_dataset(str(tmp_path / "data" / "ds"), TextSpec(layout=Layout(n_per_split=40, shards_per_split=2),
                                                                   max_length=6))
@@ -399,7 +400,7 @@ MLP = ModelConfig(kind="mlp")
 
 @pytest.fixture(scope="module")
 def tabular(tmp_path_factory: pytest.TempPathFactory) -> manifest_lib.Manifest:
-    from hvdtrain.synthetic import make_tabular_dataset
+    from hvdtrain.data.synthetic import make_tabular_dataset
 
     return make_tabular_dataset(str(tmp_path_factory.mktemp("tab")), TabularSpec(layout=Layout(n_per_split=20),
                                                                                  num_numeric=4, cardinalities=[3,
@@ -426,7 +427,7 @@ def test_check_manifest_accepts_a_tabular_dataset(tabular: manifest_lib.Manifest
 
 
 def test_numeric_only_tabular_dataset(tmp_path) -> None:
-    from hvdtrain.synthetic import make_tabular_dataset
+    from hvdtrain.data.synthetic import make_tabular_dataset
 
     m = make_tabular_dataset(str(tmp_path), TabularSpec(layout=Layout(n_per_split=8), num_numeric=3, cardinalities=[],
                                                         seed=2))

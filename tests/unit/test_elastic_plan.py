@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import config
-from hvdtrain.config import ElasticConfig
-from hvdtrain.elastic_plan import discovery_script, gradient_scale, horovodrun_command, virtual_ranks
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.config import ElasticConfig
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.runtime.elastic_plan import discovery_script, gradient_scale, horovodrun_command, virtual_ranks
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
@@ -28,7 +28,7 @@ def test_the_elastic_launch_command() -> None:
     assert cmd[:17] == ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
                         "/d.sh", "--blacklist-cooldown-range", "5", "60", "--gloo", "--gloo-timeout-seconds", "120",
                         "--start-timeout", "120"]
-    assert cmd[-4:] == ["-m", "hvdtrain.elastic", "job.yaml", "train.epochs=1"]
+    assert cmd[-4:] == ["-m", "hvdtrain.training.elastic", "job.yaml", "train.epochs=1"]
     assert discovery_script("localhost:2,127.0.0.1:2") == "#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n"
 
 

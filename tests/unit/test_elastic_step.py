@@ -1,4 +1,4 @@
-"""The elastic loop's per-rank gradient sum (hvdtrain.elastic): a rank running several virtual ranks adds their
+"""The elastic loop's per-rank gradient sum (hvdtrain.training.elastic): a rank running several virtual ranks adds their
 gradients, and an embedding's gradient is a tf.IndexedSlices, which has no ``+``; and its batch streams, which
 every reset drops."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import config
-from hvdtrain.elastic import _add, _streams
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.training.elastic import _add, _streams
 
 
 def test_two_sparse_embedding_gradients_sum_to_the_dense_sum() -> None:

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import pytest
 
-from hvdtrain import envcheck
-from hvdtrain.envcheck import Check, CommandResult, HorovodBuild
+from hvdtrain.hadoop import envcheck
+from hvdtrain.hadoop.envcheck import Check, CommandResult, HorovodBuild
 
 GOOD_BUILD = HorovodBuild(version="0.28.1", tensorflow=True, gloo=True, nccl=False)
 PYTHON = "/venv/bin/python"
@@ -161,7 +161,7 @@ Valid starting     Expires            Service principal
 
 
 def test_klist_parsing_and_when_to_renew() -> None:
-    from hvdtrain import kerberos
+    from hvdtrain.hadoop import kerberos
 
     ticket = kerberos.parse_klist(KLIST)
     assert ticket.principal == "ml@EXAMPLE.COM" and ticket.expires == datetime.datetime(2026, 11, 24, 2, 0)
@@ -177,7 +177,7 @@ def test_klist_parsing_and_when_to_renew() -> None:
 def test_the_renewer_kinits_from_the_keytab_only_when_due() -> None:
     import subprocess
 
-    from hvdtrain import kerberos
+    from hvdtrain.hadoop import kerberos
 
     calls, now, cache = [], datetime.datetime(2026, 11, 24, 1, 30), [KLIST]  # 30 min left of a 10 h ticket
 
@@ -197,7 +197,7 @@ def test_the_renewer_kinits_from_the_keytab_only_when_due() -> None:
 
 
 def test_a_short_ticket_is_looked_at_often_enough_to_be_renewed_in_its_last_third() -> None:
-    from hvdtrain import kerberos
+    from hvdtrain.hadoop import kerberos
 
     start = datetime.datetime(2026, 1, 1)
     five_min = kerberos.Ticket("a@B", start, start + datetime.timedelta(minutes=5))

@@ -19,7 +19,9 @@ from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import config, fs, ledger, manifest
+from hvdtrain.core import config
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs, ledger
 from tests.support import faulty_fs
 
 SHARDS = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})

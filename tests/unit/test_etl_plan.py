@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from etl import sample, split, text, writer
-from hvdtrain.config import SampleConfig
+from hvdtrain.core.config import SampleConfig
 
 
 def test_sample_rows_are_deterministic_and_noise_rate_is_as_configured():
@@ -50,7 +50,7 @@ def test_shard_plan_has_enough_shards_for_ranks_and_size():
 
 @pytest.mark.parametrize("rows", [1, 50, 2_000, 20_000, 100_000, 400_000, 3_000_000, 50_000_000, 500_000_000])
 def test_default_shard_counts_fit_a_large_cluster_and_keep_small_shards_above_a_megabyte(rows: int):
-    from hvdtrain.config import EtlConfig
+    from hvdtrain.core.config import EtlConfig
 
     etl = EtlConfig()
     plan = writer.plan_shards({"train": rows, "validation": 0, "test": 0}, etl.max_length, etl.target_shard_mb,
@@ -118,7 +118,7 @@ def test_learned_wordpiece_fits_the_cap_and_spells_unseen_words_with_learned_pie
 
 
 def test_learned_wordpiece_is_a_function_of_the_counts_alone():
-    from hvdtrain import wordpiece
+    from hvdtrain.data import wordpiece
 
     counts = collections.Counter(CORPUS * 3 + ["rare"])
     vocab = text.learn_vocab(counts, 90)
@@ -165,7 +165,7 @@ def test_tabular_transform_imputes_scales_and_indexes_with_train_stats():
 
 def test_spark_conf_keeps_an_hdfs_warehouse_and_a_local_metastore(tmp_path):
     from etl import session
-    from hvdtrain import config
+    from hvdtrain.core import config
 
     cfg = config.from_dict({"name": "w", "workdir": str(tmp_path), "source": {"table": "a.b"},
                             "hive": {"warehouse_dir": "hdfs://nn:8020/warehouse"},
@@ -182,7 +182,7 @@ def test_spark_conf_keeps_an_hdfs_warehouse_and_a_local_metastore(tmp_path):
 
 def test_a_local_run_logs_spark_to_a_file_and_hides_its_bars_unless_verbose(tmp_path):
     from etl import session
-    from hvdtrain import config
+    from hvdtrain.core import config
 
     cfg = config.from_dict({"name": "w", "workdir": str(tmp_path), "source": {"table": "a.b"}})
     assert session.log_file(cfg, "local[2]", False, "etl") == str(tmp_path / "logs" / "spark-etl.log")

@@ -7,8 +7,9 @@ import pytest
 from etl import accounting, faults, publish, writer
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
-from hvdtrain import config, manifest
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.data import manifest
 
 
 def counts(**over) -> RowCounts:

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from hvdtrain import fs
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import fs
 
 
 def test_local_paths_and_file_uris_round_trip(tmp_path):

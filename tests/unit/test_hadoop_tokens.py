@@ -1,4 +1,4 @@
-"""Hadoop token files as WebHDFS delegation strings (hvdtrain.hadoop_tokens).
+"""Hadoop token files as WebHDFS delegation strings (hvdtrain.hadoop.hadoop_tokens).
 
 The two files in tests/unit/data were written by Hadoop 3.4.1's own ``Credentials.writeTokenStorageFile`` (one
 HDFS delegation token from a ``hvdtrain cluster up --secure`` NameNode, in each of its two formats); JAVA_URL is
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import hadoop_tokens
-from hvdtrain.errors import EnvironmentProblem
-from hvdtrain.hadoop_tokens import Token
+from hvdtrain.core.errors import EnvironmentProblem
+from hvdtrain.hadoop import hadoop_tokens
+from hvdtrain.hadoop.hadoop_tokens import Token
 
 DATA = Path(__file__).parent / "data"
 JAVA_URL = ("LgAUaHZkdHJhaW5ARVhBTVBMRS5DT00GaGFkb29wAIoBoh4lGlaKAaJCMZ5WAgIURYXox6IMHnIEXA-k4P4_di-PtMIVSERGU19ERUx"
@@ -107,7 +107,7 @@ def test_the_drivers_token_serves_only_its_namenode_and_a_bad_token_file_is_name
 
 
 def test_a_delegation_token_in_an_error_is_masked() -> None:
-    from hvdtrain import secrets
+    from hvdtrain.core import secrets
 
     text = ("HTTPConnectionPool(host='nn', port=9870): Max retries exceeded with url: "
             "/webhdfs/v1/a?op=GETFILESTATUS&delegation=LgAUaHZkdHJh-_x&user.name=x (Caused by ...)")

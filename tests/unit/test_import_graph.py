@@ -1,4 +1,5 @@
-"""The first-party import graph (hvdtrain/, etl/, yarn/): no circles, and no imports hidden inside functions.
+"""The first-party import graph (hvdtrain/, etl/, yarn/): subsystems in layers, no circles, and no imports hidden
+inside functions.
 
 Built with ``ast`` from the source, top-level imports only (``if`` blocks
 included, e.g. ``TYPE_CHECKING``), so it needs none of the heavy dependencies.
@@ -14,13 +15,16 @@ from typing import Iterator, Union
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("hvdtrain", "etl", "yarn")
+# hvdtrain's subsystems (the names under hvdtrain/), lowest first: each imports only those before it. etl and yarn
+# come last, beside each other: they build on hvdtrain and never import each other.
+LAYERS = ("core", "hadoop", "data", "runtime", "model", "observe", "tune", "training", "score", "cli")
 
 # (module, function, imported module): why the import waits until the function runs.
 ALLOWED_FUNCTION_IMPORTS = {
-    ("yarn.executor", "run_rank", "hvdtrain.train"):
+    ("yarn.executor", "run_rank", "hvdtrain.training.train"):
         "TensorFlow and Horovod load in the rank's process only after its GPUs are pinned; the driver "
         "imports yarn.executor to pickle run_rank by reference",
-    ("yarn.executor", "run_rank", "hvdtrain.elastic"):
+    ("yarn.executor", "run_rank", "hvdtrain.training.elastic"):
         "the same deferral, for a train.elastic job's ranks (horovod.spark.run_elastic)",
 }
 
@@ -116,9 +120,60 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_first_party_modules_import_each_other_without_circles() -> None:
     graph, _ = import_graph(module_files())
-    assert "hvdtrain.training.loop" in graph and graph["hvdtrain.training.loop"] >= {"hvdtrain.training.hooks"}
+    assert "hvdtrain.training.loop" in graph and graph["hvdtrain.training.loop"] >= {"hvdtrain.observe.events"}
     cycle = find_cycle(graph)
     assert not cycle, "import circle: " + " -> ".join(cycle) + " (move the shared types down a layer)"
+
+
+def subsystem(module: str) -> str:
+    """``hvdtrain.hadoop.fs`` -> ``hadoop``; ``etl.job`` -> ``etl``; the package ``hvdtrain`` itself -> ``""``."""
+    parts = module.split(".")
+    if parts[0] != "hvdtrain":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every (module, imported module) whose import runs from a lower subsystem to a higher one, or between
+    etl and yarn, or into etl/yarn from hvdtrain; functions' deferred imports count too."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    rank.update({"etl": len(LAYERS), "yarn": len(LAYERS), "": -1})
+    out = []
+    for module, targets in graph.items():
+        low = subsystem(module)
+        for target in targets:
+            high = subsystem(target)
+            if high == low:
+                continue
+            if high not in rank or low not in rank:
+                out.append((module, target))  # a subsystem missing from LAYERS: place it
+            elif rank[high] >= rank[low]:
+                out.append((module, target))
+    return sorted(out)
+
+
+def test_hvdtrain_is_a_handful_of_subsystems_in_layers() -> None:
+    files = module_files()
+    graph, in_functions = import_graph(files)
+    names = {subsystem(m) for m in files if m.startswith("hvdtrain.")}
+    assert names == set(LAYERS), f"hvdtrain/ holds {sorted(names)}; LAYERS places {sorted(LAYERS)}: place each one"
+    for name in LAYERS:
+        path = files.get(f"hvdtrain.{name}")
+        assert path is not None and ast.get_docstring(ast.parse(path.read_text())), (
+            f"hvdtrain.{name} needs a docstring saying what it owns")
+    for module, _, target in in_functions:
+        graph[module] = graph[module] | {target}
+    upward = upward_imports(graph)
+    assert not upward, "imports from a lower subsystem up (move the shared piece down a layer): " + ", ".join(
+        f"{a} -> {b}" for a, b in upward)
+
+
+def test_an_upward_import_is_found() -> None:
+    graph = {"hvdtrain.core.config": {"hvdtrain.hadoop.fs"}, "hvdtrain.hadoop.fs": {"hvdtrain.core.errors"},
+             "etl.job": {"yarn.submit", "hvdtrain.training.train"}, "hvdtrain.data.plan": {"hvdtrain.data.staging"},
+             "hvdtrain.model.heads": {"hvdtrain.attic.x"}}
+    assert upward_imports(graph) == [("etl.job", "yarn.submit"), ("hvdtrain.core.config", "hvdtrain.hadoop.fs"),
+                                     ("hvdtrain.model.heads", "hvdtrain.attic.x")]
 
 
 def test_first_party_imports_inside_functions_are_only_the_listed_deferrals() -> None:

@@ -1,4 +1,4 @@
-"""hvdtrain check-script (hvdtrain/keras3_check.py): Keras 2 uses that break on Keras 3, found by reading.
+"""hvdtrain check-script (hvdtrain/model/keras3_check.py): Keras 2 uses that break on Keras 3, found by reading.
 
 The oracle is Horovod v0.28.1's own tests (../shared/horovod-upstream-tests): every test that
 tests/test_horovod_upstream.py lists as failing on Keras 3 must get a finding inside it, and no
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli, keras3_check
-from hvdtrain.keras3_check import check_source
+from hvdtrain import cli
+from hvdtrain.model import keras3_check
+from hvdtrain.model.keras3_check import check_source
 from tests.multiprocess.test_horovod_upstream import NOT_APPLICABLE, upstream_tests_folder
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""hvdtrain.lean_keras: a training rank imports Keras without matplotlib's pyplot and scikit-learn, and can still
+"""hvdtrain.model.lean_keras: a training rank imports Keras without matplotlib's pyplot and scikit-learn, and can still
 import both itself afterwards."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, sys
-import hvdtrain.train  # the rank's entry module: Keras first, through hvdtrain.lean_keras
+import hvdtrain.training.train  # the rank's entry module: Keras first, through hvdtrain.model.lean_keras
 skipped = {m: m in sys.modules for m in ("sklearn", "matplotlib.pyplot")}
 import keras
 import sklearn.linear_model  # the rank's own code (or a user's model builder) may still use them
@@ -33,7 +33,7 @@ def test_a_rank_imports_keras_without_pyplot_and_sklearn_yet_can_import_them_lat
 def test_with_keras_already_imported_nothing_changes() -> None:
     import keras
 
-    from hvdtrain import lean_keras
+    from hvdtrain.model import lean_keras
 
     assert lean_keras.import_keras() is keras and all(sys.modules.get(m) is not None or m not in sys.modules
                                                       for m in lean_keras.OPTIONAL)

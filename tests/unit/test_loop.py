@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdtrain import early_stopping, progress
-from hvdtrain.config import EarlyStoppingConfig, ModelConfig
-from hvdtrain.errors import ConfigError
+from hvdtrain.core.config import EarlyStoppingConfig, ModelConfig
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.model import early_stopping
+from hvdtrain.observe import progress
 
 # -- early stopping (pure) ------------------------------------------------------------------
 
@@ -76,8 +77,8 @@ class FakeModel:
 def test_fit_stops_patience_epochs_after_the_best_and_restores_its_weights(patience: int) -> None:
     """Validation loss improves up to epoch 4, then never again: fit runs exactly 4 + patience epochs
     and the run ends on epoch 4's weights."""
-    from hvdtrain import distributed
-    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.observe.events import LoopPlan
+    from hvdtrain.runtime import distributed
     from hvdtrain.training.hooks import EarlyStopper, ValidationAndEarlyStopping
     from hvdtrain.training.loop import fit
 
@@ -135,8 +136,8 @@ class RecordingHooks:
 
 
 def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
-    from hvdtrain import distributed
-    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.observe.events import LoopPlan
+    from hvdtrain.runtime import distributed
     from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
@@ -157,8 +158,8 @@ def test_fit_feeds_k_batches_per_step_and_stops_when_told() -> None:
 
 def test_fit_resumed_mid_epoch_continues_the_same_stream_and_epoch_sums() -> None:
     """A run resumed after step 4 (mid epoch 2) sees the batches and epoch sums of the uninterrupted run."""
-    from hvdtrain import distributed
-    from hvdtrain.training.events import LoopPlan, Start
+    from hvdtrain.observe.events import LoopPlan, Start
+    from hvdtrain.runtime import distributed
     from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)
@@ -272,7 +273,7 @@ def test_metrics_logger_logs_every_n_global_steps() -> None:
 
 def _tiny_mlp():
     from hvdtrain.data.contract import InputShape
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     shape = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric",), numeric_features=5)
     return build_model(ModelConfig(kind="mlp", hidden_units=[8], dropout=0.0), shape)
@@ -357,8 +358,8 @@ def test_timed_step_matches_the_fused_step_and_times_its_allreduce(accum: int) -
 def test_fit_tells_hooks_the_step_call_time() -> None:
     import time
 
-    from hvdtrain import distributed
-    from hvdtrain.training.events import LoopPlan
+    from hvdtrain.observe.events import LoopPlan
+    from hvdtrain.runtime import distributed
     from hvdtrain.training.loop import fit
 
     distributed.init(use_horovod=False)

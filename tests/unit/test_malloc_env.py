@@ -1,9 +1,9 @@
-"""glibc's malloc top pad that hvdtrain gives the processes it starts (hvdtrain.launch.malloc_env)."""
+"""glibc's malloc top pad that hvdtrain gives the processes it starts (hvdtrain.runtime.launch.malloc_env)."""
 from __future__ import annotations
 
 import pytest
 
-from hvdtrain import launch
+from hvdtrain.runtime import launch
 
 
 def test_child_processes_keep_64_mb_at_the_top_of_each_arena(monkeypatch: pytest.MonkeyPatch) -> None:

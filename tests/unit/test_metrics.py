@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdtrain import metrics
+from hvdtrain.model import metrics
 
 # Rows: true class, columns: predicted class.
 CM = np.array([[5, 1, 0],
@@ -77,7 +77,7 @@ def test_out_of_range_labels_are_refused() -> None:
 # -- training-side reductions (hvdtrain.training's pure helpers) ---------------------------------
 
 def test_epoch_stats_are_global_means_of_summed_totals() -> None:
-    from hvdtrain.training.events import epoch_stats
+    from hvdtrain.observe.events import epoch_stats
 
     rank_totals = [np.array([10.0, 8, 16]), np.array([2.0, 16, 16])]  # [loss sum, correct, examples]
     stats = epoch_stats(1, 4, sum(rank_totals), seconds=2.0)
@@ -86,7 +86,7 @@ def test_epoch_stats_are_global_means_of_summed_totals() -> None:
 
 
 def test_warmup_ramps_linearly_to_the_scaled_rate() -> None:
-    from hvdtrain import schedules as train  # the schedules' owner
+    from hvdtrain.model import schedules as train  # the schedules' owner
 
     peak = train.scaled_learning_rate(1e-3, 4)
     assert peak == pytest.approx(4e-3)
@@ -156,7 +156,7 @@ def test_auc_edge_cases() -> None:
 
 
 def test_split_report_has_loss_and_auc_for_two_classes() -> None:
-    from hvdtrain.training.evaluation import SplitCounts, scalar_metrics, split_report
+    from hvdtrain.model.evaluation import SplitCounts, scalar_metrics, split_report
 
     labels, scores = _scores(100, 6)
     cm = metrics.confusion_matrix(labels, (scores > 0).astype(int), 2)

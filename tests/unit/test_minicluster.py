@@ -1,4 +1,4 @@
-"""The one-machine Hadoop's plan (hvdtrain/minicluster) and the hdfs:// -> WebHDFS mapping (pure parts)."""
+"""The one-machine Hadoop's plan (hvdtrain/hadoop/minicluster) and the hdfs:// -> WebHDFS mapping (pure parts)."""
 from __future__ import annotations
 
 import socket
@@ -6,9 +6,9 @@ import socket
 import pyarrow.fs as pafs
 import pytest
 
-from hvdtrain import fs, hadoop_conf
-from hvdtrain.errors import EnvironmentProblem, StorageError
-from hvdtrain.minicluster import cluster
+from hvdtrain.core.errors import EnvironmentProblem, StorageError
+from hvdtrain.hadoop import fs, hadoop_conf
+from hvdtrain.hadoop.minicluster import cluster
 
 HDFS_SITE = """<?xml version="1.0"?><configuration>
 <property><name>dfs.namenode.rpc-address</name><value>localhost:41000</value></property>

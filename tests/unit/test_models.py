@@ -5,9 +5,9 @@ import keras
 import numpy as np
 import pytest
 
-from hvdtrain.config import ModelConfig
+from hvdtrain.core.config import ModelConfig
 from hvdtrain.data.contract import InputShape
-from hvdtrain.models import build_model
+from hvdtrain.model.models import build_model
 
 TABULAR = InputShape(0, 0, 3, "label", kind="mlp", inputs=("numeric", "categorical"), numeric_features=4,
                      cardinalities=(3, 5))

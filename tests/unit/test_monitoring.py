@@ -16,9 +16,10 @@ import pytest
 import yaml
 from prometheus_client import parser  # a required dependency (setup.py)
 
-from hvdtrain import breakdown, config, monitoring, timeline
-from hvdtrain.errors import ConfigError, DataError, EnvironmentProblem
-from hvdtrain.training.events import LoopState, StepInfo
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError, EnvironmentProblem
+from hvdtrain.observe import breakdown, monitoring, timeline
+from hvdtrain.observe.events import LoopState, StepInfo
 
 REPO = Path(__file__).resolve().parents[2]
 LABELS = {"job": "j", "run_id": "r1", "rank": "1", "host": "h"}

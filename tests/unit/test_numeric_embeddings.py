@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from hvdtrain import config as config_lib
-from hvdtrain.config import ModelConfig
+from hvdtrain.core import config as config_lib
+from hvdtrain.core.config import ModelConfig
+from hvdtrain.core.errors import ConfigError, DataError
 from hvdtrain.data.contract import InputShape, check_manifest
-from hvdtrain.errors import ConfigError, DataError
-from hvdtrain.manifest import FeatureSpec, Manifest
+from hvdtrain.data.manifest import FeatureSpec, Manifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EDGES = ((-1.5, -0.25, 0.0, 0.5, 2.0), (0.0, 1.0), (3.0,))  # 4 bins, 1 bin, a constant column
@@ -47,7 +47,7 @@ def reference_ple(x: float, edges: tuple[float, ...], bins: int) -> np.ndarray:
 
 
 def test_ple_matches_the_papers_definition_at_between_and_beyond_the_edges() -> None:
-    from hvdtrain.models import piecewise_linear_encoding
+    from hvdtrain.model.models import piecewise_linear_encoding
 
     points = [-9.0, -1.5, -1.0, -0.25, -0.1, 0.0, 0.2, 0.5, 1.0, 2.0, 7.0, 3.0, 0.999]
     rows = np.array([[p, p, p] for p in points], np.float32)
@@ -62,7 +62,7 @@ def test_ple_matches_the_papers_definition_at_between_and_beyond_the_edges() -> 
 
 
 def test_mlp_with_ple_embeds_each_numeric_feature_in_numeric_embed_dim() -> None:
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     model = build_model(ModelConfig(kind="mlp", hidden_units=[8], numeric_embedding="ple", numeric_embed_dim=5),
                         _shape())
@@ -74,7 +74,7 @@ def test_mlp_with_ple_embeds_each_numeric_feature_in_numeric_embed_dim() -> None
 
 
 def test_mlp_with_periodic_embeddings_has_trainable_frequencies_from_n_0_sigma() -> None:
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     cfg = ModelConfig(kind="mlp", hidden_units=[8], numeric_embedding="periodic", numeric_embed_dim=6,
                       periodic_frequencies=200, periodic_sigma=0.5)
@@ -87,7 +87,7 @@ def test_mlp_with_periodic_embeddings_has_trainable_frequencies_from_n_0_sigma()
 
 
 def test_periodic_needs_no_edges_and_ple_without_them_is_refused_in_one_line() -> None:
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     no_edges = InputShape(0, 0, 2, "label", kind="mlp", inputs=("numeric",), numeric_features=3)
     build_model(ModelConfig(kind="mlp", numeric_embedding="periodic"), no_edges)
@@ -97,7 +97,7 @@ def test_periodic_needs_no_edges_and_ple_without_them_is_refused_in_one_line() -
 
 @pytest.mark.parametrize("embedding", ["ple", "periodic"])
 def test_a_model_with_numeric_embeddings_saves_and_loads_with_plain_keras(tmp_path, embedding) -> None:
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     model = build_model(ModelConfig(kind="mlp", hidden_units=[8], numeric_embedding=embedding,
                                     categorical_embed_dim="auto"), _shape())
@@ -120,7 +120,7 @@ def test_a_model_with_numeric_embeddings_saves_and_loads_with_plain_keras(tmp_pa
 
 
 def test_auto_categorical_width_follows_fastais_rule_capped_at_32() -> None:
-    from hvdtrain.models import build_model, embedding_widths
+    from hvdtrain.model.models import build_model, embedding_widths
 
     assert embedding_widths((2, 4, 10, 50, 300, 5000), "auto") == (2, 3, 6, 14, 32, 32)
     assert embedding_widths((2, 4), 8) == (8, 8)
@@ -181,7 +181,7 @@ def test_etl_edges_are_the_raw_quantiles_as_the_shards_hold_them() -> None:
                        "c": {"mean": None, "std": None, "median": None, "count": 0.0}}}  # never a value
     raw = [[2.0, 6.0, 6.0, 10.0, 30.0], [0.3] * 5, []]
     got = tabular.ple_edges(tab, raw)
-    # what the shard writer makes of those raw values (hvdtrain.features.transform), deduplicated, sorted
+    # what the shard writer makes of those raw values (hvdtrain.data.features.transform), deduplicated, sorted
     shards, _ = tabular.transform(tab, [[2.0, 0.3, None], [6.0, 0.3, None], [10.0, 0.3, None], [30.0, 0.3, None]],
                                   [])
     assert got[0] == sorted({float(v) for v in shards[:, 0]}) == [-2.0, -1.0, 0.0, 5.0]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import fs, ledger
-from hvdtrain.errors import StorageError
+from hvdtrain.core.errors import StorageError
+from hvdtrain.hadoop import fs, ledger
 from tests.support import faulty_fs
 
 

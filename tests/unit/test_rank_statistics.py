@@ -6,8 +6,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from hvdtrain.observe.events import EpochStats, LoopState
 from hvdtrain.training import hooks, state
-from hvdtrain.training.events import EpochStats, LoopState
 
 
 class _Counter(keras.layers.Layer):

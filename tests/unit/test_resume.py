@@ -6,11 +6,14 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, config, data, distributed, resume
+from hvdtrain import data
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
 from hvdtrain.data.contract import InputShape
-from hvdtrain.errors import DataError
+from hvdtrain.observe.events import EpochStats, LoopState
+from hvdtrain.runtime import distributed
+from hvdtrain.training import checkpoint, resume
 from hvdtrain.training.context import TrainContext
-from hvdtrain.training.events import EpochStats, LoopState
 
 SHAPE = InputShape(max_length=8, vocab_size=50, num_classes=2, label_feature="label")
 TINY = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dropout": 0.2}

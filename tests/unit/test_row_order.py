@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from hvdtrain import data
-from hvdtrain import manifest as manifest_lib
-from hvdtrain.config import TrainConfig
+from hvdtrain.core.config import TrainConfig
+from hvdtrain.data import manifest as manifest_lib
 from hvdtrain.data import pipeline
 from hvdtrain.data import plan as read_plan
-from hvdtrain.manifest import FeatureSpec
-from hvdtrain.synthetic import Layout, _write_splits
+from hvdtrain.data.manifest import FeatureSpec
+from hvdtrain.data.synthetic import Layout, _write_splits
 
 POSITIVE_RATE = 0.3
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cpus
+from hvdtrain.runtime import cpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_a_real_nested_cgroup_quota_reaches_the_budget():
         (parent / "cpu.cfs_period_us").write_text("100000")
         (parent / "cpu.cfs_quota_us").write_text("100000")
         code = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
-                "from hvdtrain import cpus; b = cpus.detect({}); print(b.cpus, b.source)")
+                "from hvdtrain.runtime import cpus; b = cpus.detect({}); print(b.cpus, b.source)")
         proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\n" + code,
                                  str(child / "cgroup.procs")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)

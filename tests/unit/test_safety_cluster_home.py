@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import ledger
-from hvdtrain.errors import EnvironmentProblem
-from hvdtrain.minicluster import cluster
+from hvdtrain.core.errors import EnvironmentProblem
+from hvdtrain.hadoop import ledger
+from hvdtrain.hadoop.minicluster import cluster
 
 
 class Started(Exception):

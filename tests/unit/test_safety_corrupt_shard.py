@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdtrain import errors, supervise
+from hvdtrain.core import errors
+from hvdtrain.runtime import supervise
 from hvdtrain.training import runtime
 
 

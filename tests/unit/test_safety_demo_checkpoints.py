@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli, demo, ledger
-from hvdtrain.errors import DataError
+from hvdtrain import cli
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import ledger
+from hvdtrain.training import demo
 
 DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
 

@@ -8,10 +8,11 @@ import os
 
 import pytest
 
-from hvdtrain import config, distributed, elastic
-from hvdtrain import train as train_lib
-from hvdtrain.errors import DataError
-from hvdtrain.training import runtime
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.runtime import distributed
+from hvdtrain.training import elastic, runtime
+from hvdtrain.training import train as train_lib
 
 
 class FakeDog:

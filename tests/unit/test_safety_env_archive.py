@@ -1,7 +1,7 @@
 """A cached env archive is shipped only when its bytes match the SHA-256 recorded at upload (#28 item 10)."""
 from __future__ import annotations
 
-from hvdtrain import config
+from hvdtrain.core import config
 from yarn import packaging
 
 

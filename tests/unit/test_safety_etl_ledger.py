@@ -15,8 +15,10 @@ import pytest
 from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
-from hvdtrain import config, fs, ledger, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs, ledger
 from tests.unit.test_safety_etl_output import ROWS, stage_shards
 
 SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})

@@ -9,8 +9,10 @@ import pytest
 from etl import job as etl_job
 from etl import publish, writer
 from etl.accounting import RowCounts
-from hvdtrain import config, fs, ledger, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs, ledger
 
 SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
 ROWS = {"train": 8, "validation": 1, "test": 1}

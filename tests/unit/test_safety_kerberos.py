@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import config, distributed, kerberos
-from hvdtrain.errors import EnvironmentProblem
+from hvdtrain.core import config
+from hvdtrain.core.errors import EnvironmentProblem
+from hvdtrain.hadoop import kerberos
+from hvdtrain.runtime import distributed
 
 
 def test_a_keytab_missing_on_this_host_or_no_kinit_is_one_line_at_start(tmp_path, monkeypatch):

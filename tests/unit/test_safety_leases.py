@@ -19,8 +19,11 @@ import numpy as np
 import pytest
 
 from etl import job as etl_job
-from hvdtrain import checkpoint, config, fs, lease, ledger, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs, lease, ledger
+from hvdtrain.training import checkpoint
 from tests.unit.test_safety_etl_ledger import _publish
 
 HOST = socket.gethostname()

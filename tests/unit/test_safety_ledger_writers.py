@@ -11,8 +11,8 @@ import os
 import pytest
 
 from etl import publish as etl_publish
-from hvdtrain import ledger
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import ledger
 from hvdtrain.training import publish as train_publish
 
 
@@ -65,7 +65,7 @@ def test_each_command_still_takes_its_own_ledger(tmp_path) -> None:
 def test_the_leases_own_temporary_files_are_not_taken_for_a_users(tmp_path) -> None:
     # A lease renewal writes <lease>.tmp-* then renames it; a broken stale lease is moved to <lease>.broken-*.
     # Seen by the publish's walk (or left by a run killed mid-renewal), neither may make etl.output "foreign".
-    from hvdtrain import lease
+    from hvdtrain.hadoop import lease
 
     data = _folder(tmp_path, etl_publish.WRITER, ["manifest.json"])
     for name in (lease.NAME, lease.NAME + ".tmp-1a2b3c4d", lease.NAME + ".broken-5e6f7a8b"):

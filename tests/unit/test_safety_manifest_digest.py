@@ -9,8 +9,10 @@ import dataclasses
 
 import pytest
 
-from hvdtrain import config, manifest, resume
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.training import resume
 
 
 def _manifest(created_at: str = "2026-01-01T00:00:00+00:00", folder: str = "", sha: str = "a" * 64,

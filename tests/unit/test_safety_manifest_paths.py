@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from hvdtrain import fs, manifest
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import manifest
+from hvdtrain.hadoop import fs
 
 
 def test_a_uri_join_never_leaves_its_base():

@@ -7,8 +7,10 @@ import urllib.request
 import pytest
 import requests
 
-from hvdtrain import config, fs, monitoring
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import monitoring
 from tests.support.webhdfs_server import WebHdfsServer
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdtrain import supervise
+from hvdtrain.runtime import supervise
 
 IMPORT = ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'hvdtrain_plugins'\n"
           "Process 0 exit with status code 1.\nProcess name: 0\nExit code: 1\n")

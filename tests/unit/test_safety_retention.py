@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint as ck
-from hvdtrain import fs
+from hvdtrain.hadoop import fs
+from hvdtrain.training import checkpoint as ck
 from tests.support import faulty_fs
 
 

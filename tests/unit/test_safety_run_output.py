@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, distributed, ledger
-from hvdtrain.errors import DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import DataError
+from hvdtrain.hadoop import ledger
+from hvdtrain.runtime import distributed
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -54,7 +56,7 @@ def test_a_stray_result_json_does_not_make_a_users_folder_replaceable(tmp_path: 
 
 
 def test_the_refusal_comes_before_training_starts(tmp_path: Path) -> None:
-    from hvdtrain import train
+    from hvdtrain.training import train
 
     out = _users_folder(tmp_path)
     cfg = config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"},
@@ -109,7 +111,7 @@ def test_a_file_put_there_after_the_last_check_is_moved_aside_never_deleted(tmp_
 
 
 def test_an_output_of_an_older_hvdtrain_is_replaced_but_not_with_a_users_file_in_it(tmp_path: Path) -> None:
-    from hvdtrain import fs
+    from hvdtrain.hadoop import fs
     from hvdtrain.training import publish
 
     old = tmp_path / "old"

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from etl import score_job
-from hvdtrain import config, tracking
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.observe import tracking
 
 ROOT = "hdfs://nn/warehouse/db.db/preds"
 

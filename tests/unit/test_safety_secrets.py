@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import config, console, secrets, tracking, tune
-from hvdtrain.envcheck import HorovodBuild
+from hvdtrain import tune
+from hvdtrain.core import config, secrets
+from hvdtrain.hadoop.envcheck import HorovodBuild
+from hvdtrain.observe import console, tracking
 from yarn import etl_submit, submit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +102,7 @@ def test_log_lines_are_redacted(caplog):
 def test_files_written_after_private_files_are_not_world_readable(tmp_path):
     import numpy as np
 
-    from hvdtrain import checkpoint
+    from hvdtrain.training import checkpoint
 
     previous = secrets.private_files()
     try:
@@ -115,7 +117,7 @@ def test_files_written_after_private_files_are_not_world_readable(tmp_path):
 
 
 def test_horovodrun_on_this_host_gets_the_secret_environment_sealed_and_each_rank_unseals_it(tmp_path):
-    from hvdtrain import launch
+    from hvdtrain.runtime import launch
 
     env = {"PATH": "/usr/bin", "MLFLOW_TRACKING_TOKEN": SECRET, "DB": STORAGE}
     cmd = launch.horovod_command(["python", "t.py"], 2)
@@ -127,9 +129,9 @@ def test_horovodrun_on_this_host_gets_the_secret_environment_sealed_and_each_ran
     back = dict(sealed)
     secrets.unseal_env(back)
     assert back == env  # the rank's environment is the launcher's again
-    # a rank: hvdtrain.rank_env puts the secrets back and execs the program (same process)
+    # a rank: hvdtrain.runtime.rank_env puts the secrets back and execs the program (same process)
     out = tmp_path / "env.json"
-    code = subprocess.run([sys.executable, "-m", "hvdtrain.rank_env", sys.executable, "-c",
+    code = subprocess.run([sys.executable, "-m", "hvdtrain.runtime.rank_env", sys.executable, "-c",
                            f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"],
                           env={**sealed, "PYTHONPATH": str(REPO)}).returncode
     assert code == 0 and json.loads(out.read_text())["MLFLOW_TRACKING_TOKEN"] == SECRET
@@ -139,7 +141,7 @@ def test_horovodrun_on_this_host_gets_the_secret_environment_sealed_and_each_ran
 
 
 def test_a_rank_whose_sealed_file_is_gone_fails_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain.rank_env", "true"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.runtime.rank_env", "true"], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO),
                                secrets.SEALED_ENV: str(tmp_path / "gone.json")})
     assert proc.returncode == 4 and proc.stderr.count("\n") == 1
@@ -234,7 +236,7 @@ def test_common_secret_names_reach_no_argv_param_or_config_yaml(tmp_path, storag
 
 
 def test_a_mistyped_secret_key_is_not_echoed_in_its_error():
-    from hvdtrain.errors import ConfigError
+    from hvdtrain.core.errors import ConfigError
 
     data = {"name": "x", "source": {"table": "db.t"}}
     config.apply_override(data, "tracking.pasword=hunter2")
@@ -267,9 +269,9 @@ def test_a_failed_tracking_connection_does_not_print_the_uri_secret(tmp_path, ca
     uri = f"http://u:{WIDE}@127.0.0.1:{free_port()}/?token={WIDE}x"
     cfg = config.from_dict({"name": "x", "workdir": str(tmp_path), "source": {"table": "db.t"},
                             "tracking": {"uri": uri}}, base_dir=str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="hvdtrain.tracking"):
+    with caplog.at_level(logging.WARNING, logger="hvdtrain.observe.tracking"):
         assert tracking.Tracker(cfg, sleep=lambda s: None).start({}) is None
-    said = [r.getMessage() for r in caplog.records if r.name == "hvdtrain.tracking"]
+    said = [r.getMessage() for r in caplog.records if r.name == "hvdtrain.observe.tracking"]
     assert said and "tracking is off" in said[-1] and "127.0.0.1" in said[-1]
     assert [m for m in said if WIDE in m] == []
 

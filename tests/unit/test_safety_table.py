@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvdtrain.errors import ANY_ERROR
+from hvdtrain.core.errors import ANY_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "safety_table.py"

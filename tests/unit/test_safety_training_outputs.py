@@ -4,8 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, config, distributed, resume
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.runtime import distributed
+from hvdtrain.training import checkpoint, resume
 
 
 def _cfg(tmp_path, **ckpt) -> config.JobConfig:
@@ -74,7 +76,8 @@ def test_train_output_replaces_only_an_empty_folder_or_a_previous_hvdtrain_outpu
 
 def test_every_mlflow_upload_is_progress_the_stall_watchdog_sees(tmp_path):
     """A slow artifact store: each file and each call restarts the stall clock (the trainer's phase)."""
-    from hvdtrain import tracking, watchdog
+    from hvdtrain.observe import tracking
+    from hvdtrain.runtime import watchdog
 
     now = [0.0]
     dog = watchdog.Watchdog(timeout=5.0, rank=0, clock=lambda: now[0])

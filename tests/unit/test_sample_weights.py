@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain.data import contract
-from hvdtrain.heads import Head
+from hvdtrain.model.heads import Head
 from hvdtrain.training import steps
 
 # task -> (head, the Keras loss of the same task, model outputs)

@@ -48,9 +48,9 @@ def test_reproduces_horovods_resnet101_efficiency_at_512_gpus() -> None:
 
 
 def test_transformer_parameter_count_matches_keras() -> None:
-    from hvdtrain.config import ModelConfig
+    from hvdtrain.core.config import ModelConfig
     from hvdtrain.data.contract import InputShape
-    from hvdtrain.models import build_model
+    from hvdtrain.model.models import build_model
 
     shape = InputShape(vocab_size=50, max_length=12, num_classes=3, label_feature="label")
     model = build_model(ModelConfig(embed_dim=16, num_heads=2, ff_dim=24, num_layers=2), shape)

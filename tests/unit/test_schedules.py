@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from hvdtrain import data, schedules
-from hvdtrain.errors import DataError
+from hvdtrain import data
+from hvdtrain.core.errors import DataError
+from hvdtrain.model import schedules
 
 PEAK = 4e-3
 

@@ -5,8 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hvdtrain import config, drift, features, score, tracking
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain import score
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.data import drift, features
+from hvdtrain.observe import tracking
 
 TEXT_OPTS = features.TextOptions(max_length=8)
 VOCAB = features.SPECIAL_TOKENS + list("abcdefgh") + ["##" + c for c in "abcdefgh"] + ["bad", "good", "film"]

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli, config, supervise
-from hvdtrain.errors import ConfigError
+from hvdtrain import cli
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.runtime import supervise
 from tests.unit.test_yarn_command import ENV, GPU_BUILD, FakeSubmission, deps, inputs
 from yarn import driver, executor, submit
 from yarn import run as yarn_run
@@ -40,7 +42,7 @@ def test_worst_rank_decides_the_exit_code() -> None:
 def test_local_command_is_the_script_under_horovodrun() -> None:
     cmd = cli.horovod_command(["python", "train.py", "--epochs", "2"], 3, 60)
     assert cmd[1:] == ["-np", "3", "-H", "localhost:3", "--gloo", "--start-timeout", "60",
-                       sys.executable, "-m", "hvdtrain.rank_env", "python", "train.py", "--epochs", "2"]
+                       sys.executable, "-m", "hvdtrain.runtime.rank_env", "python", "train.py", "--epochs", "2"]
     assert cli.horovod_command(["python", "t.py"], 1) == ["python", "t.py"]
     args = cli.parse_args(["run", "--np", "2", "--max-restarts", "1", "t.py", "--np", "7", "x=1"])
     assert (args.np, args.max_restarts, args.script, args.script_args) == (2, 1, "t.py", ["--np", "7", "x=1"])

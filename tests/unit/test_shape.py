@@ -6,7 +6,7 @@ import pathlib
 import subprocess
 import sys
 
-from hvdtrain import config
+from hvdtrain.core import config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("hvdtrain", "etl", "yarn")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from etl import session
-from hvdtrain import config
+from hvdtrain.core import config
 from tests.unit.test_yarn_command import inputs
 from yarn import etl_submit, score, submit
 

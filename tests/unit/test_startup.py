@@ -1,10 +1,10 @@
-"""hvdtrain.startup: where a rank's time to its first step went (pure parts, and the first-step hook)."""
+"""hvdtrain.runtime.startup: where a rank's time to its first step went (pure parts, and the first-step hook)."""
 from __future__ import annotations
 
 import time
 
-from hvdtrain import startup
-from hvdtrain.training.events import StepInfo
+from hvdtrain.observe.events import StepInfo
+from hvdtrain.runtime import startup
 from hvdtrain.training.hooks import FirstStep
 
 PHASES = ["interpreter and imports", "rendezvous", "data plan", "tracking", "model build", "first step"]
@@ -57,7 +57,7 @@ def test_a_process_knows_when_it_started_to_the_clock_tick() -> None:
     import sys
 
     before = time.time()
-    out = subprocess.run([sys.executable, "-c", "import time; from hvdtrain import startup; "
+    out = subprocess.run([sys.executable, "-c", "import time; from hvdtrain.runtime import startup; "
                           "print(startup.process_start(), time.time())"], capture_output=True, text=True, check=True)
     started, asked = map(float, out.stdout.split())
     assert before - 0.02 <= started <= asked, (before, started, asked)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain.heads import Head
+from hvdtrain.model.heads import Head
 from hvdtrain.training import steps
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdtrain import distributed
+from hvdtrain.observe.events import Hook
+from hvdtrain.runtime import distributed
 from hvdtrain.training import steps as steps_lib
-from hvdtrain.training.hooks import Hook
 from hvdtrain.training.loop import LoopPlan, StepValue, call_size, fit, per_step
 
 

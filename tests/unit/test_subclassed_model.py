@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import config, heads, models
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
 from hvdtrain.data import contract
-from hvdtrain.errors import ConfigError
-from hvdtrain.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.data.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.model import heads, models
 from hvdtrain.training import steps
 
 

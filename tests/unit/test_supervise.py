@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hvdtrain import supervise
+from hvdtrain.runtime import supervise
 
 KILLED = ("Process 1 exit with status code -9.\nTerminating remaining workers after failure of Process 1.\n"
           "Process 0 exit with status code 143.\nhorovodrun: ... to do so was:\nProcess name: 1\nExit code: -9\n")
@@ -69,7 +69,8 @@ def test_a_config_error_fails_at_once_and_restarts_stop_at_the_limit() -> None:
 
 
 def test_train_flags_are_config_overrides(tmp_path) -> None:
-    from hvdtrain import cli, config
+    from hvdtrain import cli
+    from hvdtrain.core import config
 
     args = cli.build_parser().parse_args(["train", "c.yaml", "--max-restarts", "3", "--principal", "ml@EX.COM",
                                           "--keytab", "ml.keytab"])

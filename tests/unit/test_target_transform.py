@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain import heads
-from hvdtrain.config import TaskConfig
-from hvdtrain.errors import ConfigError, DataError
+from hvdtrain.core.config import TaskConfig
+from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.model import heads
 
 STATS = {"count": 1000, "mean": 4000.0, "std": 2500.0, "min": 300.0, "log_mean": 7.8, "log_std": 1.0}
 
@@ -98,7 +98,7 @@ def test_a_subclassed_model_cannot_carry_the_inversion_and_says_so_in_one_line()
 def test_the_reported_loss_is_the_training_objective_and_the_errors_are_in_target_units() -> None:
     # Training's loss is the squared error of the standardized target; the evaluation's "loss" must be the same
     # quantity (not the MSE in the target's units, std^2 = 6.25 million times larger here), rmse/mae the raw ones.
-    from hvdtrain.training import evaluation
+    from hvdtrain.model import evaluation
 
     head = heads.for_task(TaskConfig(kind="regression"), [], {}, STATS)
     labels = np.array([4000.0, 6500.0, 1500.0, 9000.0], np.float32)

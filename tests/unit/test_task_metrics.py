@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from hvdtrain import metrics
-from hvdtrain.training import evaluation
+from hvdtrain.model import evaluation, metrics
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -87,7 +86,7 @@ def test_regression_metrics_match_scikit_learn() -> None:
 
 
 def test_the_residual_chart_is_a_png(tmp_path) -> None:
-    from hvdtrain import plots
+    from hvdtrain.observe import plots
 
     path = plots.residuals_png([[1.0, 1.2], [2.0, 1.9], [3.0, 3.3]], str(tmp_path / "r.png"), "job")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
@@ -143,7 +142,7 @@ def test_regression_moments_of_parts_merge_to_the_whole() -> None:
 @pytest.mark.parametrize("task", ["binary", "multiclass"])
 def test_log_loss_is_scikit_learns_unweighted_with_class_weights(task: str) -> None:
     """``loss`` is the class-weighted objective; ``log_loss`` is scikit-learn's, which weighs no class."""
-    from hvdtrain.heads import Head
+    from hvdtrain.model.heads import Head
 
     rng = np.random.default_rng(13)
     y = (rng.random(4000) < 0.1).astype(np.int64)

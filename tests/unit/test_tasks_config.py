@@ -8,11 +8,11 @@ import pytest
 
 from etl import labels as label_mod
 from etl import sample
-from hvdtrain import config, tasks
-from hvdtrain.config import SampleConfig, TaskConfig
+from hvdtrain.core import config, tasks
+from hvdtrain.core.config import SampleConfig, TaskConfig
+from hvdtrain.core.errors import ConfigError, DataError
 from hvdtrain.data import contract
-from hvdtrain.errors import ConfigError, DataError
-from hvdtrain.synthetic import Layout, TabularSpec, make_tabular_dataset
+from hvdtrain.data.synthetic import Layout, TabularSpec, make_tabular_dataset
 
 
 def test_task_shorthand_and_defaults_follow_the_task() -> None:

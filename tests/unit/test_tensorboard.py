@@ -1,5 +1,5 @@
-"""hvdtrain/tensorboard.py with real TensorFlow and TensorBoard, no training: the hook driven by hand, events
-published through hvdtrain.fs to an ``hdfs://`` folder (a local folder behind the scheme), a resume's
+"""hvdtrain/observe/tensorboard.py with real TensorFlow and TensorBoard, no training: the hook driven by hand, events
+published through hvdtrain.hadoop.fs to an ``hdfs://`` folder (a local folder behind the scheme), a resume's
 truncation, and ``hvdtrain tensorboard`` serving a staged copy on 127.0.0.1."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
-from hvdtrain import fs, tensorboard
-from hvdtrain.errors import UsageError
-from hvdtrain.training.events import EpochStats, LoopState, StepInfo
+from hvdtrain.core.errors import UsageError
+from hvdtrain.hadoop import fs
+from hvdtrain.observe import tensorboard
+from hvdtrain.observe.events import EpochStats, LoopState, StepInfo
 
 REMOTE = "hdfs://nn:8020/runs/job"
 
@@ -89,7 +90,7 @@ def test_a_failed_run_leaves_the_previous_output_byte_identical_events_included(
     rest of its outputs (the swap); before, a fresh run deleted the published events and wrote into them."""
     from types import SimpleNamespace
 
-    from hvdtrain import config
+    from hvdtrain.core import config
     from hvdtrain.training import assemble
 
     output = tmp_path / "out"  # the previous run's published output

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from hvdtrain import tfrecord
-from hvdtrain.errors import DataError
+from hvdtrain.core.errors import DataError
+from hvdtrain.data import tfrecord
 
 
 def records(n=50, length=16, seed=0):

@@ -2,7 +2,7 @@
 
 The server runs for this module only: started on a free 127.0.0.1 port,
 awaited on ``/health``, killed (its whole process group) at the end. Training
-runs as a user starts it, ``python -m hvdtrain.train CONFIG``, single process.
+runs as a user starts it, ``python -m hvdtrain.training.train CONFIG``, single process.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from hvdtrain import config
-from hvdtrain.synthetic import Layout, TextSpec, make_text_dataset
+from hvdtrain.core import config
+from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 from tests.support.mlflow_server import free_port, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180)
                                                                                        dict[str, Any], float]:
     path = _write_job(tmp, name, tracking)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.training.train", str(path)], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -124,7 +124,7 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
     uri = f"http://127.0.0.1:{port}"
     server = start_server(root, port)
     path = _write_job(tmp_path, "restart", {"uri": uri, "log_every_steps": 0, "max_outage_seconds": 300}, epochs=6)
-    job = subprocess.Popen([sys.executable, "-m", "hvdtrain.train", str(path)], cwd=REPO, env=_env(),
+    job = subprocess.Popen([sys.executable, "-m", "hvdtrain.training.train", str(path)], cwd=REPO, env=_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = ""
@@ -157,7 +157,7 @@ def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> N
 
 
 def test_which_mlflow_failures_are_worth_waiting_for() -> None:
-    from hvdtrain import tracking
+    from hvdtrain.observe import tracking
 
     assert tracking.is_transient(ConnectionRefusedError(111, "Connection refused"))
     assert tracking.is_transient(RuntimeError("API request to endpoint /api/2.0/mlflow/runs/log-batch failed with "
@@ -169,7 +169,7 @@ def test_which_mlflow_failures_are_worth_waiting_for() -> None:
 def test_a_sqlite_store_keeps_new_experiments_artifacts_beside_the_database(tmp_path: Path) -> None:
     """MLflow's default artifact root for a SQLite store is ``./mlruns`` in the current folder: wherever rank 0
     (or a YARN container, deleted when it ends) happens to run. A given SQLite URI keeps them beside it."""
-    from hvdtrain.tracking import resolve_store
+    from hvdtrain.observe.tracking import resolve_store
 
     db = tmp_path / "store" / "mlflow.db"
     given = resolve_store(f"sqlite:///{db}", {}, str(tmp_path / "work"))

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from hvdtrain import config
-from hvdtrain.errors import ConfigError
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
 
 BASE = {"name": "t", "source": {"table": "a.b"}}
 
@@ -62,7 +62,7 @@ def test_config_import_stays_light() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hvdtrain.config; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+    code = "import sys, hvdtrain.core.config; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

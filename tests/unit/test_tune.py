@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import cli, config, tune
-from hvdtrain.errors import ConfigError
+from hvdtrain import cli, tune
+from hvdtrain.core import config
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.observe.events import EpochStats
 from hvdtrain.training import hooks
-from hvdtrain.training.events import EpochStats
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_trial_commands_for_each_launcher():
     over = ["tune.trial=1"]
     local = tune.trial_command(_opts(np=2), over, 60)
     assert local[1:9] == ["-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60", sys.executable]
-    assert local[9:] == ["-m", "hvdtrain.rank_env", sys.executable, "-m", "hvdtrain.train", "job.yaml",
+    assert local[9:] == ["-m", "hvdtrain.runtime.rank_env", sys.executable, "-m", "hvdtrain.training.train", "job.yaml",
                          "train.epochs=3", "tune.trial=1"]
     hosts = tune.trial_command(_opts(np=4, launcher="horovodrun", hosts="h1:2,h2:2"), over, 60)
     assert hosts[1:5] == ["-np", "4", "-H", "h1:2,h2:2"]
@@ -203,7 +204,8 @@ def test_done_count_skips_failures_queued_again():
 # fault injected) when its learning rate is above 1e-3: the driver's side of crash isolation.
 FAKE_TRIAL = """
 import sys
-from hvdtrain import config, tune
+from hvdtrain.core import config
+from hvdtrain import tune
 over = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 lr = float(over["train.learning_rate"])
 if lr > 1e-3:

@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from hvdtrain import watchdog
+from hvdtrain.runtime import watchdog
 
 
 class FakeClock:
@@ -60,7 +60,7 @@ def test_thread_fires_once_on_a_real_stall_and_not_while_beating():
 
 
 def test_a_stalled_process_dumps_stacks_and_exits_nonzero():
-    code = ("import time, logging; from hvdtrain import watchdog\n"
+    code = ("import time, logging; from hvdtrain.runtime import watchdog\n"
             "with watchdog.Watchdog(timeout=0.5, rank=1, poll=0.1) as d:\n"
             "    d.phase('waiting for input batch')\n"
             "    time.sleep(30)\n")

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
-from hvdtrain import config, fs, secrets
-from hvdtrain.envcheck import CommandResult, HorovodBuild
-from hvdtrain.errors import ConfigError, EnvironmentProblem
+from hvdtrain.core import config, secrets
+from hvdtrain.core.errors import ConfigError, EnvironmentProblem
+from hvdtrain.hadoop import fs
+from hvdtrain.hadoop.envcheck import CommandResult, HorovodBuild
 from yarn import driver, executor, packaging, submit
 from yarn.submit import DRIVER_SCRIPT, GPU_SCRIPT, Inputs, SubmitPlan
 
@@ -277,7 +278,7 @@ def test_principal_without_keytab_and_bad_worker_counts(tmp_path: Path) -> None:
 
 
 def test_spark_submit_not_found_names_where_it_looked() -> None:
-    from hvdtrain import envcheck
+    from hvdtrain.hadoop import envcheck
 
     with pytest.raises(EnvironmentProblem, match=r"spark-submit not found \(looked in /opt/spark/bin/spark-submit"):
         envcheck.find_spark_submit({"SPARK_HOME": "/opt/spark"}, lambda name: None, PYTHON, lambda p: False)
@@ -405,7 +406,7 @@ def test_a_real_submission_ships_code_and_config_and_cleans_up(job_file: Path, t
     assert code == 5 and archives == [["pkg==1"]]  # a step (spark-submit) failed
     assert "spark-submit failed (exit code 1); see the messages above; logs: yarn logs -applicationId " \
            "application_1_7" in capsys.readouterr().err
-    assert {"hvdtrain/train.py", "etl/job.py", "yarn/driver.py", "yarn/executor.py",
+    assert {"hvdtrain/training/train.py", "etl/job.py", "yarn/driver.py", "yarn/executor.py",
             "yarn/gpu_discovery.sh"} <= set(seen["zip"])
     assert not any("__pycache__" in name for name in seen["zip"])
     assert seen["yaml"].yarn.num_workers == 2 and seen["yaml"].etl.output == "hdfs://nn:8020/data/reviews"
@@ -735,7 +736,7 @@ def test_launcher_imports_stay_light() -> None:
 
 
 def test_gpu_index_uses_spark_assignment_when_present():
-    from hvdtrain import distributed
+    from hvdtrain.runtime import distributed
 
     assert distributed.gpu_index(1, {}) == 1
     assert distributed.gpu_index(1, {distributed.ASSIGNED_GPUS_ENV: "3"}) == 0

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import launch
-from hvdtrain.errors import ConfigError
+from hvdtrain.core.errors import ConfigError
+from hvdtrain.runtime import launch
 from tests.unit.test_yarn_command import ENV, PYTHON, REDACTION, SPARK_SUBMIT, YAML, ZIP, confs, deps, inputs, job
 from yarn import score as yarn_score
 

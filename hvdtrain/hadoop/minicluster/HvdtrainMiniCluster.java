@@ -1,0 +1,255 @@
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.URI;
+import java.net.URISyntaxException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+import java.util.Map;
+import java.util.Properties;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.ChecksumFs;
+import org.apache.hadoop.fs.DelegateToFileSystem;
+import org.apache.hadoop.fs.FsConstants;
+import org.apache.hadoop.fs.FsServerDefaults;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.RawLocalFileSystem;
+import org.apache.hadoop.fs.local.LocalConfigKeys;
+import org.apache.hadoop.fs.permission.FsPermission;
+import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.minikdc.MiniKdc;
+import org.apache.hadoop.security.UserGroupInformation;
+import org.apache.hadoop.util.VersionInfo;
+import org.apache.hadoop.yarn.conf.YarnConfiguration;
+import org.apache.hadoop.yarn.server.MiniYARNCluster;
+import org.apache.hadoop.yarn.server.nodemanager.NodeManager;
+import org.apache.hadoop.yarn.server.resourcemanager.ResourceManager;
+import org.apache.hadoop.yarn.webapp.WebApp;
+
+/**
+ * hvdtrain's one-JVM Hadoop (started by hvdtrain/hadoop/minicluster/cluster.py, which plans every setting):
+ * MiniDFSCluster (one NameNode with WebHDFS, one DataNode) and MiniYARNCluster (one ResourceManager,
+ * N NodeManagers). MiniHadoopClusterManager (Hadoop's CLI MiniCluster) always adds MapReduce and a
+ * JobHistoryServer and cannot bind its NodeManagers to loopback, hence this launcher.
+ *
+ * The NodeManagers' local filesystem sets permissions through java.nio (NioLocalFs below), as a production
+ * NodeManager does through libhadoop's native chmod: without that library Hadoop forks `chmod` once per file,
+ * and localizing a 45,000-file Python environment took 100 s per NodeManager instead of about 15.
+ *
+ * Secure mode (`hvdtrain cluster up --secure`, settings under hvdtrain.kdc.*): a MiniKdc (Apache Kerby) starts
+ * first and writes the principals' keytabs; every daemon then runs with Kerberos as cluster.py configured it.
+ *
+ * args: BASE_DIR CONF_DIR READY_FILE NN_PORT NN_HTTP_PORT NODE_MANAGERS [key=value ...]
+ * Writes CONF_DIR/{core,hdfs,yarn}-site.xml, then READY_FILE (JSON) once the NodeManagers are registered
+ * and the NameNode is out of safe mode; runs until SIGTERM, whose shutdown hook stops YARN and HDFS.
+ */
+public final class HvdtrainMiniCluster {
+  public static void main(String[] args) {
+    try {
+      run(args);
+    } catch (Throwable e) {
+      e.printStackTrace();
+      System.err.println("hvdtrain-minicluster: failed: " + e);
+      System.exit(1);  // the shutdown hook stops what did start
+    }
+  }
+
+  private static void run(String[] args) throws Exception {
+    // fs.AbstractFileSystem.file.impl = NioLocalFs for every Configuration in this JVM (cluster.py writes the
+    // file beside the classes); writeSite leaves it out of the client's *-site.xml.
+    Configuration.addDefaultResource("hvdtrain-localfs.xml");
+    File base = new File(args[0]);
+    File confDir = new File(args[1]);
+    File ready = new File(args[2]);
+    Configuration conf = new YarnConfiguration();
+    for (int i = 6; i < args.length; i++) {
+      String[] kv = args[i].split("=", 2);
+      conf.set(kv[0], kv[1]);
+    }
+    MiniKdc kdc = conf.get(KDC + "dir") == null ? null : startKdc(conf);
+    MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
+        .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
+        .format(true).build();
+    int nodeManagers = Integer.parseInt(args[5]);
+    MiniYARNCluster yarn = new MiniYARNCluster("hvdtrain", nodeManagers, 1, 1);
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      stopNodeManagersTogether(yarn, nodeManagers);
+      yarn.stop();
+      dfs.shutdown();
+      if (kdc != null) {
+        kdc.stop();
+      }
+    }));
+    dfs.waitActive();
+    conf.set("fs.defaultFS", dfs.getURI().toString());
+    yarn.init(conf);
+    yarn.start();
+    if (!yarn.waitForNodeManagersToConnect(300000)) {
+      throw new IllegalStateException("the NodeManagers did not register with the ResourceManager in 300 s");
+    }
+    restartResourceManagerWebApp(yarn.getResourceManager());
+    while (dfs.getNameNode().isInSafeMode()) {
+      Thread.sleep(200);
+    }
+    Configuration all = yarn.getConfig();
+    confDir.mkdirs();
+    writeSite(all, new File(confDir, "core-site.xml"), "fs.", "hadoop.");
+    writeSite(all, new File(confDir, "hdfs-site.xml"), "dfs.");
+    writeSite(all, new File(confDir, "yarn-site.xml"), "yarn.");
+    String json = "{\"pid\": " + ProcessHandle.current().pid()
+        + ", \"hadoop_version\": \"" + VersionInfo.getVersion() + "\""
+        + ", \"fs_default\": \"" + dfs.getURI() + "\""
+        + ", \"namenode_web\": \"http://" + all.get("dfs.namenode.http-address") + "\""
+        + ", \"resourcemanager\": \"" + all.get("yarn.resourcemanager.address") + "\""
+        + ", \"resourcemanager_web\": \"http://" + all.get("yarn.resourcemanager.webapp.address") + "\""
+        + ", \"nodemanagers\": " + args[5]
+        + (kdc == null ? "" : ", \"kdc\": \"" + kdc.getHost() + ":" + kdc.getPort() + "\", \"realm\": \""
+            + kdc.getRealm() + "\"") + "}\n";
+    File tmp = new File(ready.getPath() + ".tmp");
+    Files.write(tmp.toPath(), json.getBytes(StandardCharsets.UTF_8));
+    Files.move(tmp.toPath(), ready.toPath(), StandardCopyOption.ATOMIC_MOVE);
+    Thread.currentThread().join();
+  }
+
+  private static final String KDC = "hvdtrain.kdc.";
+
+  /**
+   * Starts the KDC (bound to hvdtrain.kdc.host, tickets of at most hvdtrain.kdc.ticket-seconds), copies the
+   * krb5.conf it writes to hvdtrain.kdc.dir/krb5.conf (this JVM's too), creates every hvdtrain.kdc.keytab.FILE=PRINCIPAL,...
+   * and logs this JVM in as the NameNode's principal: MiniYARNCluster's daemons skip their own keytab login and
+   * run as the JVM's login user, so every daemon here shares that one service principal.
+   */
+  private static MiniKdc startKdc(Configuration conf) throws Exception {
+    File dir = new File(conf.get(KDC + "dir"));
+    dir.mkdirs();
+    Properties kdcConf = MiniKdc.createConf();
+    kdcConf.setProperty(MiniKdc.KDC_BIND_ADDRESS, conf.get(KDC + "host"));
+    kdcConf.setProperty(MiniKdc.MAX_TICKET_LIFETIME, conf.get(KDC + "ticket-seconds"));
+    kdcConf.setProperty(MiniKdc.MAX_RENEWABLE_LIFETIME, conf.get(KDC + "renewable-seconds"));
+    MiniKdc kdc = new MiniKdc(kdcConf, dir);
+    kdc.start();  // writes a krb5.conf into a new folder of its own
+    File krb5 = new File(dir, "krb5.conf");  // where cluster.py told the clients and containers to look
+    Files.copy(kdc.getKrb5conf().toPath(), krb5.toPath(), StandardCopyOption.REPLACE_EXISTING);
+    System.setProperty(MiniKdc.JAVA_SECURITY_KRB5_CONF, krb5.getAbsolutePath());
+    for (Map.Entry<String, String> entry : conf.getPropsWithPrefix(KDC + "keytab.").entrySet()) {
+      kdc.createPrincipal(new File(dir, entry.getKey()), entry.getValue().split(","));
+    }
+    UserGroupInformation.setConfiguration(conf);
+    UserGroupInformation.loginUserFromKeytab(conf.get("dfs.namenode.kerberos.principal"),
+        conf.get("dfs.namenode.keytab.file"));
+    return kdc;
+  }
+
+  /**
+   * Each NodeManager that ran an application waits about 16 s to stop (its applications stay until their logs'
+   * retention ends, which is after the cluster's life: the clean-up wait, then the log handler's 10 s): stopped
+   * one after the other (MiniYARNCluster.stop), two took 35 s. Stopped together they take one wait.
+   */
+  private static void stopNodeManagersTogether(MiniYARNCluster yarn, int count) {
+    Thread[] stops = new Thread[count];
+    for (int i = 0; i < count; i++) {
+      NodeManager nm = yarn.getNodeManager(i);
+      stops[i] = new Thread(() -> {
+        if (nm != null) {
+          nm.stop();
+        }
+      });
+      stops[i].start();
+    }
+    for (Thread stop : stops) {
+      try {
+        stop.join(60000);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return;
+      }
+    }
+  }
+
+  /**
+   * Guice's servlet pipeline is JVM-wide: the last web app started (a NodeManager's) answers on every port, so
+   * the ResourceManager's UI and REST API return 404. Restarting the ResourceManager's web app after the
+   * NodeManagers makes it the last one (the NodeManagers' own UIs are the ones left broken).
+   */
+  private static void restartResourceManagerWebApp(ResourceManager rm) throws Exception {
+    Field field = ResourceManager.class.getDeclaredField("webApp");
+    field.setAccessible(true);
+    ((WebApp) field.get(rm)).stop();
+    Method start = ResourceManager.class.getDeclaredMethod("startWepApp");
+    start.setAccessible(true);
+    start.invoke(rm);
+  }
+
+  /** The settings whose names start with one of the prefixes, as a Hadoop *-site.xml. */
+  private static void writeSite(Configuration all, File file, String... prefixes) throws Exception {
+    Configuration site = new Configuration(false);
+    for (Map.Entry<String, String> entry : all) {
+      for (String prefix : prefixes) {
+        if (entry.getKey().startsWith(prefix) && !entry.getValue().startsWith(HvdtrainMiniCluster.class.getName())) {
+          site.set(entry.getKey(), all.get(entry.getKey()));
+        }
+      }
+    }
+    try (OutputStream out = new FileOutputStream(file)) {
+      site.writeXml(out);
+    }
+  }
+
+  /**
+   * Hadoop's LocalFs (file:// for FileContext: NodeManager localization, container folders) whose
+   * setPermission is a java.nio call instead of a forked `chmod` (Hadoop's fallback without libhadoop).
+   */
+  public static final class NioLocalFs extends ChecksumFs {
+    public NioLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
+      super(new NioRawLocalFs(uri, conf));
+    }
+  }
+
+  /** Hadoop's RawLocalFs over {@link NioRawLocalFileSystem} (RawLocalFs's constructors are package-private). */
+  public static final class NioRawLocalFs extends DelegateToFileSystem {
+    public NioRawLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
+      super(uri, new NioRawLocalFileSystem(), conf, FsConstants.LOCAL_FS_URI.getScheme(), false);
+    }
+
+    @Override
+    public int getUriDefaultPort() {
+      return -1;  // file:/// has none
+    }
+
+    @Override
+    @Deprecated
+    public FsServerDefaults getServerDefaults() throws IOException {
+      return LocalConfigKeys.getServerDefaults();
+    }
+
+    @Override
+    public FsServerDefaults getServerDefaults(Path f) throws IOException {
+      return LocalConfigKeys.getServerDefaults();
+    }
+
+    @Override
+    public boolean isValidName(String src) {
+      return true;  // as RawLocalFs: the OS decides
+    }
+  }
+
+  /** RawLocalFileSystem with setPermission through java.nio (a sticky bit still goes to `chmod`). */
+  public static final class NioRawLocalFileSystem extends RawLocalFileSystem {
+    @Override
+    public void setPermission(Path p, FsPermission permission) throws IOException {
+      if (permission.getStickyBit()) {
+        super.setPermission(p, permission);
+        return;
+      }
+      String symbols = permission.getUserAction().SYMBOL + permission.getGroupAction().SYMBOL
+          + permission.getOtherAction().SYMBOL;
+      Files.setPosixFilePermissions(pathToFile(p).toPath(), PosixFilePermissions.fromString(symbols));
+    }
+  }
+}

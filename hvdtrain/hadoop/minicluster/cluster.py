@@ -1,0 +1,630 @@
+"""``hvdtrain cluster up | status | down``: a one-machine Hadoop from Apache Hadoop's own minicluster.
+
+One JVM (``HvdtrainMiniCluster.java`` beside this file) runs a NameNode with
+WebHDFS, a DataNode, a ResourceManager and two NodeManagers, every port on
+127.0.0.1. Its jars come from Maven Central through ``mvn -C`` (checksums
+enforced) into a cache, once: ``pom.xml`` beside this file, at the Hadoop
+version of the ``hadoop-client-api`` jar inside the installed pyspark, so the
+client Spark uses and the cluster agree. ``up`` writes a ``HADOOP_CONF_DIR``
+and ``bin/yarn`` / ``bin/hdfs`` (Hadoop's own CLIs from the same jars) under the
+cluster's home folder. ``up --secure`` adds a MiniKdc and runs every daemon with
+Kerberos (:func:`kerberos_settings`; docs/hadoop.md, "Kerberos").
+
+The home folder is hvdtrain's only when it says so: ``up`` writes a ledger
+(:mod:`hvdtrain.hadoop.ledger`) into a new or empty ``--home`` before anything else,
+and resets (deletes) only the last run's ``data`` and ``target`` folders of a
+home whose ledger names them; a folder holding anything else is refused
+(:func:`plan_home`).
+
+Plan, then act: :func:`hadoop_settings`, :func:`java_command`,
+:func:`wrapper_script` and :func:`plan_home` are pure; :func:`up`,
+:func:`down` and :func:`status` carry them out.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Optional, TextIO
+
+from hvdtrain.core.errors import DataError, EnvironmentProblem
+from hvdtrain.hadoop import envcheck, ledger
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = "HvdtrainMiniCluster"
+LAUNCHER_SOURCE = os.path.join(HERE, f"{LAUNCHER}.java")
+POM = os.path.join(HERE, "pom.xml")
+HADOOP_API_JAR = re.compile(r"hadoop-client-api-(\d+(?:\.\d+)+)\.jar$")
+LOOPBACK = "127.0.0.1"
+REALM = "EXAMPLE.COM"  # MiniKdc's
+LOG4J = ("log4j.rootLogger=WARN, console\nlog4j.appender.console=org.apache.log4j.ConsoleAppender\n"
+         "log4j.appender.console.layout=org.apache.log4j.PatternLayout\n"
+         "log4j.appender.console.layout.ConversionPattern=%d{ISO8601} %p %c{2}: %m%n\n"
+         # the ResourceManager's one-line summary of every finished application
+         "log4j.logger.org.apache.hadoop.yarn.server.resourcemanager.RMAppManager$ApplicationSummary=INFO\n")
+# Java 17 and Hadoop 3.4: Guice (the web UIs) defines classes through ClassLoader.defineClass.
+JAVA_OPTS = ("--add-opens", "java.base/java.lang=ALL-UNNAMED")
+# ``yarn SUBCOMMAND`` / ``hdfs SUBCOMMAND`` -> Hadoop's CLI class (as Hadoop's own bin/yarn and bin/hdfs map them);
+# a True flag keeps the subcommand as the first argument (ApplicationCLI reads it).
+YARN_CLIS = {"application": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "applicationattempt": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "container": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "node": ("org.apache.hadoop.yarn.client.cli.NodeCLI", False),
+             "logs": ("org.apache.hadoop.yarn.client.cli.LogsCLI", False),
+             "rmadmin": ("org.apache.hadoop.yarn.client.cli.RMAdminCLI", False)}
+HDFS_CLIS = {"dfs": ("org.apache.hadoop.fs.FsShell", False),
+             "dfsadmin": ("org.apache.hadoop.hdfs.tools.DFSAdmin", False)}
+# On the cluster JVM's classpath only (the launcher's folder, never the client conf folder): every Configuration
+# in that JVM, including the ones Hadoop builds internally (DefaultContainerExecutor's local FileContext), gets
+# the NodeManagers' java.nio local filesystem (HvdtrainMiniCluster.NioLocalFs).
+LOCAL_FS_RESOURCE = "hvdtrain-localfs.xml"
+LOCAL_FS_XML = ('<?xml version="1.0"?>\n<configuration>\n  <property><name>fs.AbstractFileSystem.file.impl</name>'
+                f'<value>{LAUNCHER}$NioLocalFs</value></property>\n</configuration>\n')
+
+
+def default_home() -> str:
+    return os.environ.get("HVDTRAIN_CLUSTER_HOME") or os.path.join(os.path.expanduser("~"), ".hvdtrain", "cluster")
+
+
+cache_root = envcheck.cache_root
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ports:
+    """Fixed ports (0: a free one is picked at start)."""
+
+    namenode: int = 0
+    namenode_http: int = 0
+    resourcemanager: int = 0
+    scheduler: int = 0
+    resource_tracker: int = 0
+    rm_admin: int = 0
+    resourcemanager_web: int = 0
+
+
+# Hadoop's usual ports (`hvdtrain cluster up --standard-ports`), for URLs a newcomer recognizes.
+STANDARD_PORTS = Ports(namenode=8020, namenode_http=9870, resourcemanager=8032, scheduler=8030,
+                       resource_tracker=8031, rm_admin=8033, resourcemanager_web=8088)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What ``up`` starts; the defaults fit a 2-core host where an application master and two executors
+    running TensorFlow must fit (4 GB and 3 vcores per NodeManager, a 1.5 GB heap for the cluster JVM)."""
+
+    home: str = field(default_factory=default_home)
+    nodemanagers: int = 2
+    nm_memory_mb: int = 4096
+    nm_vcores: int = 3  # an application master (1) and one 2-core executor fit; two 2-core executors do not
+    heap_mb: int = 1536
+    ports: Ports = Ports()
+    start_timeout: float = 300.0
+    # How long a finished application's container logs stay on the node (no log aggregation here): Hadoop's
+    # 3 hours by default. A NodeManager stopping holds its applications until then, so a cluster that ran one
+    # takes about 16 s to stop; a throwaway cluster (the test tier's, deleted at once) sets 0.
+    container_log_seconds: int = 10800
+    # Kerberos (`up --secure`): a MiniKdc, every daemon and client authenticated by it, a keytab for ``user``.
+    secure: bool = False
+    user: str = "hvdtrain"
+    ticket_seconds: int = 36000  # the KDC's longest ticket (MIT's usual 10 hours)
+    token_renew_seconds: int = 86400  # HDFS/YARN delegation tokens: renewal interval and longest life (Hadoop's)
+    token_max_seconds: int = 604800
+
+    @property
+    def conf_dir(self) -> str:
+        return os.path.join(self.home, "conf")
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.join(self.home, "bin")
+
+    @property
+    def ready_file(self) -> str:
+        return os.path.join(self.home, "cluster.json")
+
+    @property
+    def pid_file(self) -> str:
+        return os.path.join(self.home, "cluster.pid")
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.home, "cluster.log")
+
+    @property
+    def kerberos_dir(self) -> str:
+        return os.path.join(self.home, "kerberos")
+
+    @property
+    def user_principal(self) -> str:
+        return f"{self.user}@{REALM}"
+
+    @property
+    def user_keytab(self) -> str:
+        return os.path.join(self.kerberos_dir, f"{self.user}.keytab")
+
+    @property
+    def krb5_conf(self) -> str:
+        return os.path.join(self.kerberos_dir, "krb5.conf")  # MiniKdc writes it there
+
+
+HOME_WRITER = "hvdtrain cluster"
+RESET_FOLDERS = ("data", "target")  # the last run's HDFS and NodeManager folders: new on every `up`
+HOME_FOLDERS = (*RESET_FOLDERS, "conf", "bin", "kerberos")
+HOME_FILES = ("cluster.json", "cluster.pid", "cluster.log")
+
+
+def home_ledger() -> ledger.Ledger:
+    """What ``up`` writes into its home folder, and so may replace or delete there (pure)."""
+    return ledger.Ledger(HOME_WRITER, (*map(ledger.tree, HOME_FOLDERS), *map(ledger.exact, HOME_FILES)))
+
+
+@dataclass(frozen=True)
+class HomePlan:
+    """The ledger to record in the home before anything is written, and the last run's folders to delete."""
+
+    ledger: ledger.Ledger
+    reset: tuple[str, ...] = ()
+
+
+def _recorded(owned: ledger.Ledger, name: str) -> bool:
+    """Whether the ledger names ``name`` (a file, or a folder it created: ``data/*`` matches ``data/``)."""
+    return owned.owns(name) or owned.owns(name + "/")
+
+
+def plan_home(home: str, entries: Iterable[str], recorded: Optional[ledger.Ledger]) -> HomePlan:
+    """What ``up`` may do in ``home``, holding ``entries`` (names right under it) and its ledger (pure): a new or
+    empty folder becomes hvdtrain's; one whose ledger names everything in it is reset; anything else is refused
+    with one line, before anything in it is touched."""
+    names = sorted(entries)
+    fix = f"choose a new or empty folder for --home (or move them out of {home})"
+    if recorded is None:
+        if names:
+            raise EnvironmentProblem(f"--home {home} holds {ledger.sample(names)} and no ledger ({ledger.NAME}): "
+                                     f"hvdtrain did not create it, so it writes and deletes nothing there; {fix}")
+        return HomePlan(home_ledger())
+    if recorded.writer != HOME_WRITER:
+        raise EnvironmentProblem(f"--home {home} is where {recorded.writer} writes ({ledger.NAME}), not a "
+                                 f"cluster's home; {fix}")
+    foreign = [name for name in names if not _recorded(recorded, name)]
+    if foreign:
+        raise EnvironmentProblem(f"--home {home} holds {ledger.sample(foreign)}, which hvdtrain did not create "
+                                 f"there, so it deletes nothing there; {fix}")
+    return HomePlan(recorded.adding(*home_ledger().entries),
+                    tuple(name for name in RESET_FOLDERS if name in names and _recorded(recorded, name)))
+
+
+def hadoop_version_of(jar_names: Iterable[str]) -> Optional[str]:
+    """The version of the ``hadoop-client-api`` jar among ``jar_names`` (pure)."""
+    for name in jar_names:
+        match = HADOOP_API_JAR.search(name)
+        if match:
+            return match.group(1)
+    return None
+
+
+def pyspark_jars_dir() -> str:
+    spec = importlib.util.find_spec("pyspark")  # locates, does not import, pyspark
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentProblem("pyspark is not installed in this environment: the cluster's Hadoop version "
+                                 "follows pyspark's hadoop-client jars; run `make env`")
+    return os.path.join(list(spec.submodule_search_locations)[0], "jars")
+
+
+def yarn_settings(env_cache: str, jars_dir: str, **extra: Any) -> dict[str, Any]:
+    """A job config's ``yarn:`` block that fits this cluster (pure): one core and a 1 GB heap per executor (an
+    application master and two executors fit two NodeManagers), the env cache (a folder on its HDFS),
+    everything bound to loopback, and Spark's jars from this host (``local:``, as on a cluster with Spark on
+    every node)."""
+    return {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g", "start_timeout": 600,
+            "env_cache": env_cache, "env": {"SPARK_LOCAL_IP": "127.0.0.1"},
+            "spark_conf": {"spark.yarn.jars": f"local:{jars_dir}/*", "spark.yarn.am.memory": "512m",
+                           "spark.yarn.appMasterEnv.SPARK_LOCAL_IP": "127.0.0.1"}, **extra}
+
+
+def pyspark_hadoop_version() -> str:
+    jars = pyspark_jars_dir()
+    version = hadoop_version_of(os.listdir(jars)) if os.path.isdir(jars) else None
+    if version is None:
+        raise EnvironmentProblem(f"no hadoop-client-api-*.jar in {jars}: cannot tell which Hadoop version "
+                                 "pyspark's client speaks; reinstall pyspark (make env)")
+    return version
+
+
+def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
+    """Every Hadoop setting the launcher is given (pure): loopback addresses, NodeManager size, one queue."""
+    rm = {"address": ports.resourcemanager, "scheduler.address": ports.scheduler,
+          "resource-tracker.address": ports.resource_tracker, "admin.address": ports.rm_admin,
+          "webapp.address": ports.resourcemanager_web}
+    out = {"yarn.minicluster.fixed.ports": "true",  # addresses exactly as below, none on a public interface
+           "yarn.resourcemanager.hostname": LOOPBACK,
+           **{f"yarn.resourcemanager.{k}": f"{LOOPBACK}:{p}" for k, p in rm.items()},
+           **{f"yarn.nodemanager.{k}": f"{LOOPBACK}:0" for k in ("address", "localizer.address", "webapp.address")},
+           "yarn.nodemanager.hostname": LOOPBACK,
+           "yarn.nodemanager.resource.memory-mb": str(spec.nm_memory_mb),
+           "yarn.minicluster.yarn.nodemanager.resource.memory-mb": str(spec.nm_memory_mb),
+           "yarn.nodemanager.resource.cpu-vcores": str(spec.nm_vcores),
+           "yarn.scheduler.minimum-allocation-mb": "256",
+           "yarn.scheduler.maximum-allocation-mb": str(spec.nm_memory_mb),
+           "yarn.scheduler.maximum-allocation-vcores": str(spec.nm_vcores),
+           # Cores count, not only memory (the default calculator), as on a production cluster sized by cores:
+           # a job whose executors have 2 cores gets them on two NodeManagers (3 vcores each), and an executor
+           # relaunched after a lost container lands on the NodeManager that lost it.
+           "yarn.scheduler.capacity.resource-calculator":
+               "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator",
+           # No capacity-scheduler.xml ships in the jars: one queue with everything.
+           "yarn.scheduler.capacity.root.queues": "default",
+           "yarn.scheduler.capacity.root.default.capacity": "100",
+           "yarn.scheduler.capacity.root.default.maximum-capacity": "100",
+           "yarn.scheduler.capacity.maximum-am-resource-percent": "0.5",
+           # A shared test host's disk may be fuller than YARN's 90 % default allows.
+           "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.0",
+           "yarn.nodemanager.vmem-check-enabled": "false",
+           "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
+           "yarn.nodemanager.log.retain-seconds": str(spec.container_log_seconds),
+           "yarn.log-aggregation-enable": "false",
+           "dfs.replication": "1",
+           "dfs.permissions.enabled": "false",
+           "hadoop.tmp.dir": os.path.join(spec.home, "data", "tmp")}
+    return {**out, **kerberos_settings(spec)} if spec.secure else out
+
+
+def kerberos_settings(spec: ClusterSpec) -> dict[str, str]:
+    """Kerberos for every daemon (pure): the KDC the launcher starts (``hvdtrain.kdc.*``), one service principal
+    for the daemons (they share the launcher JVM's login), SPNEGO for WebHDFS, block access tokens, and the
+    krb5.conf every container's JVM reads (a production node has it in /etc)."""
+    kdir = spec.kerberos_dir
+    service_keytab = os.path.join(kdir, "hadoop.keytab")
+    service, http = f"hadoop/{LOOPBACK}@{REALM}", f"HTTP/{LOOPBACK}@{REALM}"
+    renew_ms, max_ms = str(spec.token_renew_seconds * 1000), str(spec.token_max_seconds * 1000)
+    return {"hvdtrain.kdc.dir": kdir, "hvdtrain.kdc.host": LOOPBACK,
+            "hvdtrain.kdc.ticket-seconds": str(spec.ticket_seconds),
+            "hvdtrain.kdc.renewable-seconds": str(spec.ticket_seconds),
+            "hvdtrain.kdc.keytab.hadoop.keytab": f"hadoop/{LOOPBACK},HTTP/{LOOPBACK}",
+            f"hvdtrain.kdc.keytab.{os.path.basename(spec.user_keytab)}": spec.user,
+            "hadoop.security.authentication": "kerberos",
+            "dfs.namenode.kerberos.principal": service, "dfs.namenode.keytab.file": service_keytab,
+            "dfs.datanode.kerberos.principal": service, "dfs.datanode.keytab.file": service_keytab,
+            "dfs.web.authentication.kerberos.principal": http,
+            "dfs.web.authentication.kerberos.keytab": service_keytab,
+            "dfs.block.access.token.enable": "true",
+            # A secure DataNode wants privileged ports or SASL over HTTPS; Hadoop's own tests waive that (loopback).
+            "ignore.secure.ports.for.testing": "true",
+            "yarn.resourcemanager.principal": service, "yarn.resourcemanager.keytab": service_keytab,
+            "yarn.nodemanager.principal": service, "yarn.nodemanager.keytab": service_keytab,
+            "dfs.namenode.delegation.token.renew-interval": renew_ms,
+            "dfs.namenode.delegation.token.max-lifetime": max_ms,
+            "yarn.resourcemanager.delegation.token.renew-interval": renew_ms,
+            "yarn.resourcemanager.delegation.token.max-lifetime": max_ms,
+            "yarn.nodemanager.admin-env":
+                f"MALLOC_ARENA_MAX=$MALLOC_ARENA_MAX,JAVA_TOOL_OPTIONS=-Djava.security.krb5.conf={spec.krb5_conf}"}
+
+
+def java_command(java: str, classpath: str, spec: ClusterSpec, ports: Ports) -> list[str]:
+    """The cluster JVM's command line (pure)."""
+    settings = hadoop_settings(spec, ports)
+    return [java, f"-Xmx{spec.heap_mb}m", *JAVA_OPTS, "-cp", classpath, LAUNCHER,
+            os.path.join(spec.home, "data"), spec.conf_dir, spec.ready_file, str(ports.namenode),
+            str(ports.namenode_http), str(spec.nodemanagers), *(f"{k}={v}" for k, v in settings.items())]
+
+
+def wrapper_script(java: str, classpath: str, conf_dir: str, clis: dict[str, tuple[str, bool]], tool: str,
+                   krb5_conf: Optional[str] = None) -> str:
+    """``bin/yarn`` or ``bin/hdfs``: Hadoop's own CLI classes from the cluster's jars (pure)."""
+    krb5 = f"-Djava.security.krb5.conf={krb5_conf} " if krb5_conf else ""
+    cases = "\n".join(f'  {sub}) cls={cls}; {"" if keep else "shift; "};;' for sub, (cls, keep) in clis.items())
+    return (f"#!/bin/sh\n# {tool} for the hvdtrain minicluster: Hadoop's own CLI classes, this cluster's configs.\n"
+            f'case "$1" in\n{cases}\n'
+            f'  *) echo "usage: {tool} {{{"|".join(clis)}}} ..." >&2; exit 2;;\nesac\n'
+            f'exec "{java}" -Xmx256m {krb5}-cp "{conf_dir}:{classpath}" "$cls" "$@"\n')
+
+
+# -- act: jars and launcher ------------------------------------------------------------------------
+
+def require_tools(which: Callable[[str], Optional[str]] = shutil.which) -> tuple[str, str, str]:
+    """java, javac and mvn, or one line naming what is missing."""
+    found = {tool: which(tool) for tool in ("java", "javac", "mvn")}
+    missing = [tool for tool, path in found.items() if path is None]
+    if missing:
+        raise EnvironmentProblem(f"hvdtrain cluster needs {', '.join(missing)} on PATH (a JDK 17 and Maven: "
+                                 "apt-get install openjdk-17-jdk-headless maven)")
+    java, javac, mvn = found["java"], found["javac"], found["mvn"]
+    assert java and javac and mvn  # none is missing (checked above)
+    return java, javac, mvn
+
+
+def maven_error(output: str) -> str:
+    """Maven's own error lines, joined (what a blocked artifact looks like)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.startswith(("[FATAL]", "[ERROR]"))
+             and ln.strip() not in ("[ERROR]", "[FATAL]")]
+    lines = [ln for ln in lines if ln.startswith("[FATAL]")] + [ln for ln in lines if ln.startswith("[ERROR]")]
+    return " ".join(lines[:3]) or output.strip()[-500:]
+
+
+def ensure_jars(version: str, mvn: str, cache: Optional[str] = None) -> str:
+    """The folder of the cluster's jars, fetched once by Maven (``-C``: a checksum mismatch fails)."""
+    with open(POM, "rb") as fh:  # a changed pom (a jar added) is a new folder, fetched again
+        pom_digest = hashlib.sha256(fh.read()).hexdigest()[:8]
+    root = os.path.join(cache or cache_root(), f"hadoop-{version}-{pom_digest}")
+    lib, stamp = os.path.join(root, "lib"), os.path.join(root, "lib.complete")
+    if os.path.exists(stamp):
+        return lib
+    os.makedirs(root, exist_ok=True)
+    staging = f"{lib}.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copy(POM, os.path.join(root, "pom.xml"))
+    cmd = [mvn, "-B", "-C", "-f", os.path.join(root, "pom.xml"), "dependency:copy-dependencies",
+           "-DincludeScope=runtime", f"-DoutputDirectory={staging}", f"-Dhadoop.version={version}"]
+    print(f"hvdtrain cluster: fetching Hadoop {version} from Maven Central into {lib} (once)", file=sys.stderr)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EnvironmentProblem(f"Maven could not fetch the Hadoop {version} minicluster: "
+                                 f"{maven_error(result.stdout + result.stderr)}")
+    shutil.rmtree(lib, ignore_errors=True)
+    os.replace(staging, lib)
+    open(stamp, "w").close()
+    return lib
+
+
+def ensure_launcher(lib: str, javac: str) -> str:
+    """The compiled launcher's folder (recompiled when its source changes), with a quiet log4j setup."""
+    with open(LAUNCHER_SOURCE, "rb") as fh:
+        digest = hashlib.sha256(fh.read() + LOG4J.encode() + LOCAL_FS_XML.encode()).hexdigest()[:16]
+    classes = os.path.join(os.path.dirname(lib), f"launcher-{digest}")
+    if os.path.exists(os.path.join(classes, f"{LAUNCHER}.class")):
+        return classes
+    staging = f"{classes}.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    result = subprocess.run([javac, "-cp", os.path.join(lib, "*"), "-d", staging, LAUNCHER_SOURCE],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EnvironmentProblem(f"javac could not compile {LAUNCHER_SOURCE}: {result.stderr.strip()[-500:]}")
+    with open(os.path.join(staging, "log4j.properties"), "w") as fh:
+        fh.write(LOG4J)
+    with open(os.path.join(staging, LOCAL_FS_RESOURCE), "w") as fh:
+        fh.write(LOCAL_FS_XML)
+    os.replace(staging, classes)
+    return classes
+
+
+def prepare(mvn: Optional[str] = None, javac: Optional[str] = None) -> tuple[str, str]:
+    """(Hadoop version, classpath) of the cluster: jars fetched and launcher compiled if needed."""
+    if mvn is None or javac is None:
+        _, javac, mvn = require_tools()
+    version = pyspark_hadoop_version()
+    lib = ensure_jars(version, mvn)
+    classes = ensure_launcher(lib, javac)
+    return version, f"{classes}:{os.path.join(lib, '*')}"
+
+
+# -- act: ports --------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return True
+    return False
+
+
+def choose_ports(wanted: Ports) -> Ports:
+    """Fixed ports checked free, the others picked free on 127.0.0.1; a taken port is one clear line."""
+    chosen = {}
+    for name, port in asdict(wanted).items():
+        if port and _port_taken(port):
+            raise EnvironmentProblem(f"port {LOOPBACK}:{port} (the {name.replace('_', ' ')}) is taken; stop what "
+                                     f"listens there or pick another port")
+        chosen[name] = port or _free_port()
+    if len(set(chosen.values())) != len(chosen):
+        return choose_ports(wanted)  # two picks collided: pick again
+    return Ports(**chosen)
+
+
+# -- act: the cluster process --------------------------------------------------------------------
+
+def _read_pid(spec: ClusterSpec) -> Optional[int]:
+    try:
+        with open(spec.pid_file) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _is_launcher(pid) else None
+
+
+def _is_launcher(pid: int) -> bool:
+    """True while ``pid`` is a live cluster JVM (not a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return LAUNCHER.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def status(spec: ClusterSpec) -> Optional[dict]:
+    """The running cluster's details, or None."""
+    pid = _read_pid(spec)
+    if pid is None or not os.path.exists(spec.ready_file):
+        return None
+    with open(spec.ready_file) as fh:
+        details = json.load(fh)
+    out = {**details, "pid": pid, "hadoop_conf_dir": spec.conf_dir, "bin": spec.bin_dir, "log": spec.log_file,
+           "home": spec.home}
+    if "kdc" in details:  # a secure cluster: what a client needs to log in
+        out.update(principal=spec.user_principal, keytab=spec.user_keytab, krb5_conf=spec.krb5_conf)
+    return out
+
+
+def client_env(details: dict) -> dict[str, str]:
+    """The variables a shell (or a test) sets to use the cluster: its configs, its CLIs and, when it is secure,
+    its krb5.conf for MIT tools (KRB5_CONFIG) and for spark-submit's JVM (SPARK_SUBMIT_OPTS) (pure)."""
+    env = {"HADOOP_CONF_DIR": details["hadoop_conf_dir"], "SPARK_LOCAL_IP": LOOPBACK}
+    if "krb5_conf" in details:
+        env.update(KRB5_CONFIG=details["krb5_conf"],
+                   SPARK_SUBMIT_OPTS=f"-Djava.security.krb5.conf={details['krb5_conf']}")
+    return env
+
+
+def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
+    """Start the cluster (or find it running) and wait until it serves; returns :func:`status`."""
+    running = status(spec)
+    if running:
+        if ("kdc" in running) != spec.secure:
+            raise EnvironmentProblem(f"a {'secure' if 'kdc' in running else 'plain'} cluster already runs in "
+                                     f"{spec.home} (pid {running['pid']}); stop it (hvdtrain cluster down) to start a "
+                                     f"{'secure' if spec.secure else 'plain'} one, or use another --home")
+        print(f"hvdtrain cluster: already running (pid {running['pid']})", file=out)
+        return running
+    home = plan_home(spec.home, _home_entries(spec.home), _home_ledger(spec.home))  # refused before any change
+    down(spec, quiet=True)  # a JVM still starting, or stale files of one that died
+    java, javac, mvn = require_tools()
+    version, classpath = prepare(mvn, javac)
+    ports = choose_ports(spec.ports)
+    os.makedirs(spec.home, exist_ok=True)
+    ledger.write(spec.home, home.ledger)  # before anything it names is written
+    for folder in home.reset:  # the last run's HDFS and NodeManager folders, which the ledger names
+        shutil.rmtree(os.path.join(spec.home, folder), ignore_errors=True)
+    _write_wrappers(spec, java, classpath)
+    cmd = java_command(java, classpath, spec, ports)
+    start = time.monotonic()
+    with open(spec.log_file, "w") as log:
+        # cwd: MiniYARNCluster keeps the NodeManagers' folders under ./target/test/data
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=spec.home,
+                                env={**os.environ, "HADOOP_CONF_DIR": spec.conf_dir}, start_new_session=True)
+    with open(spec.pid_file, "w") as fh:
+        fh.write(str(proc.pid))
+    _wait_ready(spec, proc)
+    details = status(spec) or {}
+    details["start_seconds"] = round(time.monotonic() - start, 1)
+    print(f"hvdtrain cluster: Hadoop {version} up in {details['start_seconds']:.0f}s (pid {proc.pid})", file=out)
+    return details
+
+
+def _home_entries(home: str) -> list[str]:
+    if os.path.exists(home) and not os.path.isdir(home):
+        raise EnvironmentProblem(f"--home {home} is a file, not a folder; choose a new or empty folder for --home")
+    return os.listdir(home) if os.path.isdir(home) else []
+
+
+def _home_ledger(home: str) -> Optional[ledger.Ledger]:
+    try:
+        return ledger.read(home)
+    except DataError as exc:  # not a ledger: not hvdtrain's folder either
+        raise EnvironmentProblem(str(exc)) from None
+
+
+def _wait_ready(spec: ClusterSpec, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + spec.start_timeout
+    while not os.path.exists(spec.ready_file):
+        if proc.poll() is not None:
+            down(spec, quiet=True)
+            raise EnvironmentProblem(f"the cluster JVM exited ({proc.returncode}) before it was up: "
+                                     f"{_failure_line(spec.log_file)}; full log: {spec.log_file}")
+        if time.monotonic() > deadline:
+            down(spec, quiet=True)
+            raise EnvironmentProblem(f"the cluster did not come up within {spec.start_timeout:.0f}s (NameNode out "
+                                     f"of safe mode, {spec.nodemanagers} NodeManagers registered); it was stopped; "
+                                     f"log: {spec.log_file}")
+        time.sleep(0.5)
+
+
+def _failure_line(log_file: str) -> str:
+    try:
+        with open(log_file, errors="replace") as fh:
+            lines = [ln.strip() for ln in fh if ln.strip()]
+    except OSError:
+        return "no log"
+    failed = [ln for ln in lines if ln.startswith("hvdtrain-minicluster: failed:")]
+    return (failed or lines or ["no output"])[-1][:400]
+
+
+def _write_wrappers(spec: ClusterSpec, java: str, classpath: str) -> None:
+    os.makedirs(spec.bin_dir, exist_ok=True)
+    for tool, clis in (("yarn", YARN_CLIS), ("hdfs", HDFS_CLIS)):
+        path = os.path.join(spec.bin_dir, tool)
+        with open(path, "w") as fh:
+            fh.write(wrapper_script(java, classpath, spec.conf_dir, clis, tool, spec.krb5_conf if spec.secure else None))
+        os.chmod(path, 0o755)
+
+
+def down(spec: ClusterSpec, grace: float = 60.0, quiet: bool = False, out: TextIO = sys.stdout) -> bool:
+    """Stop the cluster JVM (SIGTERM: its shutdown hook stops YARN and HDFS; SIGKILL after ``grace``);
+    returns whether one was running."""
+    pid = _read_pid(spec)
+    if pid is not None:
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _is_launcher(pid) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        if _is_launcher(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _is_launcher(pid):
+                time.sleep(0.1)
+    owned = _home_ledger(spec.home) if os.path.isdir(spec.home) else None
+    for path in (spec.pid_file, spec.ready_file):  # only files hvdtrain's ledger says it writes there
+        if owned is not None and owned.owns(os.path.basename(path)) and os.path.exists(path):
+            os.unlink(path)
+    if not quiet:
+        print(f"hvdtrain cluster: {'stopped' if pid else 'not running'} ({spec.home})", file=out)
+    return pid is not None
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the JVM leads its own session (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- presentation --------------------------------------------------------------------------------
+
+def describe(details: dict) -> str:
+    """What a user needs to reach the cluster (pure)."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in client_env(details).items())
+    lines = [f"  HDFS           {details['fs_default']}",
+             f"  NameNode UI    {details['namenode_web']}  (WebHDFS: {details['namenode_web']}/webhdfs/v1/)",
+             f"  ResourceManager UI  {details['resourcemanager_web']}",
+             f"  NodeManagers   {details['nodemanagers']}",
+             f"  log            {details['log']}"]
+    if "kdc" in details:
+        lines += [f"  Kerberos       realm {details['realm']}, KDC {details['kdc']}",
+                  f"  submit with    --principal {details['principal']} --keytab {details['keytab']}"]
+    return "\n".join([*lines, "use it from this shell:", f"  export {exports} PATH={details['bin']}:$PATH"])
+
+
+def main(action: str, spec: ClusterSpec, as_json: bool = False, out: TextIO = sys.stdout) -> int:
+    """``hvdtrain cluster ACTION``; errors are raised as :class:`EnvironmentProblem` for the CLI to print."""
+    if action == "down":
+        down(spec, out=out)
+        return 0
+    if action == "fetch":
+        version, classpath = prepare()
+        print(f"hvdtrain cluster: Hadoop {version} jars and launcher ready in {os.path.dirname(classpath.split(':')[0])}",
+              file=out)
+        return 0
+    details = up(spec, out=sys.stderr if as_json else out) if action == "up" else status(spec)
+    if details is None:
+        print(json.dumps({"running": False, "home": spec.home}) if as_json
+              else f"hvdtrain cluster: not running ({spec.home}); start it with `hvdtrain cluster up`", file=out)
+        return 1
+    print(json.dumps({"running": True, **details}, indent=2) if as_json else describe(details), file=out)
+    return 0

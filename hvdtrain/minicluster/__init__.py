@@ -1,1 +1,0 @@
-"""A one-machine Hadoop (HDFS + YARN) from Apache Hadoop's own minicluster: see :mod:`hvdtrain.minicluster.cluster`."""
