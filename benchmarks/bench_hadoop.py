@@ -33,7 +33,7 @@ JVM_BOUND_MB = 3072.0
 
 def run(quick: bool, extra: dict) -> list[Entry]:
     home = tempfile.mkdtemp(prefix="bench-hadoop-")
-    spec = cluster.ClusterSpec(home=home, start_timeout=600)
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, owner_pid=os.getpid())
     saved = os.environ.get("HADOOP_CONF_DIR")
     try:
         details = cluster.up(spec)

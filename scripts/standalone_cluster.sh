@@ -2,8 +2,9 @@
 # A Spark standalone cluster on one machine, from the pip-installed pyspark: a master and
 # two workers that look like two hosts.
 #
-#   scripts/standalone_cluster.sh start DIR [PYTHON]  # prints the master URL, spark://127.0.0.1:PORT
+#   scripts/standalone_cluster.sh start DIR [PYTHON [OWNER_PID]]  # prints the master URL, spark://127.0.0.1:PORT
 #   scripts/standalone_cluster.sh stop DIR
+#   scripts/standalone_cluster.sh watch OWNER_PID DIR  # stop DIR's daemons once OWNER_PID is gone
 #
 # start: the master listens on 127.0.0.1; worker host-a on 127.0.0.2 and worker host-b on
 # 127.0.0.3, each started inside its own UTS and mount namespaces (`unshare --uts --mount`, needs
@@ -16,6 +17,8 @@
 # interpreter whose pyspark runs the cluster. DIR/master_url holds the URL, DIR/*.pid the
 # daemons' pids, DIR/*.log their logs.
 # stop: kills the daemons whose pids are in DIR (their executors go with the workers).
+# OWNER_PID (a test session): a detached watcher stops the daemons once that process is gone, however it ended
+# (a SIGKILL included), so no JVM outlives it; stop ends the watcher too.
 # Requires Java 17 on PATH, like any pyspark 4 use.
 set -euo pipefail
 
@@ -81,7 +84,18 @@ start() {
     wait_for "$DIR/$host.log" "Successfully registered with master" "worker $host"
   done
   echo "$url" > "$DIR/master_url"
+  if [ -n "${3:-}" ]; then
+    setsid bash "$0" watch "$3" "$DIR" </dev/null >/dev/null 2>&1 &
+    echo $! > "$DIR/watch.pid"
+  fi
   echo "$url"
+}
+
+watch() {
+  local owner=$1 dir=$2
+  while kill -0 "$owner" 2>/dev/null; do sleep 1; done
+  rm -f "$dir/watch.pid"
+  stop "$dir"
 }
 
 stop() {
@@ -92,10 +106,15 @@ stop() {
     kill -- -"$(cat "$dir/$name.pid")" 2>/dev/null || true
     rm -f "$dir/$name.pid"
   done
+  if [ -s "$dir/watch.pid" ]; then
+    kill -- -"$(cat "$dir/watch.pid")" 2>/dev/null || true
+    rm -f "$dir/watch.pid"
+  fi
 }
 
 case "${1:-}" in
-  start) [ $# -ge 2 ] || die "usage: $0 start DIR [PYTHON]"; start "$2" "${3:-}" ;;
+  start) [ $# -ge 2 ] || die "usage: $0 start DIR [PYTHON [OWNER_PID]]"; start "$2" "${3:-}" "${4:-}" ;;
   stop) [ $# -ge 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
-  *) die "usage: $0 start DIR [PYTHON] | stop DIR" ;;
+  watch) [ $# -ge 3 ] || die "usage: $0 watch OWNER_PID DIR"; watch "$2" "$3" ;;
+  *) die "usage: $0 start DIR [PYTHON [OWNER_PID]] | stop DIR | watch OWNER_PID DIR" ;;
 esac

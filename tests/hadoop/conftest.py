@@ -1,4 +1,7 @@
-"""The ``hadoop`` tier's cluster: one real one-machine Hadoop per test session, always stopped at the end.
+"""The ``hadoop`` tier's cluster: one real one-machine Hadoop for the tier, stopped when the tier ends.
+
+The cluster lives as long as this package's tests (``scope="package"``): the later tiers run without its JVM.
+It is owned by the pytest process (``ClusterSpec.owner_pid``), so a killed pytest leaves no JVM behind either.
 
 ``hvdtrain cluster`` (hvdtrain/hadoop/minicluster) starts Apache Hadoop's MiniDFSCluster and MiniYARNCluster in one
 JVM (Maven fetches the jars on first use). Each test that uses the cluster runs with HADOOP_CONF_DIR set to the
@@ -25,12 +28,12 @@ from yarn.packaging import PACK_CACHE_ENV
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
     # Container logs are not kept past their application: the cluster (home and all) is deleted at the end,
     # and a NodeManager holding finished applications' logs takes 16 s to stop.
-    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0)
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0, owner_pid=os.getpid())
     # The pack cache: the venv is packed once per environment, not once per session (HDFS starts empty).
     pack_cache = os.environ.get(PACK_CACHE_ENV) or os.path.join(cluster.cache_root(), "env-archives")
     prepack = _start_prepack(pack_cache)
@@ -118,7 +121,7 @@ def _cluster_env_per_test(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hdfs_root(hadoop_cluster: dict) -> str:
     """A folder on the cluster's HDFS for this session's data."""
     return f"{hadoop_cluster['fs_default']}/user/hvdtrain-test"

@@ -37,13 +37,13 @@ TICKET_SECONDS, RENEW_SECONDS = 80, 60
 
 @pytest.fixture(scope="module")
 def secure_cluster(hadoop_cluster: dict) -> Iterator[dict]:
-    """A second, Kerberos, cluster (the session's plain one stays up meanwhile; it is idle). One NodeManager: the
+    """A second, Kerberos, cluster (the tier's plain one stays up meanwhile; it is idle). One NodeManager: the
     application master and both executors (one core each) fit on it, so the env archive is localized once (two
     NodeManagers are the plain cluster's test)."""
     packed_env(hadoop_cluster)  # its job uploads the session's archive
     home = tempfile.mkdtemp(prefix="hvdtrain-kerberos-")
-    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0, secure=True, nodemanagers=1,
-                               ticket_seconds=TICKET_SECONDS, token_renew_seconds=RENEW_SECONDS,
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0, owner_pid=os.getpid(),
+                               secure=True, nodemanagers=1, ticket_seconds=TICKET_SECONDS, token_renew_seconds=RENEW_SECONDS,
                                token_max_seconds=1800)
     try:
         details = cluster.up(spec)

@@ -1,6 +1,10 @@
-"""The standalone tier's cluster: one Spark standalone cluster (scripts/standalone_cluster.sh) per session."""
+"""The standalone tier's cluster: one Spark standalone cluster (scripts/standalone_cluster.sh) for the tier.
+
+It lives as long as this package's tests (``scope="package"``) and is owned by the pytest process: the script's
+watcher stops its daemons if pytest is killed, so no JVM outlives the run."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -53,14 +57,14 @@ def cannot_create_namespaces() -> str:
     return ""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def standalone_cluster() -> Iterator[StandaloneCluster]:
     reason = cannot_create_namespaces()
     if reason:
         pytest.skip(reason)
     folder = Path(tempfile.mkdtemp(prefix="hvdtrain-standalone-"))
     try:
-        proc = subprocess.run(["bash", str(SCRIPT), "start", str(folder), sys.executable], capture_output=True,
+        proc = subprocess.run(["bash", str(SCRIPT), "start", str(folder), sys.executable, str(os.getpid())], capture_output=True,
                               text=True, timeout=300)
         if proc.returncode != 0:
             pytest.fail(f"{SCRIPT} start failed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")

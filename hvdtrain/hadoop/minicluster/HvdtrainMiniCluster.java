@@ -72,6 +72,7 @@ public final class HvdtrainMiniCluster {
       String[] kv = args[i].split("=", 2);
       conf.set(kv[0], kv[1]);
     }
+    watchOwner(conf.getLong(OWNER_PID, -1));
     MiniKdc kdc = conf.get(KDC + "dir") == null ? null : startKdc(conf);
     MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
         .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
@@ -118,6 +119,30 @@ public final class HvdtrainMiniCluster {
   }
 
   private static final String KDC = "hvdtrain.kdc.";
+  private static final String OWNER_PID = "hvdtrain.owner-pid";
+
+  /**
+   * With an owner (hvdtrain.owner-pid, a throwaway cluster's test session): once that process is gone, however it
+   * ended (a SIGKILL included), exit; the shutdown hook then stops YARN and HDFS. Checked every second.
+   */
+  private static void watchOwner(long pid) {
+    if (pid <= 0) {
+      return;
+    }
+    Thread watch = new Thread(() -> {
+      while (ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false)) {
+        try {
+          Thread.sleep(1000);
+        } catch (InterruptedException e) {
+          return;
+        }
+      }
+      System.err.println("hvdtrain-minicluster: owner process " + pid + " is gone; stopping");
+      System.exit(0);
+    }, "hvdtrain-owner-watch");
+    watch.setDaemon(true);
+    watch.start();
+  }
 
   /**
    * Starts the KDC (bound to hvdtrain.kdc.host, tickets of at most hvdtrain.kdc.ticket-seconds), copies the

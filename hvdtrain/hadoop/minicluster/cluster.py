@@ -121,6 +121,9 @@ class ClusterSpec:
     ticket_seconds: int = 36000  # the KDC's longest ticket (MIT's usual 10 hours)
     token_renew_seconds: int = 86400  # HDFS/YARN delegation tokens: renewal interval and longest life (Hadoop's)
     token_max_seconds: int = 604800
+    # A throwaway cluster's owner (a test session, a benchmark): the cluster JVM stops its daemons and exits once
+    # that process is gone, killed or not. None: the cluster runs until ``down`` (``hvdtrain cluster up``).
+    owner_pid: Optional[int] = None
 
     @property
     def conf_dir(self) -> str:
@@ -242,6 +245,10 @@ def pyspark_hadoop_version() -> str:
     return version
 
 
+# Read by the launcher only (never written to the *-site.xml files): the process whose end stops the cluster.
+OWNER_PID = "hvdtrain.owner-pid"
+
+
 def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
     """Every Hadoop setting the launcher is given (pure): loopback addresses, NodeManager size, one queue."""
     rm = {"address": ports.resourcemanager, "scheduler.address": ports.scheduler,
@@ -252,6 +259,7 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            **{f"yarn.resourcemanager.{k}": f"{LOOPBACK}:{p}" for k, p in rm.items()},
            **{f"yarn.nodemanager.{k}": f"{LOOPBACK}:0" for k in ("address", "localizer.address", "webapp.address")},
            "yarn.nodemanager.hostname": LOOPBACK,
+           **({OWNER_PID: str(spec.owner_pid)} if spec.owner_pid else {}),
            "yarn.nodemanager.resource.memory-mb": str(spec.nm_memory_mb),
            "yarn.minicluster.yarn.nodemanager.resource.memory-mb": str(spec.nm_memory_mb),
            "yarn.nodemanager.resource.cpu-vcores": str(spec.nm_vcores),
