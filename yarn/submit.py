@@ -54,12 +54,12 @@ from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
 from hvdtrain.core.config import JobConfig
 from hvdtrain.core.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
-from hvdtrain.hadoop import envcheck, fs, hadoop_conf, hadoop_tokens
+from hvdtrain.hadoop import envcheck, fs, hadoop_conf, hadoop_tokens, resourcemanager
 from hvdtrain.hadoop.envcheck import HorovodBuild
 from hvdtrain.observe import console
 from hvdtrain.runtime import startup
 from hvdtrain.runtime.launch import LAUNCHER_RECORD, spark_malloc_env
-from yarn import packaging
+from yarn import packaging, resources
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER_SCRIPT = os.path.join(HERE, "driver.py")
@@ -722,6 +722,7 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
                                  "HADOOP_CONF_DIR=/etc/hadoop/conf (see `hvdtrain env check`)")
     if args.master == "yarn" and not args.dry_run:
         kerberos_login(deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR"), cfg.yarn)
+        check_fits(cfg, args.master, kind, deps.env.get("HADOOP_CONF_DIR") or deps.env.get("YARN_CONF_DIR"))
     staging = (os.path.join(tempfile.gettempdir(), f"hvdtrain-{kind}-{cfg.name}") if args.dry_run
                else tempfile.mkdtemp(prefix=f"hvdtrain-{kind}-{cfg.name}-"))
     try:
@@ -750,6 +751,28 @@ def kerberos_login(conf_dir: Optional[str], y: Any) -> None:
     problem = hadoop_tokens.ticket_problem()
     if problem:
         raise hadoop_tokens.no_ticket(problem, f"{conf_dir}/core-site.xml")
+
+
+# Jobs whose ranks all start together (one Horovod ring): the queue must hold every executor at once.
+GANG_JOBS = ("submit", "run")
+
+
+def check_fits(cfg: JobConfig, master: str, kind: str, conf_dir: Optional[str],
+               read: Callable[..., tuple[Optional[resourcemanager.Limits], str]] = resourcemanager.read_limits) -> None:
+    """The job's containers against its queue's limits (:mod:`yarn.resources`), before anything is packed or
+    submitted: one line naming the setting, the request, the limit and the fix; an unknown queue names the
+    queues there are. When the ResourceManager's limits cannot be read, a note, and YARN checks the request."""
+    if not conf_dir:
+        return
+    limits, why = read(hadoop_conf.load(conf_dir), cfg.yarn.queue)
+    if limits is None:
+        print(f"hvdtrain: note: could not read the queue's limits ({why}); YARN checks the request itself",
+              file=sys.stderr)
+        return
+    gang = kind in GANG_JOBS
+    el = cfg.train.elastic
+    executors = (el.max_ranks if el else cfg.yarn.num_workers) if gang else 1
+    resources.check(cfg.yarn, deploy_mode_for(cfg, master), executors, gang, limits)
 
 
 def check_resourcemanager(conf_dir: Optional[str],

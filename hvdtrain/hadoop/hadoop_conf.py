@@ -81,3 +81,23 @@ def resourcemanager_address(props: Mapping[str, str]) -> Optional[str]:
     if address is None and "yarn.resourcemanager.hostname" in props:
         address = f"{props['yarn.resourcemanager.hostname']}:8032"
     return address
+
+
+def resourcemanager_web_urls(props: Mapping[str, str]) -> list[str]:
+    """The ResourceManager's web-service base URLs (pure): ``http(s)://host:port``, one per ResourceManager of
+    an HA pair (the standby redirects to the active one), honouring ``yarn.http.policy=HTTPS_ONLY``; [] with
+    no yarn-site."""
+    https = props.get("yarn.http.policy", "HTTP_ONLY").upper() == "HTTPS_ONLY"
+    key, port = ("yarn.resourcemanager.webapp.https.address", 8090) if https else \
+        ("yarn.resourcemanager.webapp.address", 8088)
+    ids = [""]
+    if props.get("yarn.resourcemanager.ha.enabled", "false").lower() == "true":
+        ids = [f".{rm.strip()}" for rm in props.get("yarn.resourcemanager.ha.rm-ids", "").split(",") if rm.strip()]
+    out = []
+    for rm in ids:
+        address = props.get(f"{key}{rm}")
+        if address is None and f"yarn.resourcemanager.hostname{rm}" in props:
+            address = f"{props[f'yarn.resourcemanager.hostname{rm}']}:{port}"
+        if address:
+            out.append(f"{'https' if https else 'http'}://{address}")
+    return out

@@ -28,6 +28,7 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def test_cluster_is_up_on_loopback_with_two_nodemanagers(hadoop_cluster: dict) -
     assert status["hadoop_version"] == "3.4.1" and status["pid"] == hadoop_cluster["pid"]
     again = subprocess.run([*cli, "up"], capture_output=True, text=True, env=env)  # up twice is harmless
     assert again.returncode == 0 and f"already running (pid {status['pid']})" in again.stdout
+    # ... and what a job may ask for there (test_requests_that_cannot_fit_... runs the docs' commands with it)
+    assert "settings that fit its containers: yarn.executor_memory=1g yarn.executor_cores=1" in again.stdout
     fetch = subprocess.run([*cli, "fetch"], capture_output=True, text=True, env=env)  # what make env runs: cached
     assert fetch.returncode == 0 and "hvdtrain cluster: Hadoop 3.4.1 jars and launcher ready in" in fetch.stdout, \
         fetch.stdout + fetch.stderr
@@ -181,37 +184,49 @@ def test_unreachable_resourcemanager_fails_fast_naming_it(hadoop_cluster: dict, 
     assert elapsed < 30, f"took {elapsed:.0f}s"
 
 
-def test_oversized_memory_request_fails_within_a_minute_with_the_reason(hadoop_cluster: dict, hdfs_root: str,
-                                                                       tmp_path: Path, tiny_archive: str) -> None:
-    job = write_job(tmp_path, "huge", "hdfs:///none", f"{hdfs_root}/huge",
-                    yarn=yarn_block(hdfs_root, env_archive=tiny_archive, executor_memory="16g"))
-    code, stdout, stderr, after_submit = run_timing_spark_submit(submit_command(job, "--num-workers", "2"), 300)
-    assert code != 0
-    assert "is above the max threshold (4096 MB) of this cluster" in stderr, stderr[-3000:]
-    assert "spark-submit failed" in stderr.strip().splitlines()[-1]
-    # The target is a minute; on a 2-core host at load 25-30 spark-submit's own JVM took 100 s to get there. The
-    # bound tells "refused by the ResourceManager" from "waited for containers" (yarn.start_timeout=600 s).
-    print(f"oversized request refused {after_submit:.0f}s after spark-submit started")
-    assert after_submit < 240, f"spark-submit took {after_submit:.0f}s to fail"
+def _applications(hadoop_cluster: dict) -> int:
+    """How many applications the ResourceManager has ever accepted."""
+    with urllib.request.urlopen(f"{hadoop_cluster['resourcemanager_web']}/ws/v1/cluster/apps", timeout=30) as r:
+        apps = (json.loads(r.read()).get("apps") or {}).get("app") or []
+    return len(apps)
 
 
-def run_timing_spark_submit(cmd: list[str], timeout: float) -> tuple[int, str, str, float]:
-    """Run the launcher; also return the seconds from its spark-submit (the ``$ ...`` line it echoes) to its exit.
-    What comes before (the Horovod probe imports TensorFlow) depends on the host's load, not on the cluster."""
-    with subprocess.Popen(cmd, cwd=REPO, env=submit_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        err: list[str] = []
-        reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-        reader.start()
-        lines, submitted = [], None
-        for line in proc.stdout:
-            lines.append(line)
-            if submitted is None and line.startswith("$ "):
-                submitted = time.monotonic()
-        code = proc.wait(timeout=timeout)
-        reader.join(timeout=10)
-    assert submitted is not None, "".join(lines)[-2000:] + "".join(err)[-2000:]
-    return code, "".join(lines), "".join(err), time.monotonic() - submitted
+def _hvdtrain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvdtrain.cli", *args, f"workdir={tmp_path}"], cwd=REPO,
+                          env=submit_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_submitted(hadoop_cluster: dict,
+                                                                                      tmp_path: Path) -> None:
+    """docs/hadoop.md's own command on the demo config's defaults (8 GB, 4-core executors), an unknown queue and
+    a ring the queue can never hold at once: each refused with one line from the ResourceManager's limits
+    (4096 MB and 3 vcores per container, 8192 MB and 6 vcores in all), before the env is packed; the
+    ResourceManager never sees an application. (spark-submit used to refuse the first with a Java stack trace,
+    and accept the 4-core request for the ResourceManager to FAIL it.)"""
+    before = _applications(hadoop_cluster)
+    docs = ["yarn", "etl", "configs/demo.yaml", "--master", "yarn", "--create-sample-table",
+            "etl.output=hdfs:///user/hvdtrain-test/docs-demo"]
+    fitting = [f"yarn.{k}={v}" for k, v in cluster.FITTING_YARN.items()]  # what `hvdtrain cluster up` prints
+    cases = {
+        "demo defaults": (docs, "hvdtrain: error: yarn.executor_memory does not fit: each executor container asks "
+                                "YARN for 8,192 MB + 819 MB overhead = 9,011 MB, and queue root.default"),
+        "4 cores": ([*docs, "yarn.executor_memory=1g"], "hvdtrain: error: yarn.executor_cores does not fit: each "
+                                                        "executor container asks YARN for 4 vcores"),
+        "unknown queue": ([*docs, *fitting, "yarn.queue=ml"], "hvdtrain: error: yarn.queue names no queue of the "
+                                                               "ResourceManager at"),
+        "ring": (["yarn", "submit", "configs/demo.yaml", "--master", "yarn", "--num-workers", "5", *fitting],
+                 "hvdtrain: error: yarn.num_workers can never run at once: 5 executors"),
+    }
+    errors = {}
+    for name, (args, expected) in cases.items():
+        proc = _hvdtrain(tmp_path, *args)
+        errors[name] = last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and last.startswith(expected), f"{name}: {proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr and "env archive" not in proc.stderr + proc.stdout, name
+        assert not any(line.startswith("$ ") for line in proc.stdout.splitlines()), name  # spark-submit never ran
+    assert "grants at most 4,096 MB per container; set yarn.executor_memory=3712m or less" in errors["demo defaults"]
+    assert "(its queues: root.default)" in errors["unknown queue"]
+    assert _applications(hadoop_cluster) == before
 
 
 # -- YARN jobs end to end ------------------------------------------------------------------------------

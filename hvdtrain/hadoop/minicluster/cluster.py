@@ -225,12 +225,17 @@ def pyspark_jars_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "jars")
 
 
+# What fits the default NodeManagers (4 GB, 3 vcores each) with an application master and two executors beside it:
+# `up` prints these for `hvdtrain yarn ...` (a larger request is refused before submission, in one line).
+FITTING_YARN: dict[str, Any] = {"executor_memory": "1g", "executor_cores": 1}
+
+
 def yarn_settings(env_cache: str, jars_dir: str, **extra: Any) -> dict[str, Any]:
     """A job config's ``yarn:`` block that fits this cluster (pure): one core and a 1 GB heap per executor (an
     application master and two executors fit two NodeManagers), the env cache (a folder on its HDFS),
     everything bound to loopback, and Spark's jars from this host (``local:``, as on a cluster with Spark on
     every node)."""
-    return {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g", "start_timeout": 600,
+    return {**FITTING_YARN, "driver_memory": "1g", "start_timeout": 600,
             "env_cache": env_cache, "env": {"SPARK_LOCAL_IP": "127.0.0.1"},
             "spark_conf": {"spark.yarn.jars": f"local:{jars_dir}/*", "spark.yarn.am.memory": "512m",
                            "spark.yarn.appMasterEnv.SPARK_LOCAL_IP": "127.0.0.1"}, **extra}
@@ -616,7 +621,9 @@ def describe(details: dict) -> str:
     if "kdc" in details:
         lines += [f"  Kerberos       realm {details['realm']}, KDC {details['kdc']}",
                   f"  submit with    --principal {details['principal']} --keytab {details['keytab']}"]
-    return "\n".join([*lines, "use it from this shell:", f"  export {exports} PATH={details['bin']}:$PATH"])
+    fitting = " ".join(f"yarn.{k}={v}" for k, v in FITTING_YARN.items())
+    return "\n".join([*lines, "use it from this shell:", f"  export {exports} PATH={details['bin']}:$PATH",
+                      f"and give hvdtrain yarn etl/submit/score/run settings that fit its containers: {fitting}"])
 
 
 def main(action: str, spec: ClusterSpec, as_json: bool = False, out: TextIO = sys.stdout) -> int:
