@@ -1,5 +1,6 @@
 # make demo   create the environment if missing, run the main job on embedded defaults
 # make test   create the environment if missing, run every test tier
+# make test-quick  the inner loop: unit tests and the core Spark ETL tests, leaving out those marked slow (< 5 min)
 # make lint   ruff (lint + import order) and mypy on hvdtrain, etl, yarn (config in pyproject.toml)
 # make bench  benchmarks (ratios against in-run baselines)
 # make bench-gpu  GPU benchmarks (NCCL, mixed precision, scaling); stops with one line without a GPU
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.hvdtrain-env
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-m 'not e2e'"
 PYTEST_ARGS ?=
 
-.PHONY: env demo lint test bench bench-gpu clean check-build
+.PHONY: env demo lint test test-quick bench bench-gpu clean check-build
 env: $(STAMP)
 
 $(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
@@ -26,6 +27,9 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-quick: $(STAMP)
+	$(PY) -m pytest tests/unit tests/spark/test_etl_spark.py -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

@@ -107,7 +107,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Where the suite's time goes, by tier folder (setup + call + teardown): the suite's budget is 20 minutes."""
+    """Where the suite's time goes, by tier folder (setup + call + teardown): the suite's budget is 30 minutes."""
     if _TIER_SECONDS:
         tiers = sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1])
         terminalreporter.write_line("time by tier: " + ", ".join(f"{t} {s:.0f}s" for t, s in tiers)

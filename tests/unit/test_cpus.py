@@ -61,6 +61,7 @@ print("POOLS", threads, tf.config.threading.get_intra_op_parallelism_threads(),
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
 def test_training_sizes_tensorflows_pools_from_the_affinity_mask() -> None:
     """Under `taskset -c 0` a rank sees one CPU, whatever os.cpu_count() says."""

@@ -85,6 +85,7 @@ def test_cli_a_builder_path_that_does_not_import_is_exit_2_before_any_rank(tabul
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_a_builder_returning_a_non_model_is_exit_2(tabular, tmp_path) -> None:
     code = tmp_path / "code"
     code.mkdir()

@@ -155,6 +155,7 @@ def test_where_rename_cannot_replace_a_reader_takes_the_complete_next_manifest(t
         etl_job.check_output(config.from_dict({"source": {"table": "a.b"}, "etl": {"output": str(out)}}))
 
 
+@pytest.mark.slow
 def test_webhdfs_publish_failing_midway_leaves_the_old_dataset_whole(server, tmp_path, no_backoff):
     out = server.uri("/warehouse/ds")
     publish_dataset(out, "A", tmp_path)
@@ -170,6 +171,7 @@ def test_webhdfs_publish_failing_midway_leaves_the_old_dataset_whole(server, tmp
                                "tokenizer.json", "train", "validation", "vocab.txt"]  # A's files, no v-B
 
 
+@pytest.mark.slow
 def test_webhdfs_renames_whose_answers_are_lost_count_as_done(server, tmp_path, caplog):
     out = server.uri("/warehouse/ds")
     publish_dataset(out, "A", tmp_path)

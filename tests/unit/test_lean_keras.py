@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
@@ -21,6 +23,7 @@ print(json.dumps({"loaded_with_keras": skipped, "keras_layers": hasattr(keras.la
 """
 
 
+@pytest.mark.slow
 def test_a_rank_imports_keras_without_pyplot_and_sklearn_yet_can_import_them_later() -> None:
     proc = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})

@@ -95,6 +95,7 @@ def test_periodic_needs_no_edges_and_ple_without_them_is_refused_in_one_line() -
         build_model(ModelConfig(kind="mlp", numeric_embedding="ple"), no_edges)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("embedding", ["ple", "periodic"])
 def test_a_model_with_numeric_embeddings_saves_and_loads_with_plain_keras(tmp_path, embedding) -> None:
     from hvdtrain.model.models import build_model

@@ -70,6 +70,7 @@ def _train(tmp: Path, name: str, tracking: dict[str, Any], timeout: float = 180)
     return proc, json.loads(proc.stdout), seconds
 
 
+@pytest.mark.slow
 def test_run_metrics_and_registered_model_reach_a_real_server(tmp_path: Path, mlflow_server: str) -> None:
     from mlflow import MlflowClient, artifacts
 
@@ -104,6 +105,7 @@ def test_run_metrics_and_registered_model_reach_a_real_server(tmp_path: Path, ml
     assert [v.run_id for v in versions] == [result["run_id"]]
 
 
+@pytest.mark.slow
 def test_a_tracking_outage_warns_and_training_finishes(tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     proc, result, seconds = _train(tmp_path, "outage", {"uri": closed, "log_every_steps": 1})
@@ -114,6 +116,7 @@ def test_a_tracking_outage_warns_and_training_finishes(tmp_path: Path) -> None:
     assert seconds < 120, seconds
 
 
+@pytest.mark.slow
 def test_a_server_restart_mid_run_loses_no_per_epoch_metric(tmp_path: Path) -> None:
     """The real server is stopped after epoch 1 and restarted on the same port and store once the run says it
     is buffering: the run keeps what it could not send, flushes it when the server is back, and misses nothing."""
