@@ -40,6 +40,7 @@ from hvdtrain.observe import console, tensorboard, timeline
 from hvdtrain.runtime import elastic_plan, startup, supervise
 from hvdtrain.runtime.launch import (
     child_env,
+    discovery_script,
     etl_command,
     horovod_command,
     horovodrun,
@@ -170,7 +171,7 @@ def _launch_command(cfg: config_mod.JobConfig, config_path: str, overrides: Sequ
         if script is None:
             script = os.path.join(folder, "discover.sh")
             with open(script, "w") as fh:
-                fh.write(elastic_plan.discovery_script(f"localhost:{el.max_ranks}"))
+                fh.write(discovery_script(f"localhost:{el.max_ranks}"))
             os.chmod(script, 0o755)
         yield elastic_plan.horovodrun_command(horovodrun(), config_path, overrides, el, np, script,
                                               cfg.fault.start_timeout)

@@ -8,6 +8,7 @@ import sys
 from typing import Sequence
 
 from hvdtrain.core.config import ElasticConfig
+from hvdtrain.runtime.launch import RANK_ENV
 
 
 def virtual_ranks(rank: int, size: int, virtual: int) -> list[int]:
@@ -22,19 +23,15 @@ def gradient_scale(size: int, virtual: int) -> float:
     return size / virtual
 
 
-def discovery_script(hosts: str) -> str:
-    """A host discovery script that prints ``hosts`` (``h1:2,h2:2``), one ``host:slots`` a line."""
-    return "#!/bin/sh\n" + "".join(f"echo {h}\n" for h in hosts.split(","))
-
-
 def horovodrun_command(horovodrun: str, config_path: str, overrides: Sequence[str], elastic: ElasticConfig,
                        np_: int, discovery: str, start_timeout: int) -> list[str]:
-    """The elastic launch: ``np_`` ranks to start, between min_ranks and max_ranks, hosts from ``discovery``."""
+    """The elastic launch: ``np_`` ranks to start, between min_ranks and max_ranks, hosts from ``discovery``; each
+    rank starts through :data:`~hvdtrain.runtime.launch.RANK_ENV`, which puts back the secrets kept off its command
+    line (:func:`~hvdtrain.runtime.launch.sealed_env`)."""
     low, high = elastic.blacklist_cooldown
     return [horovodrun, "-np", str(np_), "--min-np", str(elastic.min_ranks), "--max-np", str(elastic.max_ranks),
             "--host-discovery-script", discovery, "--blacklist-cooldown-range", str(low), str(high), "--gloo",
             # A rank joining after a reset starts a process (TensorFlow import, data plan) while the others wait
             # in the rendezvous: Gloo's default 30 s aborted the survivors on a loaded host.
             "--gloo-timeout-seconds", str(start_timeout), "--start-timeout", str(start_timeout),
-            sys.executable, "-m", "hvdtrain.training.elastic", config_path,
-            *overrides]
+            *RANK_ENV, sys.executable, "-m", "hvdtrain.training.elastic", config_path, *overrides]

@@ -6,6 +6,7 @@ Used by :mod:`hvdtrain.cli` and by :mod:`hvdtrain.tune`, whose trials are ordina
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from typing import Mapping, Optional, Sequence
@@ -99,14 +100,40 @@ RANK_ENV = (sys.executable, "-m", "hvdtrain.runtime.rank_env")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
+def discovery_script(hosts: str) -> str:
+    """A host discovery script that prints ``hosts`` (``h1:2,h2:2``), one ``host:slots`` a line."""
+    return "#!/bin/sh\n" + "".join(f"echo {h}\n" for h in hosts.split(","))
+
+
+def static_hosts(script: str) -> Optional[list[str]]:
+    """The hosts a script made by :func:`discovery_script` always prints; None for any other script (a user's
+    discovery may print any host at any time)."""
+    lines = script.splitlines()
+    if not lines or lines[0] != "#!/bin/sh":
+        return None
+    hosts = [re.fullmatch(r"echo ([\w.:-]+):\d+", line) for line in lines[1:]]
+    return [m.group(1) for m in hosts if m] if hosts and all(hosts) else None
+
+
 def sealed_env(cmd: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
     """The environment to start ``cmd`` with: for horovodrun on this host only, its secret variables sealed in a
     0600 file (:func:`hvdtrain.core.secrets.seal_env`; horovodrun writes a rank's environment into its command line).
-    Ranks on other hosts could not read that file, so there the environment goes as it is (docs/safety.md)."""
-    if len(cmd) < 2 or os.path.basename(cmd[0]) != "horovodrun" or "-H" not in cmd:
+    An elastic launch counts as on this host when its discovery script is one :func:`discovery_script` wrote for
+    this host only (a user's script may print any host at any time). Ranks on other hosts
+    could not read that file, so there the environment goes as it is (docs/safety.md)."""
+    if len(cmd) < 2 or os.path.basename(cmd[0]) != "horovodrun":
         return dict(env)
-    hosts = {h.rsplit(":", 1)[0] for h in cmd[cmd.index("-H") + 1].split(",")}
-    if not hosts <= {*LOCAL_HOSTS, socket.gethostname()}:
+    if "-H" in cmd:
+        hosts: Optional[list[str]] = [h.rsplit(":", 1)[0] for h in cmd[cmd.index("-H") + 1].split(",")]
+    elif "--host-discovery-script" in cmd:
+        try:
+            with open(cmd[cmd.index("--host-discovery-script") + 1], encoding="utf-8") as fh:
+                hosts = static_hosts(fh.read())
+        except (OSError, UnicodeDecodeError, IndexError):
+            hosts = None
+    else:
+        return dict(env)
+    if hosts is None or not set(hosts) <= {*LOCAL_HOSTS, socket.gethostname()}:
         return dict(env)
     return secrets.seal_env(env)
 

@@ -1,5 +1,6 @@
-"""A planted secret never leaks, end to end (#28 item 7): ETL, ``train --np 2``, ``tune`` (1 trial) and a YARN
-dry-run, run as a user runs them, against a real ``mlflow server`` whose URL carries the secret as its password.
+"""A planted secret never leaks, end to end (#28 item 7): ETL, ``train --np 2`` (fixed and elastic: #54 item 5),
+``tune`` (1 trial) and a YARN dry-run, run as a user runs them, against a real ``mlflow server`` whose URL carries
+the secret as its password.
 
 The secret sits in ``tracking.uri`` (a URL password, which every rank and trial needs to reach MLflow),
 ``spark.conf`` (``spark.hadoop.fs.s3a.secret.key``, ``spark.ssl.keyStorePassword``), ``yarn.env``
@@ -49,8 +50,9 @@ class CommandLines(threading.Thread):
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    if b"hvdtrain.training.train" in raw and "HOROVOD_RANK" in (environ := Path(f"/proc/{pid}/environ")
-                                                                        .read_bytes().decode(errors="replace")):
+                    rank = b"hvdtrain.training.train" in raw or b"hvdtrain.training.elastic" in raw
+                    if rank and "HOROVOD_RANK" in (environ := Path(f"/proc/{pid}/environ")
+                                                   .read_bytes().decode(errors="replace")):
                         if token in environ.encode():
                             self.ranks_with_token.add(pid)
                 except OSError:
@@ -104,6 +106,10 @@ def leak_run(tmp_path_factory):
     commands = {
         "etl": [str(HVDTRAIN), "etl", str(job)],
         "train": [str(HVDTRAIN), "train", str(job), "--np", "2"],
+        # elastic horovodrun (a discovery script, no -H) used to write every rank's environment into its command line
+        "train elastic": [str(HVDTRAIN), "train", str(job), "--np", "2", "name=leak_elastic",
+                          f"train.output={tmp / 'work' / 'runs' / 'leak_elastic'}", "train.elastic.min_ranks=1",
+                          "train.elastic.max_ranks=2", "train.validate_every_epoch=false"],
         "tune": [str(HVDTRAIN), "tune", str(job), "--space", str(space), "--trials", "1", "--np", "2",
                  "--parallel", "1"],
         "yarn dry-run": [str(HVDTRAIN), "yarn", "submit", str(job), "--num-workers", "2", "--dry-run"],
@@ -138,10 +144,11 @@ def test_no_command_line_carries_the_secret(leak_run):
     seen = leak_run["cmdlines"]
     # the watcher saw the processes that matter, so an empty finding means something
     assert any("horovodrun" in c for c in seen) and any("hvdtrain.training.train" in c for c in seen), sorted(seen)[:40]
+    assert any("--host-discovery-script" in c for c in seen) and any("hvdtrain.training.elastic" in c for c in seen)
     assert any("tune.trial=0" in c for c in seen), "no trial process was seen"
     assert any("SparkSubmit" in c or "pyspark" in c for c in seen), "no Spark process was seen"
-    # the environment's secret reached every rank (train: 2, the trial: 2) through the sealed file
-    assert len(leak_run["ranks_with_token"]) >= 4, leak_run["ranks_with_token"]
+    # the environment's secret reached every rank (train: 2, elastic train: 2, the trial: 2) through the sealed file
+    assert len(leak_run["ranks_with_token"]) >= 6, leak_run["ranks_with_token"]
     assert [c[max(0, c.index(SECRET) - 200):c.index(SECRET) + 40] for c in seen if SECRET in c] == []
 
 
@@ -167,5 +174,5 @@ def test_no_file_written_holds_the_secret_but_the_private_yarn_properties(leak_r
 
 def test_mlflow_params_and_tags_hold_no_secret_and_the_runs_reached_the_server(leak_run):
     runs = leak_run["runs"]
-    assert len(runs) >= 3  # the training run, the study's parent run and its trial
+    assert len(runs) >= 4  # the training runs (fixed, elastic), the study's parent run and its trial
     assert [(k, v) for run in runs for k, v in run.items() if SECRET in v] == []

@@ -6,7 +6,8 @@ import pytest
 from hvdtrain.core import config
 from hvdtrain.core.config import ElasticConfig
 from hvdtrain.core.errors import ConfigError
-from hvdtrain.runtime.elastic_plan import discovery_script, gradient_scale, horovodrun_command, virtual_ranks
+from hvdtrain.runtime.elastic_plan import gradient_scale, horovodrun_command, virtual_ranks
+from hvdtrain.runtime.launch import discovery_script
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])

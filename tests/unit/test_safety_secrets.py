@@ -140,6 +140,29 @@ def test_horovodrun_on_this_host_gets_the_secret_environment_sealed_and_each_ran
     assert launch.sealed_env(launch.horovod_command(["python", "t.py"], 1), env) == env
 
 
+def test_an_elastic_launch_on_this_host_is_sealed_too_and_its_ranks_start_through_rank_env(tmp_path):
+    """#54 item 5: elastic horovodrun (--host-discovery-script, no -H) wrote every rank's whole environment into
+    its command line. A discovery script hvdtrain wrote for this host seals it as -H localhost does; a user's
+    script, which may print any host at any time, and one naming another host do not."""
+    from hvdtrain.core.config import ElasticConfig
+    from hvdtrain.runtime import elastic_plan, launch
+
+    env = {"PATH": "/usr/bin", "MLFLOW_TRACKING_TOKEN": SECRET}
+    ours = tmp_path / "discover.sh"
+    ours.write_text(launch.discovery_script("localhost:2"))
+    cmd = elastic_plan.horovodrun_command("horovodrun", "job.yaml", [], ElasticConfig(min_ranks=1, max_ranks=2), 2,
+                                          str(ours), 60)
+    assert cmd[cmd.index("--start-timeout") + 2:][:3] == list(launch.RANK_ENV)  # each rank unseals first
+    sealed = launch.sealed_env(cmd, env)
+    assert SECRET not in repr(sealed) and secrets.SEALED_ENV in sealed
+    assert launch.static_hosts(launch.discovery_script("localhost:2,127.0.0.1:1")) == ["localhost", "127.0.0.1"]
+    for other in (launch.discovery_script("worker-7:2"), "#!/bin/sh\ncurl -s http://scheduler/hosts\n", ""):
+        ours.write_text(other)
+        assert launch.sealed_env(cmd, env) == env
+    ours.unlink()
+    assert launch.sealed_env(cmd, env) == env  # no script to read: as it is
+
+
 def test_a_rank_whose_sealed_file_is_gone_fails_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.runtime.rank_env", "true"], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO),
