@@ -28,7 +28,6 @@ import sys
 import tarfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -184,11 +183,15 @@ def test_unreachable_resourcemanager_fails_fast_naming_it(hadoop_cluster: dict, 
     assert elapsed < 30, f"took {elapsed:.0f}s"
 
 
-def _applications(hadoop_cluster: dict) -> int:
-    """How many applications the ResourceManager has ever accepted."""
-    with urllib.request.urlopen(f"{hadoop_cluster['resourcemanager_web']}/ws/v1/cluster/apps", timeout=30) as r:
-        apps = (json.loads(r.read()).get("apps") or {}).get("app") or []
-    return len(apps)
+def _applications() -> dict[str, tuple[str, str]]:
+    """Every application the ResourceManager has accepted: id -> (name, queue), from Hadoop's own CLI (the REST
+    API's /ws/v1/cluster/apps JSON is malformed in 3.4.1 once an application exists: applicationId's protobuf)."""
+    out = {}
+    for line in hadoop_cli("yarn", "application", "-list", "-appStates", "ALL").splitlines():
+        fields = [f.strip() for f in line.split("\t")]
+        if len(fields) > 4 and fields[0].startswith("application_"):
+            out[fields[0]] = (fields[1], fields[4])
+    return out
 
 
 def _hvdtrain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -203,7 +206,7 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
     (4096 MB and 3 vcores per container, 8192 MB and 6 vcores in all), before the env is packed; the
     ResourceManager never sees an application. (spark-submit used to refuse the first with a Java stack trace,
     and accept the 4-core request for the ResourceManager to FAIL it.)"""
-    before = _applications(hadoop_cluster)
+    before = _applications()
     docs = ["yarn", "etl", "configs/demo.yaml", "--master", "yarn", "--create-sample-table",
             "etl.output=hdfs:///user/hvdtrain-test/docs-demo"]
     fitting = [f"yarn.{k}={v}" for k, v in cluster.FITTING_YARN.items()]  # what `hvdtrain cluster up` prints
@@ -212,8 +215,8 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
                                 "YARN for 8,192 MB + 819 MB overhead = 9,011 MB, and queue root.default"),
         "4 cores": ([*docs, "yarn.executor_memory=1g"], "hvdtrain: error: yarn.executor_cores does not fit: each "
                                                         "executor container asks YARN for 4 vcores"),
-        "unknown queue": ([*docs, *fitting, "yarn.queue=ml"], "hvdtrain: error: yarn.queue names no queue of the "
-                                                               "ResourceManager at"),
+        "unknown queue": ([*docs, *fitting, "yarn.queue=etl"], "hvdtrain: error: yarn.queue names no queue of the "
+                                                                "ResourceManager at"),
         "ring": (["yarn", "submit", "configs/demo.yaml", "--master", "yarn", "--num-workers", "5", *fitting],
                  "hvdtrain: error: yarn.num_workers can never run at once: 5 executors"),
     }
@@ -225,8 +228,8 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
         assert "Traceback" not in proc.stderr and "env archive" not in proc.stderr + proc.stdout, name
         assert not any(line.startswith("$ ") for line in proc.stdout.splitlines()), name  # spark-submit never ran
     assert "grants at most 4,096 MB per container; set yarn.executor_memory=3712m or less" in errors["demo defaults"]
-    assert "(its queues: root.default)" in errors["unknown queue"]
-    assert _applications(hadoop_cluster) == before
+    assert "(its queues: root.default, root.ml)" in errors["unknown queue"]
+    assert _applications() == before
 
 
 # -- YARN jobs end to end ------------------------------------------------------------------------------
@@ -252,9 +255,10 @@ def etl_job(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="module")
 def hdfs_dataset(hadoop_cluster: dict, etl_job: Path) -> str:
     """``hvdtrain yarn etl --master yarn``: TFRecords published to hdfs:// (the publish rename done by the
-    NameNode). The first YARN job: it packs the env archive and uploads it to the env cache on HDFS."""
+    NameNode). The first YARN job: it packs the env archive and uploads it to the env cache on HDFS. It goes to
+    the cluster's second queue (yarn.queue=ml: spark-submit's --queue)."""
     cmd = [sys.executable, "-m", "hvdtrain.cli", "yarn", "etl", str(etl_job), "--master", "yarn",
-           "--create-sample-table", "--overwrite", "--num-executors", "2"]
+           "--create-sample-table", "--overwrite", "--num-executors", "2", "yarn.queue=ml"]
     packed_env(hadoop_cluster)
     with cluster_env(hadoop_cluster):
         proc = run_submit(cmd, timeout=1500)
@@ -264,6 +268,8 @@ def hdfs_dataset(hadoop_cluster: dict, etl_job: Path) -> str:
 
 @pytest.mark.timeout(1800)
 def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str) -> None:
+    queues = {queue for name, queue in _applications().values() if name == "hvdtrain-etl-clusteretl"}
+    assert queues and queues <= {"ml", "root.ml"}, _applications()  # it ran in the queue it asked for
     m = manifest.read(hdfs_dataset)
     assert sum(m.split(s).records for s in m.splits) == SAMPLE["rows"]
     assert all(len(m.split(s).shards) >= 2 for s in m.splits)

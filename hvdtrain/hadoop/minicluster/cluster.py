@@ -250,12 +250,14 @@ def pyspark_hadoop_version() -> str:
     return version
 
 
+QUEUES = ("default", "ml")  # the Capacity Scheduler's leaf queues (root.default, root.ml)
+
 # Read by the launcher only (never written to the *-site.xml files): the process whose end stops the cluster.
 OWNER_PID = "hvdtrain.owner-pid"
 
 
 def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
-    """Every Hadoop setting the launcher is given (pure): loopback addresses, NodeManager size, one queue."""
+    """Every Hadoop setting the launcher is given (pure): loopback addresses, NodeManager size, two queues."""
     rm = {"address": ports.resourcemanager, "scheduler.address": ports.scheduler,
           "resource-tracker.address": ports.resource_tracker, "admin.address": ports.rm_admin,
           "webapp.address": ports.resourcemanager_web}
@@ -276,10 +278,12 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            # relaunched after a lost container lands on the NodeManager that lost it.
            "yarn.scheduler.capacity.resource-calculator":
                "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator",
-           # No capacity-scheduler.xml ships in the jars: one queue with everything.
-           "yarn.scheduler.capacity.root.queues": "default",
-           "yarn.scheduler.capacity.root.default.capacity": "100",
-           "yarn.scheduler.capacity.root.default.maximum-capacity": "100",
+           # No capacity-scheduler.xml ships in the jars. Two queues, as a shared cluster has: default and ml, half
+           # the cluster each, and either may use all of it while the other is idle (one user too: a user-limit
+           # factor of 2 lets one user's job grow from the queue's half to the whole cluster).
+           "yarn.scheduler.capacity.root.queues": ",".join(QUEUES),
+           **{f"yarn.scheduler.capacity.root.{q}.{k}": v for q in QUEUES
+              for k, v in (("capacity", "50"), ("maximum-capacity", "100"), ("user-limit-factor", "2"))},
            "yarn.scheduler.capacity.maximum-am-resource-percent": "0.5",
            # A shared test host's disk may be fuller than YARN's 90 % default allows.
            "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.0",
