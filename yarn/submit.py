@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain.core import config as config_mod
-from hvdtrain.core import secrets
+from hvdtrain.core import redaction, secrets
 from hvdtrain.core.config import JobConfig
 from hvdtrain.core.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
 from hvdtrain.hadoop import envcheck, fs, hadoop_conf, hadoop_tokens, resourcemanager
@@ -766,8 +766,8 @@ def check_fits(cfg: JobConfig, master: str, kind: str, conf_dir: Optional[str],
         return
     limits, why = read(hadoop_conf.load(conf_dir), cfg.yarn.queue)
     if limits is None:
-        print(f"hvdtrain: note: could not read the queue's limits ({why}); YARN checks the request itself",
-              file=sys.stderr)
+        print(f"hvdtrain: note: could not read the queue's limits ({redaction.redact_text(why)}); YARN checks the "
+              "request itself", file=sys.stderr)
         return
     gang = kind in GANG_JOBS
     el = cfg.train.elastic

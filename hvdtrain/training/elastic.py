@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import sys
 import tempfile
@@ -383,11 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return console.report_error(exc, "hvdtrain")
     finally:
         runtime.skip_final_collections()
-    if distributed.info().is_chief:
-        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
-            console.emit("result", result=result)
-        else:
-            print(json.dumps(result, indent=2))
+    runtime.report_result(result)
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 from typing import Any, Callable, ContextManager, Iterator
@@ -13,6 +14,7 @@ import tensorflow as tf
 from hvdtrain.core.config import JobConfig, TrainConfig
 from hvdtrain.core.errors import DataError, EnvironmentProblem
 from hvdtrain.hadoop import kerberos
+from hvdtrain.observe import console
 from hvdtrain.runtime import cpus, distributed
 from hvdtrain.runtime import watchdog as watchdog_lib
 
@@ -102,3 +104,14 @@ def configure_tf(rank: distributed.RankInfo, train: TrainConfig) -> int:
     if train.deterministic:
         tf.config.experimental.enable_op_determinism()
     return threads
+
+
+def report_result(result: dict[str, Any]) -> None:
+    """Rank 0's last word: the result as an event for the hvdtrain launcher (which prints the summary, or the
+    JSON with --json), or as JSON on stdout when the rank runs under a plain horovodrun."""
+    if not distributed.info().is_chief:
+        return
+    if console.launcher_mode():
+        console.emit("result", result=result)
+    else:
+        print(json.dumps(result, indent=2))

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -275,11 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return console.report_error(runtime.corrupt_data_error(exc), "hvdtrain")
     finally:
         runtime.skip_final_collections()
-    if distributed.info().is_chief:
-        if console.launcher_mode():  # the hvdtrain launcher prints the summary (or the JSON with --json)
-            console.emit("result", result=result)
-        else:
-            print(json.dumps(result, indent=2))
+    runtime.report_result(result)
     return 0
 
 

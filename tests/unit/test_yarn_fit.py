@@ -140,6 +140,10 @@ def test_the_submission_checks_before_packing_and_notes_limits_it_cannot_read(tm
         submit.check_fits(cfg, "yarn", "etl", str(tmp_path), read=lambda props, queue: (LIMITS, ""))
     submit.check_fits(cfg, "yarn", "etl", str(tmp_path), read=lambda props, queue: (None, "HTTP 401"))
     assert "could not read the queue's limits (HTTP 401); YARN checks the request itself" in capsys.readouterr().err
+    # the reason names the URL it tried: a password in it is masked
+    submit.check_fits(cfg, "yarn", "etl", str(tmp_path),
+                      read=lambda props, queue: (None, "https://ops:Pl4nted-S3cret@rm:8090/ws/v1/cluster/scheduler: 401"))
+    assert "Pl4nted-S3cret" not in capsys.readouterr().err
     small = config_mod.JobConfig(yarn=YarnConfig(executor_memory="1g", executor_cores=1, num_workers=5))
     with pytest.raises(ConfigError, match="yarn.num_workers can never run at once"):
         submit.check_fits(small, "yarn", "submit", str(tmp_path), read=lambda props, queue: (LIMITS, ""))
