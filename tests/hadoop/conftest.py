@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="package")
 def hadoop_cluster() -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="hvdtrain-hadoop-")
-    # Container logs are not kept past their application: the cluster (home and all) is deleted at the end,
-    # and a NodeManager holding finished applications' logs takes 16 s to stop.
-    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0, owner_pid=os.getpid())
+    # Log aggregation on (the default, as on a production cluster): test_hadoop_cluster.py reads every rank's log
+    # back with `yarn logs`, and NodeManagers whose applications' logs are uploaded stop at once.
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, owner_pid=os.getpid())
     # The pack cache: the venv is packed once per environment, not once per session (HDFS starts empty).
     pack_cache = os.environ.get(PACK_CACHE_ENV) or os.path.join(cluster.cache_root(), "env-archives")
     prepack = _start_prepack(pack_cache)

@@ -42,7 +42,7 @@ def secure_cluster(hadoop_cluster: dict) -> Iterator[dict]:
     NodeManagers are the plain cluster's test)."""
     packed_env(hadoop_cluster)  # its job uploads the session's archive
     home = tempfile.mkdtemp(prefix="hvdtrain-kerberos-")
-    spec = cluster.ClusterSpec(home=home, start_timeout=600, container_log_seconds=0, owner_pid=os.getpid(),
+    spec = cluster.ClusterSpec(home=home, start_timeout=600, owner_pid=os.getpid(),
                                secure=True, nodemanagers=1, ticket_seconds=TICKET_SECONDS, token_renew_seconds=RENEW_SECONDS,
                                token_max_seconds=1800)
     try:

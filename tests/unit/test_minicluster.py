@@ -42,9 +42,19 @@ def test_every_address_is_loopback_and_the_nodemanagers_fit_an_am_and_two_execut
     assert settings["yarn.scheduler.capacity.resource-calculator"].endswith(".DominantResourceCalculator")
     vcores = int(settings["yarn.nodemanager.resource.cpu-vcores"])
     assert 1 + 2 <= vcores < 2 + 2 and spec.nodemanagers == 2
-    assert settings["yarn.nodemanager.log.retain-seconds"] == "10800"  # Hadoop's 3 h unless a spec says
-    throwaway = cluster.ClusterSpec(home=str(tmp_path), container_log_seconds=0)
-    assert cluster.hadoop_settings(throwaway, ports)["yarn.nodemanager.log.retain-seconds"] == "0"
+    # Log aggregation as on a production cluster: one HDFS folder for clients and NodeManagers (the per-format key
+    # wins over the folder per NodeManager MiniYARNCluster sets), kept 7 days, rolled hourly for jobs that ask
+    assert settings["yarn.log-aggregation-enable"] == "true"
+    assert settings["yarn.nodemanager.remote-app-log-dir"] == "/app-logs"
+    assert settings["yarn.log-aggregation.TFile.remote-app-log-dir"] == "/app-logs"
+    assert settings["yarn.log-aggregation.retain-seconds"] == str(7 * 86400)
+    assert settings["yarn.nodemanager.log-aggregation.roll-monitoring-interval-seconds"] == "3600"
+    assert "yarn.nodemanager.log.retain-seconds" not in settings  # not read with aggregation on
+    local_only = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path), log_aggregation=False,
+                                                             container_log_seconds=0), ports)
+    assert local_only["yarn.log-aggregation-enable"] == "false"
+    assert local_only["yarn.nodemanager.log.retain-seconds"] == "0" and "yarn.log-aggregation.retain-seconds" \
+        not in local_only
     cmd = cluster.java_command("java", "CP", spec, ports)
     assert cmd[:6] == ["java", "-Xmx1536m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", "CP"]
     assert cmd[6:12] == ["HvdtrainMiniCluster", str(tmp_path / "data"), spec.conf_dir, spec.ready_file, "1", "2"]

@@ -17,6 +17,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.ChecksumFs;
 import org.apache.hadoop.fs.DelegateToFileSystem;
 import org.apache.hadoop.fs.FsConstants;
+import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.FsServerDefaults;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.RawLocalFileSystem;
@@ -27,6 +28,7 @@ import org.apache.hadoop.minikdc.MiniKdc;
 import org.apache.hadoop.security.UserGroupInformation;
 import org.apache.hadoop.util.VersionInfo;
 import org.apache.hadoop.yarn.conf.YarnConfiguration;
+import org.apache.hadoop.yarn.logaggregation.AggregatedLogDeletionService;
 import org.apache.hadoop.yarn.server.MiniYARNCluster;
 import org.apache.hadoop.yarn.server.nodemanager.NodeManager;
 import org.apache.hadoop.yarn.server.resourcemanager.ResourceManager;
@@ -79,7 +81,10 @@ public final class HvdtrainMiniCluster {
         .format(true).build();
     int nodeManagers = Integer.parseInt(args[5]);
     MiniYARNCluster yarn = new MiniYARNCluster("hvdtrain", nodeManagers, 1, 1);
+    boolean aggregation = conf.getBoolean(YarnConfiguration.LOG_AGGREGATION_ENABLED, false);
+    AggregatedLogDeletionService logDeletion = new AggregatedLogDeletionService();
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      logDeletion.stop();  // a no-op when it never started
       stopNodeManagersTogether(yarn, nodeManagers);
       yarn.stop();
       dfs.shutdown();
@@ -89,8 +94,15 @@ public final class HvdtrainMiniCluster {
     }));
     dfs.waitActive();
     conf.set("fs.defaultFS", dfs.getURI().toString());
+    if (aggregation) {
+      createAppLogRoot(dfs.getFileSystem(), conf.get(YarnConfiguration.NM_REMOTE_APP_LOG_DIR));
+    }
     yarn.init(conf);
     yarn.start();
+    if (aggregation) {  // deletes aggregated logs older than yarn.log-aggregation.retain-seconds
+      logDeletion.init(conf);
+      logDeletion.start();
+    }
     if (!yarn.waitForNodeManagersToConnect(300000)) {
       throw new IllegalStateException("the NodeManagers did not register with the ResourceManager in 300 s");
     }
@@ -119,6 +131,17 @@ public final class HvdtrainMiniCluster {
   }
 
   private static final String KDC = "hvdtrain.kdc.";
+
+  /**
+   * The aggregated logs' root on HDFS, made as an operator makes it before the NodeManagers start: sticky and
+   * writable by all (1777), so every user's NodeManager uploads create their own folder and none can delete
+   * another's.
+   */
+  private static void createAppLogRoot(FileSystem fs, String dir) throws IOException {
+    Path root = new Path(dir);
+    fs.mkdirs(root);
+    fs.setPermission(root, new FsPermission((short) 01777));  // mkdirs applies the umask
+  }
   private static final String OWNER_PID = "hvdtrain.owner-pid";
 
   /**
@@ -172,8 +195,9 @@ public final class HvdtrainMiniCluster {
   }
 
   /**
-   * Each NodeManager that ran an application waits about 16 s to stop (its applications stay until their logs'
-   * retention ends, which is after the cluster's life: the clean-up wait, then the log handler's 10 s): stopped
+   * Without log aggregation, each NodeManager that ran an application waits about 16 s to stop (its applications
+   * stay until their logs' retention ends, which is after the cluster's life: the clean-up wait, then the log
+   * handler's 10 s; with aggregation they end once their logs are uploaded): stopped
    * one after the other (MiniYARNCluster.stop), two took 35 s. Stopped together they take one wait.
    */
   private static void stopNodeManagersTogether(MiniYARNCluster yarn, int count) {

@@ -111,9 +111,16 @@ class ClusterSpec:
     heap_mb: int = 1536
     ports: Ports = Ports()
     start_timeout: float = 300.0
-    # How long a finished application's container logs stay on the node (no log aggregation here): Hadoop's
+    # Log aggregation, as a production cluster has it: when an application ends, each NodeManager uploads its
+    # containers' log folders to ``remote_log_dir`` on HDFS (created sticky and world-writable, 1777, as an
+    # operator creates it), where ``yarn logs -applicationId`` reads them, and deletes its local copies. The
+    # uploads are deleted after ``aggregated_log_seconds`` (7 days). Off: the logs stay on the node only.
+    log_aggregation: bool = True
+    remote_log_dir: str = "/app-logs"
+    aggregated_log_seconds: int = 604800
+    # Without log aggregation, how long a finished application's container logs stay on the node: Hadoop's
     # 3 hours by default. A NodeManager stopping holds its applications until then, so a cluster that ran one
-    # takes about 16 s to stop; a throwaway cluster (the test tier's, deleted at once) sets 0.
+    # takes about 16 s to stop; a throwaway cluster deleted at once may set 0.
     container_log_seconds: int = 10800
     # Kerberos (`up --secure`): a MiniKdc, every daemon and client authenticated by it, a keytab for ``user``.
     secure: bool = False
@@ -289,12 +296,29 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.0",
            "yarn.nodemanager.vmem-check-enabled": "false",
            "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
-           "yarn.nodemanager.log.retain-seconds": str(spec.container_log_seconds),
-           "yarn.log-aggregation-enable": "false",
+           **log_settings(spec),
            "dfs.replication": "1",
            "dfs.permissions.enabled": "false",
            "hadoop.tmp.dir": os.path.join(spec.home, "data", "tmp")}
     return {**out, **kerberos_settings(spec)} if spec.secure else out
+
+
+def log_settings(spec: ClusterSpec) -> dict[str, str]:
+    """Where finished containers' logs go (pure): aggregated to HDFS (``spec.log_aggregation``), else kept on the
+    node for ``spec.container_log_seconds``."""
+    if not spec.log_aggregation:
+        return {"yarn.log-aggregation-enable": "false",
+                "yarn.nodemanager.log.retain-seconds": str(spec.container_log_seconds)}
+    return {"yarn.log-aggregation-enable": "true",
+            # What clients (`yarn logs`) read. MiniYARNCluster overrides it with a folder per NodeManager, so the
+            # NodeManagers are given the folder through the key of Hadoop's default format (TFile), which wins.
+            "yarn.nodemanager.remote-app-log-dir": spec.remote_log_dir,
+            "yarn.log-aggregation.TFile.remote-app-log-dir": spec.remote_log_dir,
+            # Enforced by the AggregatedLogDeletionService the launcher runs (a JobHistoryServer's job elsewhere).
+            "yarn.log-aggregation.retain-seconds": str(spec.aggregated_log_seconds),
+            # A long-running application that asks for it (a rolled-logs include pattern, Spark's
+            # spark.yarn.rolledLog.includePattern) has its logs uploaded hourly too; the others at their end.
+            "yarn.nodemanager.log-aggregation.roll-monitoring-interval-seconds": "3600"}
 
 
 def kerberos_settings(spec: ClusterSpec) -> dict[str, str]:
