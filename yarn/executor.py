@@ -70,6 +70,23 @@ def assigned_gpus() -> list[str]:
     return [str(a) for a in task_info.get_available_devices()]
 
 
+def container_log_dir(environ: Mapping[str, str]) -> Optional[str]:
+    """The folder YARN collects this container's logs from (pure): the first of ``LOG_DIRS``, which a NodeManager
+    sets for every container (Spark's ``spark.yarn.app.container.log.dir``); None off YARN. A file written there
+    as output arrives is in ``yarn logs`` even when the container is killed, since the NodeManager uploads the
+    folder of every container, ended or not, when the application ends."""
+    dirs = [d for d in environ.get("LOG_DIRS", "").split(",") if d]
+    return dirs[0] if dirs else None
+
+
+def rank_banner(environ: Mapping[str, str]) -> str:
+    """A rank's first line, on its stderr (pure): which rank it is and where. Horovod forwards it to the
+    executor's stderr, so ``yarn logs`` (a section per container) tells the ranks apart. Elastic ranks learn their
+    rank only at ``hvd.init()``."""
+    rank, size = environ.get("HOROVOD_RANK", "?"), environ.get("HOROVOD_SIZE", "?")
+    return f"hvdtrain: rank {rank} of {size} starts in {environ.get('CONTAINER_ID') or socket.gethostname()}"
+
+
 def uses_hdfs(cfg_dict: Mapping[str, Any]) -> list[str]:
     """The job's ``hdfs://`` / ``viewfs://`` locations (an empty list: no libhdfs needed)."""
     paths = [cfg_dict["etl"]["output"], cfg_dict["train"]["output"], cfg_dict.get("tracking", {}).get("uri") or ""]
@@ -90,6 +107,7 @@ def rank_record(rank: int, gpus: Sequence[str], result: Optional[dict[str, Any]]
 def run_rank(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """Train one rank of the job described by ``cfg_dict`` (``JobConfig.to_dict()``)."""
     tf_preloaded = "tensorflow" in sys.modules
+    print(rank_banner(os.environ), file=sys.stderr, flush=True)
     gpus = assigned_gpus()
     os.environ.update(gpu_env(gpus))  # before TensorFlow initializes CUDA
     # On YARN each rank is one task of spark.task.cpus = yarn.executor_cores CPUs (yarn/submit.py): TensorFlow's
@@ -124,14 +142,20 @@ def _initialized(distributed: Any) -> bool:
 
 
 def run_script(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run a user's Horovod script as this rank (``hvdtrain yarn run``), its output teed to ``<logs>/rank<N>.log``.
+    """Run a user's Horovod script as this rank (``hvdtrain yarn run``), its output teed to this rank's log.
 
     ``spec``: ``zip`` (the script's folder, zipped; a relative path is in the container's working
     folder), ``script`` (its path inside), ``args``, ``logs`` and ``executor_cores``. The script runs in
     a child process from the unpacked folder and inherits the rank environment Horovod set
     (``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_HOSTNAME``, Gloo's rendezvous),
     so its ``hvd.init()`` joins the job. Never raises: the record carries the exit code.
+
+    The log is written as the output arrives: on YARN to ``rank<N>.log`` in the container's log folder
+    (:func:`container_log_dir`; appended to when a relaunch runs in the same container), where YARN's log
+    aggregation finds it even if the container is killed; then copied to ``<logs>/rank<N>.log`` when the
+    script ends. The output also goes to this process's stdout (the executor's stderr on YARN).
     """
+    print(rank_banner(os.environ), file=sys.stderr, flush=True)
     gpus = assigned_gpus()
     rank = int(os.environ.get("HOROVOD_RANK", "-1"))
     env = {**os.environ, **gpu_env(gpus), "PYTHONUNBUFFERED": "1"}
@@ -139,15 +163,18 @@ def run_script(spec: dict[str, Any]) -> dict[str, Any]:
     fs.prepare_hdfs_client(*[p for p in (spec["logs"],) if str(p).startswith(fs.LIBHDFS_SCHEMES)])
     folder = tempfile.mkdtemp(prefix=f"hvdtrain-rank{rank}-")
     log_uri = fs.join(spec["logs"], f"rank{rank}.log")
+    log_dir = container_log_dir(os.environ)
+    log_path = os.path.join(log_dir, f"rank{rank}.log") if log_dir else os.path.join(folder, ".hvdtrain-rank.log")
     try:
         with zipfile.ZipFile(os.path.abspath(spec["zip"])) as zf:
             zf.extractall(folder)
-        log_path = os.path.join(folder, ".hvdtrain-rank.log")
         cmd = [sys.executable, os.path.join(folder, spec["script"]), *spec["args"]]
-        with open(log_path, "wb") as log:
-            code = tee(subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
-                       log, sys.stdout.buffer)
-        with open(log_path, "rb") as log:
+        with open(log_path, "ab", buffering=0) as log:  # unbuffered: every chunk is in the file at once
+            start = log.tell()
+            code = tee(subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        bufsize=0), log, sys.stdout.buffer)
+        with open(log_path, "rb") as log:  # this run's part: an earlier run in this container wrote the start
+            log.seek(start)
             fs.write_bytes_atomic(log_uri, log.read())
         error = None if code == 0 else f"{spec['script']} exited with code {code}; its log: {log_uri}"
     except ANY_ERROR as exc:  # the driver reports it as this rank's failure
@@ -157,14 +184,17 @@ def run_script(spec: dict[str, Any]) -> dict[str, Any]:
     if error:
         print(f"hvdtrain: error: rank {rank}: {error}", file=sys.stderr, flush=True)
     return {**rank_record(rank, gpus, None, error, False, spec["zip"]), "exit_code": code, "log": log_uri,
+            "container_log": os.path.basename(log_path) if log_dir else None,
             "local_rank": os.environ.get("HOROVOD_LOCAL_RANK")}
 
 
 def tee(proc: "subprocess.Popen[bytes]", log: IO[bytes], out: IO[bytes]) -> int:
-    """Copy a child's output to ``log`` and ``out`` line by line; its exit code."""
-    assert proc.stdout is not None  # started with stdout=PIPE
-    for line in iter(proc.stdout.readline, b""):
-        log.write(line)
-        out.write(line)
+    """Copy a child's output to ``log`` and ``out`` as it arrives (a line without its end too: a progress bar);
+    its exit code. ``proc`` is started with ``bufsize=0``, so a read returns what is there, not a full buffer."""
+    stream = proc.stdout
+    assert stream is not None  # started with stdout=PIPE
+    while chunk := stream.read(65536):
+        log.write(chunk)
+        out.write(chunk)
         out.flush()
     return proc.wait()

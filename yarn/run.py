@@ -9,9 +9,10 @@
 resources, ``--dry-run``, the application released on an error or Ctrl-C, ``--max-restarts``
 inside the application) it does here for any script: the script's folder is zipped and shipped
 with ``--files``; every rank (:func:`yarn.executor.run_script`) unpacks it and runs
-``python SCRIPT ARGS`` from there with the environment Horovod sets for a rank, its output teed to
-``<output>/logs/rank<N>.log``. The command's exit code is the worst rank's. The config (optional)
-supplies the ``yarn:`` and ``fault:`` blocks; the script is checked for Keras 2 uses first
+``python SCRIPT ARGS`` from there with the environment Horovod sets for a rank, its output written as it
+comes to ``rank<N>.log`` in the container's log folder (YARN's log aggregation keeps it, a killed container's
+too) and copied to ``<output>/logs/rank<N>.log`` when the script ends. The command's exit code is the worst
+rank's. The config (optional) supplies the ``yarn:`` and ``fault:`` blocks; the script is checked for Keras 2 uses first
 (:mod:`hvdtrain.model.keras3_check`).
 """
 from __future__ import annotations
@@ -97,7 +98,9 @@ def script_summary(uri: str) -> tuple[int, str]:
         return 0, f"hvdtrain: could not read the job record {uri} ({exc})"
     ranks = doc.get("ranks", [])
     code = max((int(r.get("exit_code", 0)) for r in ranks), default=0)
-    lines = [f"  rank {r.get('rank')} on {r.get('host')}: exit {r.get('exit_code')}, log {r.get('log')}" for r in ranks]
+    lines = [f"  rank {r.get('rank')} on {r.get('host')}: exit {r.get('exit_code')}, log {r.get('log')}"
+             + (f" (as written: yarn logs -containerId {r['container']} -log_files {r['container_log']})"
+                if r.get("container_log") and r.get("container") else "") for r in ranks]
     return code, "\n".join([f"hvdtrain: the script ran on {len(ranks)} rank(s); record: {uri}", *lines])
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from tests.unit.test_yarn_command import ENV, GPU_BUILD, FakeSubmission, deps, i
 from yarn import driver, executor, submit
 from yarn import run as yarn_run
 
+REPO = Path(__file__).resolve().parents[2]
 KERAS2_SCRIPT = "import tensorflow as tf\nopt = tf.keras.optimizers.SGD(lr=0.1)\n"
 
 
@@ -137,3 +142,62 @@ def test_rank_runs_the_unpacked_script_and_keeps_its_log(tmp_path: Path, monkeyp
                                   "executor_cores": 1})
     assert record["exit_code"] == 4 and record["rank"] == 1 and "exited with code 4" in record["error"]
     assert (tmp_path / "logs" / "rank1.log").read_text() == "rank 1 ['--a']\n"
+    assert record["container_log"] is None  # off YARN: no container log folder
+
+
+def test_on_yarn_the_rank_log_is_written_in_the_container_log_folder_and_copied(tmp_path: Path, monkeypatch) -> None:
+    """A NodeManager sets LOG_DIRS; the rank's log is rank<N>.log in the first folder, appended to by a relaunch in
+    the same container; the copy under ``logs`` is each run's own output."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "train.py").write_text("import sys\nprint('run', sys.argv[1])\n")
+    zipped = yarn_run.zip_folder(str(folder), str(tmp_path / "s.zip"))
+    container_logs = tmp_path / "container-logs"
+    container_logs.mkdir()
+    monkeypatch.setenv("LOG_DIRS", f"{container_logs},{tmp_path / 'other-disk'}")
+    monkeypatch.setenv("CONTAINER_ID", "container_1_0001_01_000002")
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    for n in ("1", "2"):
+        record = executor.run_script({"zip": zipped, "script": "train.py", "args": [n], "logs": str(tmp_path / "logs"),
+                                      "executor_cores": 1})
+        assert record["exit_code"] == 0 and record["container_log"] == "rank0.log"
+        assert (tmp_path / "logs" / "rank0.log").read_text() == f"run {n}\n"
+    assert (container_logs / "rank0.log").read_text() == "run 1\nrun 2\n"
+    assert executor.container_log_dir({"LOG_DIRS": ""}) is None
+    assert executor.rank_banner({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "CONTAINER_ID": "container_9"}) == \
+        "hvdtrain: rank 1 of 2 starts in container_9"
+    summary = json.dumps({"ranks": [{**record, "host": "h"}]})
+    (tmp_path / "yarn_result.json").write_text(summary)
+    code, text = yarn_run.script_summary(str(tmp_path / "yarn_result.json"))
+    assert code == 0 and "(as written: yarn logs -containerId container_1_0001_01_000002 -log_files rank0.log)" in text
+
+
+RANK_RUNNER = "import json, sys\nfrom yarn import executor\nexecutor.run_script(json.loads(sys.argv[1]))\n"
+
+
+@pytest.mark.slow
+def test_a_killed_ranks_output_is_in_its_container_log_folder_before_the_kill(tmp_path: Path) -> None:
+    """What YARN's log aggregation uploads of a container killed mid-run: the rank's output so far, since it is
+    written to the container's log folder as it comes (the copy under ``logs`` is made only at the end)."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "train.py").write_text("import time\nprint('epoch 1 done', flush=True)\ntime.sleep(600)\n")
+    zipped = yarn_run.zip_folder(str(folder), str(tmp_path / "s.zip"))
+    container_logs = tmp_path / "container-logs"
+    container_logs.mkdir()
+    spec = {"zip": zipped, "script": "train.py", "args": [], "logs": str(tmp_path / "logs"), "executor_cores": 1}
+    env = {**os.environ, "LOG_DIRS": str(container_logs), "HOROVOD_RANK": "3", "PYTHONPATH": str(REPO)}
+    # Its own session: the kill takes the rank and the script, as a NodeManager kills a container's process group
+    rank = subprocess.Popen([sys.executable, "-c", RANK_RUNNER, json.dumps(spec)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL)
+    log = container_logs / "rank3.log"
+    try:
+        deadline = time.monotonic() + 60
+        while b"epoch 1 done" not in (log.read_bytes() if log.exists() else b""):
+            assert rank.poll() is None and time.monotonic() < deadline, "the script's line never reached rank3.log"
+            time.sleep(0.05)
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+    assert log.read_text() == "epoch 1 done\n"
+    assert not (tmp_path / "logs").exists()  # the end-of-run copy never happened: the container's log is what is left
