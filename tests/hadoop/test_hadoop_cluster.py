@@ -10,7 +10,8 @@ container request (refused in seconds, naming why), and four YARN applications, 
    localize it;
 2. ``hvdtrain yarn submit --num-workers 2`` on that dataset: the archive reused (no second upload), two
    executors on two NodeManagers, one executor's container killed mid-training and the job resumed exactly from
-   its HDFS checkpoint, the export on HDFS;
+   its HDFS checkpoint, the export on HDFS; then every rank's log, the killed container's included, read back
+   with ``yarn logs -applicationId`` from the cluster's aggregated logs;
 3. ``hvdtrain yarn score --master yarn`` with that export, its predictions table's warehouse on HDFS;
 4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left.
 """
@@ -318,8 +319,8 @@ def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
                                     env=submit_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
             try:
                 app_id = _wait_for_app(log, proc, timeout=600)
-                _kill_an_executor_past_a_checkpoint(app_id, folder / "trace" / "rank0.keys", f"{output}-checkpoints",
-                                                    proc, log)
+                killed_container = _kill_an_executor_past_a_checkpoint(app_id, folder / "trace" / "rank0.keys",
+                                                                       f"{output}-checkpoints", proc, log)
                 code = proc.wait(timeout=900)
             finally:
                 if proc.poll() is None:
@@ -328,14 +329,15 @@ def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
         text = log.read_text()
         assert code == 0, text[-6000:]
         return {"doc": read_records(f"{output}/yarn_result.json"), "trace": folder / "trace", "app_id": app_id,
+                "killed_container": killed_container,
                 "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text,
                 "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db", "mlflow_folder": folder}
 
 
 def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: str, proc: subprocess.Popen,
-                                        log: Path) -> None:
+                                        log: Path) -> str:
     """SIGKILL one executor JVM once a checkpoint is committed on HDFS (the writes are asynchronous: a step
-    count alone can come before the commit)."""
+    count alone can come before the commit); returns its container's id."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"training ended (exit {proc.returncode}) before the kill:\n{log.read_text()[-4000:]}"
@@ -343,8 +345,9 @@ def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: s
         if now is not None and now[1] >= KILL_EVERY and (checkpoint.newest_step(checkpoints) or 0) >= KILL_EVERY:
             jvms = _executor_jvms(app_id)
             assert len(jvms) == 2, [j.pid for j in jvms]
+            container = jvms[0].environ()["CONTAINER_ID"]  # the NodeManager sets it for every container
             jvms[0].kill()
-            return
+            return container
         time.sleep(0.05)
     pytest.fail(f"training did not commit its first checkpoint in time:\n{log.read_text()[-4000:]}")
 
@@ -389,6 +392,48 @@ def test_yarn_submit_on_two_nodemanagers_resumes_a_killed_container_exactly(kill
     # The run's artifacts beside its SQLite database, not in ./mlruns of whichever process created the experiment
     assert client.get_run(run_id).info.artifact_uri.startswith(f"file://{killed['mlflow_folder']}/artifacts/")
     assert any((killed["mlflow_folder"] / "artifacts").rglob("*.keras")), "the model was not logged beside the store"
+
+
+@pytest.mark.timeout(600)
+def test_every_ranks_log_survives_the_application_the_killed_containers_too(killed: dict[str, Any]) -> None:
+    """Log aggregation: once the killed-and-resumed application has ended, Hadoop's ``yarn logs -applicationId``
+    reads every container's logs from HDFS. Each rank's process begins with a line naming its rank and container
+    (``yarn.executor.rank_banner``), forwarded as it is written to its executor's stderr: every rank of the last try
+    is in the container its record names, and the SIGKILLed executor's rank is in that container's logs, written
+    before the kill (nothing waits for the end of the run to be kept)."""
+    app_id, doc, lost = killed["app_id"], killed["doc"], killed["killed_container"]
+    _wait_for_log_aggregation(app_id, timeout=120)
+    logs = _aggregated_logs(hadoop_cli("yarn", "logs", "-applicationId", app_id))
+    assert lost in logs, f"no aggregated logs of the killed container {lost}: {sorted(logs)}"
+    assert re.search(rf"hvdtrain: rank [01] of 2 starts in {lost}", logs[lost]), logs[lost][-3000:]
+    for rank in doc["ranks"]:  # the try that finished, in its containers
+        banner = f"hvdtrain: rank {rank['rank']} of 2 starts in {rank['container']}"
+        assert banner in logs.get(rank["container"], ""), (banner, sorted(logs))
+    banners = re.findall(r"hvdtrain: rank (\d) of 2 starts in (container_\w+)", "".join(logs.values()))
+    assert len(banners) == 4 and {r for r, _ in banners} == {"0", "1"}, banners  # two tries of two ranks
+    assert all(f"starts in {c}" in logs[c] for _, c in banners)  # each in its own container's logs
+    assert len(logs) >= 4, sorted(logs)  # the application master and three executors, the killed one included
+
+
+def _wait_for_log_aggregation(app_id: str, timeout: float) -> None:
+    """Until the ResourceManager reports the application's logs uploaded by every NodeManager it ran on."""
+    deadline, status = time.monotonic() + timeout, "unknown"
+    while time.monotonic() < deadline:
+        match = re.search(r"Log Aggregation Status\s*:\s*(\w+)", hadoop_cli("yarn", "application", "-status", app_id))
+        status = match.group(1) if match else status
+        if status in ("SUCCEEDED", "FAILED", "TIME_OUT"):
+            break
+        time.sleep(2)
+    assert status == "SUCCEEDED", f"log aggregation of {app_id}: {status}"
+
+
+def _aggregated_logs(text: str) -> dict[str, str]:
+    """``yarn logs`` output by container: every log file of a container (stdout, stderr, ...) joined (pure)."""
+    out: dict[str, str] = {}
+    for section in re.split(r"^Container: ", text, flags=re.M)[1:]:
+        container = section.split(None, 1)[0]
+        out[container] = out.get(container, "") + section
+    return out
 
 
 def _final_state(app_id: str) -> tuple[str, str]:
