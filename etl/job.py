@@ -102,6 +102,7 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
     first = not fs.exists(fs.join(cfg.etl.output, ledger.NAME))  # this run writes the folder's first ledger
     publish.claim_staging(cfg.etl.output, run_id)  # the ledger names it before anything is staged
+    checked: Optional[validate.Checked] = None
     try:
         with timer.stage("read"):
             raw = sources.read(spark, cfg)
@@ -132,18 +133,29 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
             results = _write_shards(rows, fitted, plan, staging, cfg, fault)
         rows.unpersist()
+        checked.release()
         with timer.stage("publish"):
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
                                      created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                      generation=f"v-{run_id}" if replacing else "")
             report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
+        _release(checked)
         clean_staging(cfg.etl.output, run_id)
         if first:  # a failed first run leaves nothing behind, not even the ledger naming its staging
             drop_ledger(cfg.etl.output)
         raise
     clean_staging(cfg.etl.output, run_id)
     return report
+
+
+def _release(checked: Any) -> None:
+    """Free validation's cached rows after a failure (clean-up must not hide the real error)."""
+    try:
+        if checked is not None:
+            checked.release()
+    except ANY_ERROR as exc:
+        log.warning("could not free the cached rows: %s", exc)
 
 
 def _fitted(labels: list[str], tok: Any, text_specs: dict[str, manifest.FeatureSpec],
@@ -183,12 +195,22 @@ def _tokenizer(rows: Any, cfg: JobConfig):
     return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
 
 
+# Printable ASCII, tab and line breaks: text the normalizer leaves as it is (but for case) and whose words Spark SQL
+# can find as the pre-tokenizer does (BertPreTokenizer: split on whitespace, every ASCII punctuation character a
+# word of its own). Other text goes through the tokenizer itself.
+_PLAIN_TEXT = "^[\\x20-\\x7e\\t\\n\\r]*$"
+_PUNCTUATION = "!-/:-@\\[-`{-~"  # Rust's char::is_ascii_punctuation, as a Java regex character class
+
+
 def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
     """The most frequent words of a ``text`` column and their counts, reduced on the executors.
 
-    Words are counted per Arrow batch in the tasks, summed by a Spark aggregation, and only the top
-    :func:`hvdtrain.data.wordpiece.candidates_limit` (by count, ties by word) reach the driver, so the driver's
-    memory is bounded by the vocabulary size, not by the number of distinct words.
+    Words are what the tokenizer's normalizer and pre-tokenizer make of a text (:func:`etl.text.words`). For
+    plain ASCII text (:data:`_PLAIN_TEXT`) Spark SQL finds them on the JVM: lower case, a space each side of
+    every punctuation character, then a split on whitespace (the pre-tokenizer's split). Other text is counted
+    per Arrow batch by the tokenizer in Python tasks. Both are summed by one Spark aggregation, and only the
+    top :func:`hvdtrain.data.wordpiece.candidates_limit` (by count, ties by word) reach the driver, so the
+    driver's memory is bounded by the vocabulary size, not by the number of distinct words.
     """
     from collections import Counter
 
@@ -205,7 +227,14 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
             counts = Counter(w for t in batch["text"] if t is not None for w in text.words(tok, t))
             yield pd.DataFrame({"word": list(counts), "n": list(counts.values())})
 
-    top = (texts.mapInPandas(count_words, "word string, n long").groupBy("word").agg(F.sum("n").alias("n"))
+    plain = F.col("text").rlike(_PLAIN_TEXT)
+    cased = F.lower("text") if opts.lowercase else F.col("text")
+    spaced = F.regexp_replace(cased, f"([{_PUNCTUATION}])", " $1 ")  # each punctuation character a word
+    words = F.filter(F.split(spaced, "\\s+"), lambda w: w != "")
+    sql_words = texts.where(plain).select(F.explode(words).alias("word")).select("word",
+                                                                               F.lit(1).cast("long").alias("n"))
+    other_words = texts.where(~plain).mapInPandas(count_words, "word string, n long")
+    top = (sql_words.unionByName(other_words).groupBy("word").agg(F.sum("n").alias("n"))
            .orderBy(F.desc("n"), F.asc("word")).limit(wordpiece.candidates_limit(vocab_size)).collect())
     return {r["word"]: r["n"] for r in top}
 
@@ -217,46 +246,91 @@ def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
 
 
 def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
+    """Stage every shard (etl.writer's commit protocol); the results of the successful attempts.
+
+    Partition = shard: a row's shard is its split's offset plus a hash of its key; inside a shard, rows follow a
+    seeded hash of the key (etl.split.add_order), never the key's own order, which on most real tables follows
+    time or the target. Both are Spark SQL, and the shuffle and sort run on the JVM (``repartition`` on a
+    column whose hash lands each shard in its own partition, then ``sortWithinPartitions``); the write tasks
+    get Arrow batches (``mapInArrow``). Shard contents and order are the same on every rerun, whatever the
+    input partitioning.
+    """
     from functools import partial
 
-    encode_label = label_mod.encoder(cfg.task, fitted.labels)
-    offsets = {s: plan.offset(s) for s in SPLITS}
-    counts = dict(plan.counts)
-    rows, num_cols, cat_cols = encoder_inputs(rows, cfg.source)
-    several = len(cfg.source.text_columns) > 1  # a tuple of the row's texts (hvdtrain.data.features.encode_columns)
-    weight = cfg.source.weight_column  # validated: a finite number >= 0 (etl.validate.weight_rules)
-    # Partition = shard: (split offset + a hash of the key); inside it, rows in the order of a seeded hash of the
-    # key (etl.split.add_order), never the key's own order, which on most real tables follows time or the
-    # target. Shard contents and order are the same on every rerun, whatever the input partitioning.
-    keyed = split_mod.add_order(rows, cfg.etl.seed, "_order").rdd.map(lambda r: (
-        (offsets[r["split"]] + _stable_shard(r["key"], counts[r["split"]]), r["_order"], r["key"]),
-        (tuple(r["text"].split(TEXT_SEP)) if several and r["text"] else r["text"], encode_label(r["label"]),
-         tuple(r[c] for c in num_cols), tuple(r[c] for c in cat_cols),
-         float(r[weight]) if weight else None)))
-    ordered = keyed.repartitionAndSortWithinPartitions(plan.total, partitionFunc=lambda k: k[0])
-    task = partial(writer.write_partition, plan=plan, staging=staging, fitted=fitted,
-                   compression=cfg.etl.compression, fault=fault)
-    return ordered.mapPartitionsWithIndex(task).collect()
+    from pyspark.sql import functions as F
+
+    rows, columns = encoder_inputs(rows, cfg.source)
+    label = (F.expr("try_cast(label AS DOUBLE)") if cfg.task.kind == "regression" else F.col("label"))
+    shard: Any = None
+    for split in SPLITS:
+        if plan.counts[split]:
+            here, cond = F.lit(plan.offset(split)) + shard_of(F.col("key"), plan.counts[split]), F.col("split") == split
+            shard = F.when(cond, here) if shard is None else shard.when(cond, here)
+    keyed = split_mod.add_order(rows, cfg.etl.seed, writer.ORDER).select(
+        shard.cast("int").alias(writer.SHARD), writer.ORDER, "key", "text", label.alias("label"),
+        *columns.numeric, *columns.categorical, *([columns.weight] if columns.weight else []))
+    places = F.array(*[F.lit(k) for k in placing_keys(rows.sparkSession, plan.total)]).cast("array<bigint>")
+    placed = keyed.withColumn("_place", F.element_at(places, F.col(writer.SHARD) + 1))
+    ordered = placed.repartition(plan.total, "_place").drop("_place") \
+        .sortWithinPartitions(writer.SHARD, writer.ORDER, "key")
+    task = partial(writer.write_batches, plan=plan, staging=staging, fitted=fitted, columns=columns,
+                   encode_label=label_mod.encoder(cfg.task, fitted.labels), compression=cfg.etl.compression,
+                   fault=fault)
+    return [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
 
 
-def encoder_inputs(rows: Any, src: Any) -> tuple[Any, list[str], list[str]]:
-    """(rows with the encoder's input columns added, numeric row columns, categorical row columns).
+def encoder_inputs(rows: Any, src: Any) -> tuple[Any, writer.Columns]:
+    """(rows with the encoder's input columns added, their names as the write tasks read them).
 
     Categorical values as the strings the fit counted and datetime values as the numbers it derived its
     features from, made by the fit's own Spark expressions (:mod:`etl.stats`), so nothing the writer encodes
     depends on this process's time zone or on how Spark hands a type to Python. The numeric row is the numeric
-    columns, then the datetime columns (:func:`hvdtrain.data.features.transform`).
+    columns, then the datetime columns (:func:`hvdtrain.data.features.transform`), as doubles; the sample weight
+    (``source.weight_column``, validated a finite number >= 0 by etl.validate.weight_rules) too.
     """
-    cats, dts = list(src.categorical_columns), list(src.datetime_columns)
-    rows = rows.select("*", *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)],
-                       *[stats_mod.epoch_value(rows, c).alias(f"_dt{j}") for j, c in enumerate(dts)])
-    return rows, [*src.numeric_columns, *(f"_dt{j}" for j in range(len(dts)))], [f"_cat{j}" for j in range(len(cats))]
+    from pyspark.sql import functions as F
+
+    cats, dts, weight = list(src.categorical_columns), list(src.datetime_columns), src.weight_column
+    numbers = [F.expr(f"try_cast(`{c}` AS DOUBLE)") for c in src.numeric_columns]
+    numbers += [stats_mod.epoch_value(rows, c).cast("double") for c in dts]
+    rows = rows.select("*", *[x.alias(f"_n{j}") for j, x in enumerate(numbers)],
+                       *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)],
+                       *([F.expr(f"try_cast(`{weight}` AS DOUBLE)").alias("_weight")] if weight else []))
+    return rows, writer.Columns(numeric=tuple(f"_n{j}" for j in range(len(numbers))),
+                                categorical=tuple(f"_cat{j}" for j in range(len(cats))),
+                                several_texts=len(src.text_columns) > 1, weight="_weight" if weight else None)
 
 
-def _stable_shard(key: str, count: int) -> int:
+def shard_of(key: Any, count: int) -> Any:
+    """A key's shard in its split, as Spark SQL: CRC32 of the key's characters in reverse order (so it does not
+    follow the split's CRC32 of the key), mod ``count``. :func:`stable_shard` is the Python reference."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.crc32(F.encode(F.reverse(key), "UTF-8")), F.lit(count))
+
+
+def stable_shard(key: str, count: int) -> int:
+    """:func:`shard_of` in Python."""
     import zlib
 
-    return zlib.crc32(key.encode("utf-8")[::-1]) % count
+    return zlib.crc32(key[::-1].encode("utf-8")) % count
+
+
+def placing_keys(spark: Any, partitions: int) -> list[int]:
+    """For each partition p of ``partitions``, the smallest long whose Spark hash partitioning (Murmur3 with
+    seed 42, pmod ``partitions``: what ``repartition(partitions, column)`` computes) is p. Found by Spark itself,
+    in one small job, so the placement is the partitioner's own and never a copy of it."""
+    from pyspark.sql import functions as F
+
+    found: dict[int, int] = {}
+    lo, hi = 0, 64 * partitions  # 64 tries a partition: each is missed with probability e**-64
+    while len(found) < partitions:
+        rows = (spark.range(lo, hi).select("id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+                .groupBy("p").agg(F.min("id").alias("id")).collect())
+        for r in rows:
+            found.setdefault(int(r["p"]), int(r["id"]))
+        lo, hi = hi, 2 * hi
+    return [found[p] for p in range(partitions)]
 
 
 def _versions() -> dict[str, str]:

@@ -39,6 +39,12 @@ class Checked:
     valid: Any  # DataFrame of (key, text, label, tabular feature columns), one row per key
     rejects: Any  # DataFrame of (key, text, label, rule, value): rule breaks and dropped duplicates
     counts: RowCounts
+    cached: tuple = ()  # DataFrames kept in Spark's storage for the stages after validation (see release)
+
+    def release(self) -> None:
+        """Free what validation keeps in Spark's storage (once the shards and rejects are written)."""
+        for df in self.cached:
+            df.unpersist()
 
     @property
     def rows_in(self) -> int:
@@ -210,16 +216,18 @@ def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None) -> Check
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
     passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg),
                                                  *[f"`{c}`" for c in weight_columns(cfg)])
-    valid, duplicates, before, after = dedup(faults.drop_rows(passed, fault, "validate"), cfg.validation.unique_key)
+    valid, duplicates, before, after, kept = dedup(faults.drop_rows(passed, fault, "validate"),
+                                                   cfg.validation.unique_key)
     counts = RowCounts(rows_in=rows_in, rejected={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)},
                        before_dedup=before, after_dedup=after)
     if duplicates is not None and counts.duplicates:
         rejects = rejects.unionByName(duplicates)
-    return Checked(valid=valid, rejects=rejects, counts=counts)
+    return Checked(valid=valid, rejects=rejects, counts=counts,
+                   cached=(tagged, *kept))
 
 
-def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int]:
-    """(one row per key, the dropped duplicates as rejects, rows before, rows after).
+def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int, tuple]:
+    """(one row per key, the dropped duplicates as rejects, rows before, rows after, what it keeps cached).
 
     Both counts come from one aggregation over the numbered rows, the pass the
     dedup needs anyway.
@@ -229,15 +237,20 @@ def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int]:
 
     if not unique_key:
         n = passed.count()
-        return passed, None, n, n
-    # Keep one row per key, chosen by content so reruns keep the same one.
+        return passed, None, n, n, ()
+    from pyspark import StorageLevel
+
+    # Keep one row per key, chosen by content so reruns keep the same one. The numbered rows are kept
+    # (memory, then disk) so the shuffle that numbers them runs once: the counts below, the valid rows and the
+    # dropped duplicates all read the same copy (Checked.release frees it).
     w = Window.partitionBy("key").orderBy("text", "label")
-    numbered = passed.withColumn("_n", F.row_number().over(w))
+    numbered = passed.withColumn("_n", F.row_number().over(w)).persist(StorageLevel.MEMORY_AND_DISK)
     agg = numbered.agg(F.count(F.lit(1)).alias("before"),
                        F.sum(F.when(F.col("_n") == 1, 1).otherwise(0)).alias("after")).first()
     dropped = (numbered.where("_n > 1").select("key", "text", "label")
                .withColumn("rule", F.lit(DUPLICATE)).withColumn("value", F.col("key")))
-    return numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0)
+    return (numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0),
+            (numbered,))
 
 
 def refuse_undecodable(checked: Checked, cfg: JobConfig, source_name: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from etl.fitted import Fitted
 from hvdtrain.core.config import SPLITS
 from hvdtrain.data import tfrecord
 from hvdtrain.data.contract import WEIGHT_FEATURE
-from hvdtrain.data.features import FeatureEncoder
+from hvdtrain.data.features import TEXT_SEP, FeatureEncoder
 from hvdtrain.hadoop import fs
 
 BATCH = 1024
@@ -80,9 +80,9 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What one write task reports about the shard it staged (the driver publishes from these only)."""
+    """What one write task reports about a shard it staged (the driver publishes from these only)."""
 
-    partition: int
+    partition: int  # the shard's place in the plan (ShardPlan.locate), whichever task wrote it
     split: str
     index: int
     staged: str  # the attempt's file under _staging/
@@ -92,59 +92,118 @@ class ShardResult:
     class_counts: dict[int, int]  # label index -> records
 
 
-def write_partition(partition: int, rows: Iterable, *, plan: ShardPlan, staging: str, fitted: Fitted,
-                    compression: str, fault: Optional[faults.Fault] = None) -> Iterator[ShardResult]:
-    """Runs in a Spark task: encode ordered rows and write one shard.
+# What the write tasks hand back to the driver, one row per staged shard (mapInArrow's output schema).
+RESULT_SCHEMA = ("partition int, split string, index int, staged string, records long, bytes long, sha256 string, "
+                 "class_counts string")
 
-    ``rows`` are ((partition, order, key), (text, label_id, numeric values, categorical
-    values, sample weight or None)) pairs, in the order they go into the shard (``etl.split.add_order``).
-    Yields one :class:`ShardResult` (nothing for an empty
-    partition). ``fitted`` holds the tokenizer, statistics and packed encodings
-    fitted on the training split; ``fault`` is the test-only hook (``etl.faults``).
+
+@dataclass(frozen=True)
+class Columns:
+    """The write tasks' input columns (made by Spark SQL in ``etl.job``): the shard and place of each row, then
+    what the encoder reads. ``label`` is the label string (classes), or the target as a double (regression)."""
+
+    numeric: tuple[str, ...]  # doubles, NaN or NULL missing: the numeric row of hvdtrain.data.features.transform
+    categorical: tuple[str, ...]  # strings: each value's category_string
+    several_texts: bool  # ``text`` joins a row's text columns with TEXT_SEP
+    weight: Optional[str]  # the sample weight as a double
+
+
+SHARD, ORDER = "_shard", "_order"
+
+
+def write_batches(batches: Iterable[Any], *, plan: ShardPlan, staging: str, fitted: Fitted, columns: Columns,
+                  encode_label: Any, compression: str, fault: Optional[faults.Fault] = None) -> Iterator[Any]:
+    """Runs in a Spark task (``mapInArrow``): encode Arrow batches of rows sorted by shard, then place, and write
+    each shard the task holds; yields one result row (:data:`RESULT_SCHEMA`) per shard written.
+
+    Rows arrive as Spark's JVM sorted them, in record batches; each stretch of one shard is encoded a
+    :data:`BATCH` of rows at a time, column by column (:meth:`RecordEncoder.columns`), with no per-row
+    Python but the tokenizer's. ``fault`` is the test-only hook (``etl.faults``); its partition is the shard's
+    place in the plan.
     """
+    import json
+
+    import pyarrow as pa
     from pyspark import TaskContext
 
     fs.prepare_hdfs_client(staging)  # libhdfs in this executor: the Hadoop classpath, as training ranks get it
-    split, index = plan.locate(partition)
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
-    encode = RecordEncoder(fitted)
+    encode = RecordEncoder(fitted, columns, encode_label)
+    for shard, pieces in _by_shard(_drop_key(batches, fault)):
+        split, index = plan.locate(shard)
+        path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
+        if fault and fault.fails_write(shard, ctx.attemptNumber() if ctx else 0):
+            _write_shard([next(iter(pieces)).slice(0, 1)], path, encode, compression)  # part reaches storage
+            raise faults.InjectedFault(f"fail_write_once: attempt 0 of partition {shard} dies after one record")
+        if fault and fault.writes_twice(shard):
+            kept = list(pieces)  # a speculative copy: the same rows written whole to a second attempt's file
+            _write_shard(kept, fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}-copy.tfrecord"), encode,
+                         compression)
+            pieces = iter(kept)
+        stats = _write_shard(pieces, path, encode, compression)
+        if stats is not None:
+            counts = json.dumps({str(k): v for k, v in sorted(stats.class_counts.items())})
+            yield pa.RecordBatch.from_pylist([{
+                "partition": shard, "split": split, "index": index, "staged": path, "records": stats.records,
+                "bytes": stats.bytes, "sha256": stats.sha256, "class_counts": counts}],
+                schema=pa.schema([("partition", pa.int32()), ("split", pa.string()), ("index", pa.int32()),
+                                  ("staged", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
+                                  ("sha256", pa.string()), ("class_counts", pa.string())]))
+
+
+def result_of(row: Any) -> ShardResult:
+    """A :class:`ShardResult` from one row the write tasks returned."""
+    import json
+
+    return ShardResult(partition=row["partition"], split=row["split"], index=row["index"], staged=row["staged"],
+                       records=row["records"], bytes=row["bytes"], sha256=row["sha256"],
+                       class_counts={int(k): v for k, v in json.loads(row["class_counts"]).items()})
+
+
+def _drop_key(batches: Iterable[Any], fault: Optional[faults.Fault]) -> Iterator[Any]:
+    """The batches without the hook's ``write``-stage row (as they are when no hook drops there)."""
     drop = fault.drops("write") if fault else None
-    if drop is not None:
-        rows = (r for r in rows if r[0][-1] != drop)
-    path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
-    if fault and fault.fails_write(partition, ctx.attemptNumber() if ctx else 0):
-        _write_shard(list(rows)[:1], path, encode, compression)  # part of the shard reaches storage
-        raise faults.InjectedFault(f"fail_write_once: attempt 0 of partition {partition} dies after one record")
-    if fault and fault.writes_twice(partition):
-        rows = list(rows)  # a speculative copy: the same rows written whole to a second attempt's file
-        _write_shard(rows, fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}-copy.tfrecord"), encode,
-                     compression)
-    stats = _write_shard(rows, path, encode, compression)
-    if stats is not None:
-        yield ShardResult(partition=partition, split=split, index=index, staged=path, records=stats.records,
-                          bytes=stats.bytes, sha256=stats.sha256, class_counts=dict(sorted(stats.class_counts.items())))
+    if drop is None:
+        yield from batches
+        return
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        yield batch.filter(pc.not_equal(batch.column("key"), drop))
 
 
-def _write_shard(rows: Iterable, path: str, encode: "RecordEncoder", compression: str) -> Optional[Any]:
-    """Write rows to ``path`` in batches; the writer's stats, or None when there were no rows."""
+def _by_shard(batches: Iterable[Any]) -> Iterator[tuple[int, Iterator[Any]]]:
+    """(shard, its stretches of rows as batch slices) for a stream of batches sorted by :data:`SHARD`."""
+    import itertools
+
+    import numpy as np
+
+    def stretches() -> Iterator[tuple[int, Any]]:
+        for batch in batches:
+            shard = batch.column(SHARD).to_numpy()
+            cuts = [0, *(np.flatnonzero(np.diff(shard)) + 1).tolist(), len(shard)]
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                if hi > lo:
+                    yield int(shard[lo]), batch.slice(lo, hi - lo)
+
+    for shard, group in itertools.groupby(stretches(), key=lambda item: item[0]):
+        yield shard, (piece for _, piece in group)
+
+
+def _write_shard(pieces: Iterable[Any], path: str, encode: "RecordEncoder", compression: str) -> Optional[Any]:
+    """Write a shard's rows (Arrow batch slices, in order) to ``path``, :data:`BATCH` rows at a time; the
+    writer's stats, or None when there were no rows."""
     stream = None
     writer = None
-    batch: list = []
     try:
-        for row in rows:
-            if writer is None:
-                stream = fs.open_output(path)
-                writer = tfrecord.TFRecordWriter(stream, compression)
-            batch.append(row)
-            if len(batch) >= BATCH:
-                encode.write(writer, batch)
-                batch.clear()
-        if writer is None:
-            return None
-        if batch:
-            encode.write(writer, batch)
-        return writer.finish()
+        for piece in pieces:
+            for start in range(0, piece.num_rows, BATCH):
+                if writer is None:
+                    stream = fs.open_output(path)
+                    writer = tfrecord.TFRecordWriter(stream, compression)
+                encode.write(writer, piece.slice(start, BATCH))
+        return writer.finish() if writer is not None else None
     finally:
         if stream is not None:
             stream.close()
@@ -159,18 +218,37 @@ class RecordEncoder:
     ``source.weight_column``, the row's sample weight is the float32 ``weight`` feature.
     """
 
-    def __init__(self, fitted: Fitted):
+    def __init__(self, fitted: Fitted, columns: Columns, encode_label: Callable[[str], Any] = str):
         self.features = FeatureEncoder(fitted.tokenizer_json, fitted.tabular_stats)
         self.encodings = fitted.encodings
         self.task = fitted.task
         self.weighted = fitted.weighted
+        self.input = columns
+        # label string -> what is written (etl.labels.encoder); a regression's target comes as a double
+        self.encode_label = encode_label
 
-    def columns(self, batch: list) -> dict[str, tuple[str, Any]]:
-        keys = [sort_key[-1] for sort_key, _ in batch]
-        labels = np.array([v[1] for _, v in batch], dtype=np.int64 if self.task in ("multiclass", "binary")
-                          else np.float32)
-        feats = self.features.encode([v[0] for _, v in batch] if self.features.tok is not None else None,
-                                     [v[2] for _, v in batch], [v[3] for _, v in batch])
+    def features_of(self, batch: Any) -> dict[str, Any]:
+        """The model features of an Arrow batch of rows (:class:`Columns`), as :class:`FeatureEncoder` makes them."""
+        n = batch.num_rows
+        texts = None
+        if self.features.tok is not None:
+            texts = batch.column("text").to_pylist()
+            if self.input.several_texts:
+                texts = [tuple(t.split(TEXT_SEP)) if t else t for t in texts]
+        numeric = (np.stack([batch.column(c).to_numpy(zero_copy_only=False) for c in self.input.numeric], axis=1)
+                   if self.input.numeric else np.zeros((n, 0)))
+        categorical = [batch.column(c).to_pylist() for c in self.input.categorical]
+        return self.features.encode_arrays(texts, numeric, categorical, n)
+
+    def columns(self, batch: Any) -> dict[str, tuple[str, Any]]:
+        import pyarrow as pa
+
+        if self.task == "regression":
+            labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
+        else:
+            encoded = [self.encode_label(v) for v in batch.column("label").to_pylist()]
+            labels = np.array(encoded, dtype=np.float32 if self.task == "multilabel" else np.int64)
+        feats = self.features_of(batch)
         cols: dict[str, tuple[str, Any]] = {}
         for name in ("input_ids", "attention_mask"):
             if name in feats:
@@ -181,11 +259,12 @@ class RecordEncoder:
             cols["categorical"] = (tfrecord.INT64, feats["categorical"])
         cols["label"] = (tfrecord.INT64 if labels.dtype == np.int64 else tfrecord.FLOAT, labels)
         if self.weighted:
-            cols[WEIGHT_FEATURE] = (tfrecord.FLOAT, np.array([v[4] for _, v in batch], dtype=np.float32))
-        cols["key"] = (tfrecord.BYTES, [k.encode() for k in keys])
+            weights = batch.column(self.input.weight).to_numpy(zero_copy_only=False)
+            cols[WEIGHT_FEATURE] = (tfrecord.FLOAT, weights.astype(np.float32))
+        cols["key"] = (tfrecord.BYTES, batch.column("key").cast(pa.binary()).to_pylist())
         return cols
 
-    def write(self, writer: tfrecord.TFRecordWriter, batch: list) -> None:
+    def write(self, writer: tfrecord.TFRecordWriter, batch: Any) -> None:
         cols = self.columns(batch)
         writer.write_columns(cols)
         labels = cols["label"][1]

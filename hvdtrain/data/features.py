@@ -270,12 +270,30 @@ def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]
     A numeric row holds the values of ``numeric_columns`` (numbers, booleans as 0/1, decimals), then those of
     the datetime columns as :func:`datetime_values` takes them; ``None`` or NaN is missing.
     """
+    return transform_arrays(stats, *row_arrays(stats, numeric, categorical))
+
+
+def row_arrays(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]],
+               categorical: Sequence[Sequence[Any]]) -> tuple[np.ndarray, list[list[Optional[str]]], int]:
+    """Rows of raw values as :func:`transform_arrays` takes them: (float64 [n, k], the categorical columns'
+    :func:`category_string` values, n)."""
+    k = len(stats["numeric_columns"]) + len((stats.get("datetime") or {}).get("columns", []))
+    n = len(numeric) if numeric_names(stats) else len(categorical)
+    x = np.array([[np.nan if v is None else float(v) for v in row] for row in numeric],
+                 dtype=np.float64).reshape(n, k)
+    cats = len(stats["categorical_columns"])
+    return x, [[category_string(row[j]) for row in categorical] for j in range(cats)], n
+
+
+def transform_arrays(stats: dict[str, Any], x: np.ndarray, categorical: Sequence[Sequence[Optional[str]]],
+                     n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`transform` on columns: ``x`` float64 [n, k] (the numeric row's slots as numbers, NaN missing) and one
+    list per categorical column of its values' :func:`category_string` (None missing). The ETL's shard writer
+    hands these over from Arrow batches as they come, with no per-row Python."""
     dt_cols = (stats.get("datetime") or {}).get("columns", [])
     k = len(stats["numeric_columns"])
     cols = numeric_names(stats)
-    n = len(numeric) if cols else len(categorical)
-    x = np.array([[np.nan if v is None else float(v) for v in row] for row in numeric],
-                 dtype=np.float64).reshape(n, k + len(dt_cols))
+    x = np.asarray(x, dtype=np.float64).reshape(n, k + len(dt_cols))
     if dt_cols:
         dt = stats["datetime"]
         x = np.concatenate([x[:, :k], *(datetime_values(x[:, k + j], dt["kinds"][c], dt["parts"])
@@ -286,7 +304,7 @@ def transform(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]]
         mean = np.array([stats["numeric"][c]["mean"] or 0.0 for c in cols])
         std = np.array([stats["numeric"][c]["std"] or 0.0 for c in cols])
         x = (x - mean) / np.where(std > 0, std, 1.0)
-    return x.astype(np.float32), category_ids(stats, categorical, n)
+    return x.astype(np.float32), category_ids_of(stats, categorical, n)
 
 
 def category_string(value: Any) -> Optional[str]:
@@ -328,11 +346,17 @@ def category_string(value: Any) -> Optional[str]:
 def category_ids(stats: dict[str, Any], categorical: Sequence[Sequence[Any]], n: int) -> np.ndarray:
     """int64 [n, m]: per column, 1 + the vocabulary index of the value's :func:`category_string`, or its hash
     bucket (hashed columns); 0 for a missing value (and, in a vocabulary column, an unseen or rare one)."""
+    columns = [[category_string(row[j]) for row in categorical] for j in range(len(stats["categorical_columns"]))]
+    return category_ids_of(stats, columns, n)
+
+
+def category_ids_of(stats: dict[str, Any], columns: Sequence[Sequence[Optional[str]]], n: int) -> np.ndarray:
+    """:func:`category_ids` on columns: one list per categorical column of its values' :func:`category_string`."""
     names = stats["categorical_columns"]
     buckets = stats.get("hash_buckets") or {}
     out = np.zeros((n, len(names)), dtype=np.int64)
     for j, c in enumerate(names):
-        values = [category_string(row[j]) for row in categorical]
+        values = columns[j]
         if c in buckets:
             out[:, j] = [0 if v is None else hash_bucket(v, buckets[c]) for v in values]
         else:
@@ -402,7 +426,16 @@ class FeatureEncoder:
         """Features by name: input_ids/attention_mask int64 [n, max_length], numeric float32, categorical int64.
 
         ``texts``: one string per row, or a tuple per row of its text columns' values (:func:`encode_columns`).
+        ``numeric`` and ``categorical``: a tuple per row of the raw values (:func:`transform`).
         """
+        if self.stats is None:
+            return self.encode_arrays(texts, np.zeros((0, 0)), [], 0)
+        return self.encode_arrays(texts, *row_arrays(self.stats, numeric, categorical))
+
+    def encode_arrays(self, texts: Optional[Sequence[Any]], numeric: np.ndarray,
+                      categorical: Sequence[Sequence[Optional[str]]], n: int) -> dict[str, np.ndarray]:
+        """:meth:`encode` on columns (:func:`transform_arrays`): ``numeric`` float64 [n, k] (NaN missing) and one
+        list per categorical column of its values' :func:`category_string` (None missing)."""
         out: dict[str, np.ndarray] = {}
         if self.tok is not None:
             texts = list(texts or [])
@@ -410,7 +443,7 @@ class FeatureEncoder:
             out["input_ids"], out["attention_mask"] = encode_columns(self.tok, texts) if several \
                 else encode(self.tok, texts)
         if self.stats is not None:
-            num, cat = transform(self.stats, numeric, categorical)
+            num, cat = transform_arrays(self.stats, numeric, categorical, n)
             if numeric_names(self.stats):
                 out["numeric"] = num
             if self.stats["categorical_columns"]:

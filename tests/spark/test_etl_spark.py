@@ -545,12 +545,14 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
     root.mkdir()
     jars = hdfs_standin.fake_hadoop_client(home)
     plan = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
-    rows = [((p, f"k{p}-{i}"), (None, i % 2, (), ())) for p in range(4) for i in range(5)]
-    task = partial(hdfs_standin.write_partition_in_container, root=str(root), hadoop_home=home, plan=plan,
+    rows = [(p, f"{i:04d}", f"k{p}-{i}", None, "ab"[i % 2]) for p in range(4) for i in range(5)]
+    ordered = (spark.createDataFrame(rows, "_shard int, _order string, key string, text string, label string")
+               .repartition(4, "_shard").sortWithinPartitions("_shard", "_order"))
+    task = partial(hdfs_standin.write_batches_in_container, root=str(root), hadoop_home=home, plan=plan,
                    staging="hdfs://namenode:8020/data/_staging/r1", fitted=Fitted(labels=["a", "b"]),
-                   compression="none")
-    results = (spark.sparkContext.parallelize(rows, 4).keyBy(lambda r: r[0][0]).partitionBy(4, lambda p: p)
-               .values().mapPartitionsWithIndex(task).collect())
+                   columns=writer.Columns(numeric=(), categorical=(), several_texts=False, weight=None),
+                   encode_label={"a": 0, "b": 1}.__getitem__, compression="none")
+    results = [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
     assert sorted(r.records for r in results) == [5, 5, 5, 5]
     seen = hdfs_standin.writes(str(root))
     assert len(seen) == 4 and all(os.getpid() != w["pid"] for w in seen)  # opened in the tasks, not here

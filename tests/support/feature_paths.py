@@ -15,12 +15,13 @@ from hvdtrain.data import features
 
 def etl_encode(df: Any, src: Any, stats: dict) -> dict[str, np.ndarray]:
     """Features of ``df``'s rows (ordered by ``id``) as the ETL's writer makes them."""
-    from etl import job
+    from etl import job, writer
+    from etl.fitted import Fitted
 
-    rows, num_cols, cat_cols = job.encoder_inputs(df, src)
-    collected = rows.orderBy("id").collect()
-    return features.FeatureEncoder(None, stats).encode(
-        None, [tuple(r[c] for c in num_cols) for r in collected], [tuple(r[c] for c in cat_cols) for r in collected])
+    rows, columns = job.encoder_inputs(df, src)
+    table = rows.orderBy("id").toArrow()
+    encoder = writer.RecordEncoder(Fitted(labels=[], tabular_stats=stats), columns)
+    return encoder.features_of(table.combine_chunks().to_batches()[0]) if table.num_rows else {}
 
 
 def score_encode(df: Any, stats: dict) -> tuple[dict[str, np.ndarray], list]:

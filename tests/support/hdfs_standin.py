@@ -2,8 +2,8 @@
 
 There is no Hadoop cluster here. To check that the ETL's shard-writing tasks set
 up libhdfs in their own process (as YARN containers need), a test runs the real
-:func:`etl.writer.write_partition` in real Spark tasks through
-:func:`write_partition_in_container`, which first gives the worker what a YARN
+:func:`etl.writer.write_batches` in real Spark tasks through
+:func:`write_batches_in_container`, which first gives the worker what a YARN
 container has (``HADOOP_HOME`` of a Hadoop client whose ``bin/hadoop classpath
 --glob`` answers, a CLASSPATH of wildcards) and serves ``hdfs://`` from a local
 folder; every file the task opens for writing appends the CLASSPATH and
@@ -81,8 +81,7 @@ class _Recording(pafs.FileSystemHandler):
         return self.local.open_output_stream(self._p(path), compression=None)
 
 
-def write_partition_in_container(partition: int, rows: Iterable, *, root: str, hadoop_home: str,
-                                 **kwargs: Any) -> Iterator[Any]:
+def write_batches_in_container(batches: Iterable, *, root: str, hadoop_home: str, **kwargs: Any) -> Iterator[Any]:
     """In a Spark task: a YARN container's environment and ``hdfs://`` on ``root``, then the ETL's own task."""
     from etl import writer
 
@@ -92,7 +91,7 @@ def write_partition_in_container(partition: int, rows: Iterable, *, root: str, h
         os.environ["CLASSPATH"] = CONTAINER_CLASSPATH
         os.environ.pop("ARROW_LIBHDFS_DIR", None)
     try:
-        yield from writer.write_partition(partition, rows, **kwargs)
+        yield from writer.write_batches(batches, **kwargs)
     finally:  # Python workers are reused: leave hdfs:// as it was for later tasks
         fs.register_scheme("hdfs", None)
 
