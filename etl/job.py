@@ -35,6 +35,7 @@ from etl import labels as label_mod
 from etl import split as split_mod
 from etl import stats as stats_mod
 from etl.fitted import Fitted
+from etl.writer import INTERNAL
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
 from hvdtrain.core.config import SPLITS, JobConfig
@@ -102,21 +103,23 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
     first = not fs.exists(fs.join(cfg.etl.output, ledger.NAME))  # this run writes the folder's first ledger
     publish.claim_staging(cfg.etl.output, run_id)  # the ledger names it before anything is staged
-    checked: Optional[validate.Checked] = None
+    cached: list = []  # what this run keeps in Spark's storage, freed however it ends
     try:
         with timer.stage("read"):
             raw = sources.read(spark, cfg)
         with timer.stage("validate"):
-            checked = validate.run(raw, cfg, fault)
+            checked = validate.run(raw, cfg, fault, cached)
             validate.refuse_undecodable(checked, cfg, sources.describe(cfg))
             rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(rows)
             labels = label_mod.fit(rows, cfg)
             rows = label_mod.reject_unlearnable(rows, labels, cfg, checked)
             counts = split_mod.count_by_split(rows)
             checked.counts.by_split = counts
             validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
             validate.write_rejects(checked, fs.join(staging, "rejects"))
+        checked.release()  # `rows` holds all the later stages read; the rejects are written
         if counts.get("train", 0) == 0:
             raise DataError(f"no valid training rows in {sources.describe(cfg)} "
                             f"(rows in: {checked.rows_in}, rejected: {checked.rejected_total}); see the rejects")
@@ -133,14 +136,13 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
             results = _write_shards(rows, fitted, plan, staging, cfg, fault)
         rows.unpersist()
-        checked.release()
         with timer.stage("publish"):
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
                                      created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                      generation=f"v-{run_id}" if replacing else "")
             report = publish.act(publish.plan_publish(cfg, plan, results, fitted, checked.counts, facts))
     except BaseException:
-        _release(checked)
+        _release(cached)
         clean_staging(cfg.etl.output, run_id)
         if first:  # a failed first run leaves nothing behind, not even the ledger naming its staging
             drop_ledger(cfg.etl.output)
@@ -149,11 +151,11 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     return report
 
 
-def _release(checked: Any) -> None:
-    """Free validation's cached rows after a failure (clean-up must not hide the real error)."""
+def _release(cached: list) -> None:
+    """Free the run's cached rows after a failure (clean-up must not hide the real error)."""
     try:
-        if checked is not None:
-            checked.release()
+        for df in cached:
+            df.unpersist()
     except ANY_ERROR as exc:
         log.warning("could not free the cached rows: %s", exc)
 
@@ -198,7 +200,7 @@ def _tokenizer(rows: Any, cfg: JobConfig):
 # Printable ASCII, tab and line breaks: text the normalizer leaves as it is (but for case) and whose words Spark SQL
 # can find as the pre-tokenizer does (BertPreTokenizer: split on whitespace, every ASCII punctuation character a
 # word of its own). Other text goes through the tokenizer itself.
-_PLAIN_TEXT = "^[\\x20-\\x7e\\t\\n\\r]*$"
+_PLAIN_TEXT = "\\A[\\x20-\\x7e\\t\\n\\r]*\\z"  # \A..\z: Java's $ also matches before a final U+2028
 _PUNCTUATION = "!-/:-@\\[-`{-~"  # Rust's char::is_ascii_punctuation, as a Java regex character class
 
 
@@ -270,8 +272,9 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
         shard.cast("int").alias(writer.SHARD), writer.ORDER, "key", "text", label.alias("label"),
         *columns.numeric, *columns.categorical, *([columns.weight] if columns.weight else []))
     places = F.array(*[F.lit(k) for k in placing_keys(rows.sparkSession, plan.total)]).cast("array<bigint>")
-    placed = keyed.withColumn("_place", F.element_at(places, F.col(writer.SHARD) + 1))
-    ordered = placed.repartition(plan.total, "_place").drop("_place") \
+    place = f"{INTERNAL}place"
+    placed = keyed.withColumn(place, F.element_at(places, F.col(writer.SHARD) + 1))
+    ordered = placed.repartition(plan.total, place).drop(place) \
         .sortWithinPartitions(writer.SHARD, writer.ORDER, "key")
     task = partial(writer.write_batches, plan=plan, staging=staging, fitted=fitted, columns=columns,
                    encode_label=label_mod.encoder(cfg.task, fitted.labels), compression=cfg.etl.compression,
@@ -293,12 +296,13 @@ def encoder_inputs(rows: Any, src: Any) -> tuple[Any, writer.Columns]:
     cats, dts, weight = list(src.categorical_columns), list(src.datetime_columns), src.weight_column
     numbers = [F.expr(f"try_cast(`{c}` AS DOUBLE)") for c in src.numeric_columns]
     numbers += [stats_mod.epoch_value(rows, c).cast("double") for c in dts]
-    rows = rows.select("*", *[x.alias(f"_n{j}") for j, x in enumerate(numbers)],
-                       *[stats_mod.category_value(rows, c).alias(f"_cat{j}") for j, c in enumerate(cats)],
-                       *([F.expr(f"try_cast(`{weight}` AS DOUBLE)").alias("_weight")] if weight else []))
-    return rows, writer.Columns(numeric=tuple(f"_n{j}" for j in range(len(numbers))),
-                                categorical=tuple(f"_cat{j}" for j in range(len(cats))),
-                                several_texts=len(src.text_columns) > 1, weight="_weight" if weight else None)
+    rows = rows.select("*", *[x.alias(f"{INTERNAL}n{j}") for j, x in enumerate(numbers)],
+                       *[stats_mod.category_value(rows, c).alias(f"{INTERNAL}cat{j}") for j, c in enumerate(cats)],
+                       *([F.expr(f"try_cast(`{weight}` AS DOUBLE)").alias(f"{INTERNAL}weight")] if weight else []))
+    return rows, writer.Columns(numeric=tuple(f"{INTERNAL}n{j}" for j in range(len(numbers))),
+                                categorical=tuple(f"{INTERNAL}cat{j}" for j in range(len(cats))),
+                                several_texts=len(src.text_columns) > 1,
+                                weight=f"{INTERNAL}weight" if weight else None)
 
 
 def shard_of(key: Any, count: int) -> Any:

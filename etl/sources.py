@@ -5,6 +5,7 @@ from typing import Any
 
 from etl import labels, sample
 from etl.validate import CORRUPT, extra_columns
+from etl.writer import INTERNAL
 from hvdtrain.core.config import JobConfig
 from hvdtrain.core.errors import DataError
 from hvdtrain.data.features import TEXT_SEP
@@ -45,6 +46,10 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     if missing:
         raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
+    reserved = sorted({c for c in (*wanted.values(), *extra_columns(cfg)) if c and c.startswith(INTERNAL)})
+    if reserved:
+        raise DataError(f"{describe(cfg)}: column {', '.join(map(repr, reserved))} starts with {INTERNAL!r}, which "
+                        "the ETL keeps for the columns it adds: rename it (e.g. in a Hive view over the table)")
     check_feature_types(df, cfg)
     missing = [f"source.text_columns {c!r}" for c in src.text_columns if c not in df.columns]
     if missing:

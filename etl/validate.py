@@ -206,27 +206,33 @@ def first_failed(rule_list: list[Rule]) -> tuple[Any, Any]:
     return name, value
 
 
-def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None) -> Checked:
-    """Tag each row with the first rule it breaks; split into valid, rejected and duplicate rows."""
+def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None, cached: Optional[list] = None) -> Checked:
+    """Tag each row with the first rule it breaks; split into valid, rejected and duplicate rows.
+
+    What it keeps in Spark's storage is in the result's ``cached`` and, as it is made, appended to ``cached``
+    (the caller's list, so a failure halfway can free it too).
+    """
     rule_list = rules(cfg, CORRUPT in raw.columns)
     name, value = first_failed(rule_list)
     tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
+    kept = cached if cached is not None else []
+    kept.append(tagged)
     rows_in = tagged.count()  # rows read from the source (this pass fills the cache the rest reads)
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
     passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg),
                                                  *[f"`{c}`" for c in weight_columns(cfg)])
-    valid, duplicates, before, after, kept = dedup(faults.drop_rows(passed, fault, "validate"),
-                                                   cfg.validation.unique_key)
+    valid, duplicates, before, after, numbered = dedup(faults.drop_rows(passed, fault, "validate"),
+                                                       cfg.validation.unique_key, kept)
     counts = RowCounts(rows_in=rows_in, rejected={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)},
                        before_dedup=before, after_dedup=after)
     if duplicates is not None and counts.duplicates:
         rejects = rejects.unionByName(duplicates)
     return Checked(valid=valid, rejects=rejects, counts=counts,
-                   cached=(tagged, *kept))
+                   cached=(tagged, *numbered))
 
 
-def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int, tuple]:
+def dedup(passed: Any, unique_key: bool, cached: Optional[list] = None) -> tuple[Any, Optional[Any], int, int, tuple]:
     """(one row per key, the dropped duplicates as rejects, rows before, rows after, what it keeps cached).
 
     Both counts come from one aggregation over the numbered rows, the pass the
@@ -245,6 +251,8 @@ def dedup(passed: Any, unique_key: bool) -> tuple[Any, Optional[Any], int, int, 
     # dropped duplicates all read the same copy (Checked.release frees it).
     w = Window.partitionBy("key").orderBy("text", "label")
     numbered = passed.withColumn("_n", F.row_number().over(w)).persist(StorageLevel.MEMORY_AND_DISK)
+    if cached is not None:
+        cached.append(numbered)
     agg = numbered.agg(F.count(F.lit(1)).alias("before"),
                        F.sum(F.when(F.col("_n") == 1, 1).otherwise(0)).alias("after")).first()
     dropped = (numbered.where("_n > 1").select("key", "text", "label")

@@ -108,7 +108,10 @@ class Columns:
     weight: Optional[str]  # the sample weight as a double
 
 
-SHARD, ORDER = "_shard", "_order"
+# The columns the ETL adds for the write tasks are named with this prefix, which no source column may use
+# (etl.sources refuses it), so none can collide with a feature, key, label or weight column.
+INTERNAL = "__hvd_"
+SHARD, ORDER = f"{INTERNAL}shard", f"{INTERNAL}order"
 
 
 def write_batches(batches: Iterable[Any], *, plan: ShardPlan, staging: str, fitted: Fitted, columns: Columns,

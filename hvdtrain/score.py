@@ -235,8 +235,10 @@ def _strings(texts: Any) -> Any:
 
 
 def numeric_values(raw: Any) -> np.ndarray:
-    """A numeric column of a batch as float64 (NaN: missing or not a number), each value as Python's ``float``
-    makes it, as the ETL's writer does (booleans 0/1, decimals, the text of a double, exactly)."""
+    """A numeric column of a batch as float64 (NaN: missing or not a number): numbers as they are (booleans 0/1,
+    decimals), text as Python's ``float`` parses it. :func:`input_exprs` sends a FLOAT/DOUBLE or STRING column as
+    the text of the double Spark makes of it, which ``float`` parses back exactly: the ETL's writer reads the
+    same doubles (Spark's cast)."""
     import pandas as pd
 
     if pd.api.types.is_numeric_dtype(raw.dtype):  # booleans included; an INT with NULLs is float64 already
@@ -253,6 +255,11 @@ def numeric_values(raw: Any) -> np.ndarray:
     return np.array([number(v) for v in raw.tolist()], dtype=np.float64)
 
 
+def _is_text_type(kind: Optional[str]) -> bool:
+    """A Spark SQL type name of text: string, varchar(n), char(n)."""
+    return kind is not None and (kind == "string" or kind.startswith(("varchar", "char")))
+
+
 def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
     """(Spark SQL select expressions, FLOAT/DOUBLE feature columns sent as text) for the rows to score (pure).
 
@@ -260,7 +267,8 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
     a categorical column as ``CAST(c AS STRING)``, the fit's own expression (``etl.stats.category_value``; an INT
     with NULLs would otherwise arrive as float64, ``5.0``); a FLOAT/DOUBLE column (numeric or categorical) as
     the JVM's text of the double, which Python parses back exactly, keeping NaN apart from NULL (one NaN in
-    pandas); a datetime column as ``unix_date``/``unix_micros`` (``hvdtrain.data.features.datetime_values``). A
+    pandas); a STRING numeric column as the text of Spark's parse of it (the ETL's), 'NaN' when it has none;
+    a datetime column as ``unix_date``/``unix_micros`` (``hvdtrain.data.features.datetime_values``). A
     column also asked for as an extra output column keeps its own type.
     """
     extra = set(spec.extra_columns)
@@ -273,6 +281,11 @@ def input_exprs(types: dict[str, str], spec: ScoreSpec, columns: Sequence[str]) 
             out.append(q)
         elif c in double_text:  # a FLOAT widened first: its own text is not the double's ("3.4E38")
             out.append(f"CAST(CAST({q} AS DOUBLE) AS STRING) AS {q}")
+        elif c in spec.numeric_columns and _is_text_type(types.get(c)):
+            # Spark's parse, as the ETL's validation, fit and writer read the column ("1d", " 7 ", "0x1p3"), as
+            # the double's text; a value Spark cannot parse as 'NaN', which rejects the row as validation does
+            out.append(f"CASE WHEN {q} IS NOT NULL AND try_cast({q} AS DOUBLE) IS NULL THEN 'NaN' "
+                       f"ELSE CAST(try_cast({q} AS DOUBLE) AS STRING) END AS {q}")
         elif c in spec.categorical_columns:
             out.append(f"CAST({q} AS STRING) AS {q}")
         elif c in spec.datetime_columns:

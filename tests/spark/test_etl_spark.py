@@ -546,8 +546,9 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
     jars = hdfs_standin.fake_hadoop_client(home)
     plan = writer.ShardPlan({"train": 2, "validation": 1, "test": 1})
     rows = [(p, f"{i:04d}", f"k{p}-{i}", None, "ab"[i % 2]) for p in range(4) for i in range(5)]
-    ordered = (spark.createDataFrame(rows, "_shard int, _order string, key string, text string, label string")
-               .repartition(4, "_shard").sortWithinPartitions("_shard", "_order"))
+    schema = f"{writer.SHARD} int, {writer.ORDER} string, key string, text string, label string"
+    ordered = (spark.createDataFrame(rows, schema).repartition(4, writer.SHARD)
+               .sortWithinPartitions(writer.SHARD, writer.ORDER))
     task = partial(hdfs_standin.write_batches_in_container, root=str(root), hadoop_home=home, plan=plan,
                    staging="hdfs://namenode:8020/data/_staging/r1", fitted=Fitted(labels=["a", "b"]),
                    columns=writer.Columns(numeric=(), categorical=(), several_texts=False, weight=None),

@@ -74,18 +74,20 @@ def _corpus() -> list[str]:
     docs = [line for mod in (json_mod, textwrap, inspect, collections)
             for line in inspect.getsource(mod).splitlines() if line.strip()]
     return docs + ["Ünïcödé café naïve 東京タワー", "x\u00a0y\tz\r\nw", "\x00ctrl\x07 bell", "ﬁancé ＡＢＣ",
-                   "a\u200bb", "\x7fdel", "tab\there", "\x0bvt\x0cff", "MiXeD CaSe, punct!?"]
+                   "a\u200bb", "\x7fdel", "tab\there", "\x0bvt\x0cff", "MiXeD CaSe, punct!?",
+                   # a final line break Java's $ matches before: these must take the tokenizer's path
+                   "abc\u2028", "Hello World\u0085", "foo.bar\u2029", "ends in a newline\n"]
 
 
-@pytest.mark.parametrize("lowercase,nfkc", [(True, True), (False, False)])
-def test_word_counts_in_spark_sql_match_the_tokenizer_on_a_real_corpus(spark, lowercase, nfkc):
+@pytest.mark.parametrize("lowercase,nfkc,strip", [(True, True, True), (False, False, False)])
+def test_word_counts_in_spark_sql_match_the_tokenizer_on_a_real_corpus(spark, lowercase, nfkc, strip):
     """Plain ASCII text is split into words by Spark SQL, the rest by the tokenizer: the counts equal the
     tokenizer's own (normalizer + pre-tokenizer) on every line, word for word."""
     from etl import job, text
     from hvdtrain.data import wordpiece
 
     docs = _corpus()
-    opts = text.TextOptions(max_length=16, lowercase=lowercase, nfkc=nfkc)
+    opts = text.TextOptions(max_length=16, lowercase=lowercase, nfkc=nfkc, strip_control_chars=strip)
     exact = collections.Counter(w for d in docs for w in text.words(text.base(opts), d))
     cap = 50_000  # candidates_limit(cap) exceeds the corpus's distinct words: every count is compared
     assert wordpiece.candidates_limit(cap) > len(exact)
@@ -139,3 +141,19 @@ def test_shards_are_byte_identical_to_the_per_row_writers(spark, tmp_path):
     with open(os.path.join(os.path.dirname(__file__), "data", "etl_writer_pinned.json")) as fh:
         want = json_mod.load(fh)
     assert pinned_digests(spark, str(tmp_path)) == want
+
+
+def test_a_source_column_named_like_the_etls_own_is_refused_in_one_line(spark, tmp_path):
+    """The write tasks' columns are prefixed ``__hvd_``: a configured column with that prefix would collide."""
+    from etl import sources
+    from etl.writer import INTERNAL
+    from hvdtrain.core.errors import DataError
+
+    path = str(tmp_path / "src")
+    spark.sql(f"SELECT 'k' AS id, 'a' AS label, 'w' AS text, 1.0 AS {INTERNAL}n0").write.parquet(path)
+    cfg = config.from_dict({"name": "r", "workdir": str(tmp_path),
+                            "source": {"path": path, "format": "parquet", "numeric_columns": [f"{INTERNAL}n0"]},
+                            "etl": {"output": str(tmp_path / "out")}}, base_dir=str(tmp_path))
+    with pytest.raises(DataError) as err:
+        sources.read(spark, cfg)
+    assert "\n" not in str(err.value) and f"'{INTERNAL}n0'" in str(err.value) and "rename" in str(err.value)

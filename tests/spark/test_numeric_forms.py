@@ -78,6 +78,23 @@ def test_numeric_types_fit_as_writer_and_scoring_encode(spark) -> None:
     np.testing.assert_array_equal(etl[2], np.array(fills, np.float32))  # the NULL row: the mean, scaled: 0
 
 
+def test_a_string_numeric_column_is_parsed_by_spark_in_the_etl_and_in_scoring(spark) -> None:
+    """Validation, the fit and the writer read a STRING numeric column through Spark's cast ("1d", " 7 ", a hex
+    float all parse); scoring must read the same doubles, not Python's float() (which refuses "1d"), and reject
+    what Spark cannot parse, as validation does."""
+    values = ["2.5", "1d", None, " 7 ", "0x1p3"]
+    df = spark.createDataFrame(list(enumerate(values)), "id long, s string")
+    fitted = _stats(df, ["s"])
+    assert fitted["numeric"]["s"]["count"] == 4
+    assert fitted["numeric"]["s"]["mean"] == pytest.approx((2.5 + 1 + 7 + 8) / 4, rel=1e-12)
+    etl = feature_paths.etl_encode(df, _source(["s"]), fitted)["numeric"]
+    scored, reasons = feature_paths.score_encode(df, fitted)
+    assert reasons == [None] * 5
+    np.testing.assert_array_equal(scored["numeric"], etl)  # bit for bit
+    bad = spark.createDataFrame([(0, "abc"), (1, "NaN"), (2, "3")], "id long, s string")
+    assert feature_paths.score_encode(bad, fitted)[1] == ["bad numeric value in s"] * 2 + [None]
+
+
 def test_nan_is_a_reject_in_scoring_as_in_the_etl_and_null_is_missing(spark) -> None:
     df = spark.createDataFrame([(0, 1.5), (1, float("nan")), (2, None), (3, float("inf"))], "id long, d double")
     fitted = _stats(df.where("id = 0"), ["d"])
