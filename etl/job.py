@@ -276,9 +276,9 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     placed = keyed.withColumn(place, F.element_at(places, F.col(writer.SHARD) + 1))
     ordered = placed.repartition(plan.total, place).drop(place) \
         .sortWithinPartitions(writer.SHARD, writer.ORDER, "key")
+    columns = dataclasses.replace(columns, encode_label=label_mod.encoder(cfg.task, fitted.labels))
     task = partial(writer.write_batches, plan=plan, staging=staging, fitted=fitted, columns=columns,
-                   encode_label=label_mod.encoder(cfg.task, fitted.labels), compression=cfg.etl.compression,
-                   fault=fault)
+                   compression=cfg.etl.compression, fault=fault)
     return [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
 
 

@@ -106,6 +106,8 @@ class Columns:
     categorical: tuple[str, ...]  # strings: each value's category_string
     several_texts: bool  # ``text`` joins a row's text columns with TEXT_SEP
     weight: Optional[str]  # the sample weight as a double
+    # label string -> the value written (etl.labels.encoder); a regression's target comes as a double
+    encode_label: Callable[[str], Any] = str
 
 
 # The columns the ETL adds for the write tasks are named with this prefix, which no source column may use
@@ -115,7 +117,7 @@ SHARD, ORDER = f"{INTERNAL}shard", f"{INTERNAL}order"
 
 
 def write_batches(batches: Iterable[Any], *, plan: ShardPlan, staging: str, fitted: Fitted, columns: Columns,
-                  encode_label: Any, compression: str, fault: Optional[faults.Fault] = None) -> Iterator[Any]:
+                  compression: str, fault: Optional[faults.Fault] = None) -> Iterator[Any]:
     """Runs in a Spark task (``mapInArrow``): encode Arrow batches of rows sorted by shard, then place, and write
     each shard the task holds; yields one result row (:data:`RESULT_SCHEMA`) per shard written.
 
@@ -132,7 +134,7 @@ def write_batches(batches: Iterable[Any], *, plan: ShardPlan, staging: str, fitt
     fs.prepare_hdfs_client(staging)  # libhdfs in this executor: the Hadoop classpath, as training ranks get it
     ctx = TaskContext.get()
     attempt = f"{ctx.stageId()}-{ctx.taskAttemptId()}" if ctx else "driver"
-    encode = RecordEncoder(fitted, columns, encode_label)
+    encode = RecordEncoder(fitted, columns)
     for shard, pieces in _by_shard(_drop_key(batches, fault)):
         split, index = plan.locate(shard)
         path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
@@ -221,14 +223,12 @@ class RecordEncoder:
     ``source.weight_column``, the row's sample weight is the float32 ``weight`` feature.
     """
 
-    def __init__(self, fitted: Fitted, columns: Columns, encode_label: Callable[[str], Any] = str):
+    def __init__(self, fitted: Fitted, columns: Columns):
         self.features = FeatureEncoder(fitted.tokenizer_json, fitted.tabular_stats)
         self.encodings = fitted.encodings
         self.task = fitted.task
         self.weighted = fitted.weighted
         self.input = columns
-        # label string -> what is written (etl.labels.encoder); a regression's target comes as a double
-        self.encode_label = encode_label
 
     def features_of(self, batch: Any) -> dict[str, Any]:
         """The model features of an Arrow batch of rows (:class:`Columns`), as :class:`FeatureEncoder` makes them."""
@@ -249,7 +249,7 @@ class RecordEncoder:
         if self.task == "regression":
             labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
         else:
-            encoded = [self.encode_label(v) for v in batch.column("label").to_pylist()]
+            encoded = [self.input.encode_label(v) for v in batch.column("label").to_pylist()]
             labels = np.array(encoded, dtype=np.float32 if self.task == "multilabel" else np.int64)
         feats = self.features_of(batch)
         cols: dict[str, tuple[str, Any]] = {}

@@ -551,8 +551,8 @@ def test_shard_writing_tasks_set_up_libhdfs_in_their_own_process(spark, tmp_path
                .sortWithinPartitions(writer.SHARD, writer.ORDER))
     task = partial(hdfs_standin.write_batches_in_container, root=str(root), hadoop_home=home, plan=plan,
                    staging="hdfs://namenode:8020/data/_staging/r1", fitted=Fitted(labels=["a", "b"]),
-                   columns=writer.Columns(numeric=(), categorical=(), several_texts=False, weight=None),
-                   encode_label={"a": 0, "b": 1}.__getitem__, compression="none")
+                   columns=writer.Columns(numeric=(), categorical=(), several_texts=False, weight=None,
+                                          encode_label={"a": 0, "b": 1}.__getitem__), compression="none")
     results = [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
     assert sorted(r.records for r in results) == [5, 5, 5, 5]
     seen = hdfs_standin.writes(str(root))
