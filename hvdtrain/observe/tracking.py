@@ -280,6 +280,15 @@ class Tracker:
 
         self._guard("log_params", log_all)
 
+    def logged_steps(self, key: str) -> set[int]:
+        """The steps metric ``key`` already has in this run (a continued run's); none when MLflow cannot say."""
+        if not self._active or self._mlflow is None or self.run_id is None:
+            return set()
+        found = self._guard("get_metric_history",
+                            lambda: {int(m.step) for m in self._mlflow.MlflowClient().get_metric_history(self.run_id,
+                                                                                                         key)})
+        return found or set()
+
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         """Buffered: sent now, or after an outage with their step and time (never blocks training)."""
         if not self._active or self._mlflow is None:

@@ -77,6 +77,9 @@ log = logging.getLogger("hvdtrain.training.elastic")
 
 # -- act ------------------------------------------------------------------------------------------------
 
+EPOCH_METRIC = "train_loss"  # logged at every epoch's end (observe.events.EpochStats.metrics)
+
+
 @dataclass
 class Job:
     """What every (re)start of the elastic function needs, and what this process opened while rank 0."""
@@ -94,6 +97,9 @@ class Job:
     tracker: Any = None  # inert until this process is rank 0 at a (re)start
     writer: Optional[checkpoint.CheckpointWriter] = None  # made by whoever is rank 0 at a checkpoint
     phase: Phase = no_phase  # the stall watchdog's: what this rank does next (runtime.guarded)
+    # Epochs the MLflow run has: a rollback to a commit before an epoch's end redoes that end, and MLflow would
+    # keep both entries of the epoch (filled from the run itself when a new rank 0 continues it)
+    logged_epochs: set[int] = field(default_factory=set)
 
     @property
     def reset_timeout(self) -> float:
@@ -111,6 +117,8 @@ class Job:
             self.tracker = self.opened.enter_context(tracking.start(self.cfg, True, tags, resume_run_id=run_id))
             if run_id is None or self.tracker.run_id != run_id:
                 self.tracker.log_params({**tracking.flat_params(self.cfg), **self.params()})
+            else:
+                self.logged_epochs |= self.tracker.logged_steps(EPOCH_METRIC)
         return distributed.broadcast_object(self.tracker.run_id if rank.is_chief else None,
                                             name="hvdtrain.training.elastic.run_id")
 
@@ -241,7 +249,9 @@ def _add_sums(job: Job, state: Any, rank: distributed.RankInfo, local: np.ndarra
     state.history, state.sums = [*state.history, stats.to_dict()], [0.0, 0.0, 0.0, 0.0]
     log.info("epoch %d/%d at %d ranks: loss %.4f, accuracy %.4f", epoch, job.cfg.train.epochs, rank.size,
              stats.loss, stats.accuracy)
-    job.tracker.log_metrics({**stats.metrics(), "world_size": float(rank.size)}, epoch)
+    if epoch not in job.logged_epochs:  # once per epoch, however many times a rollback redoes its end
+        job.tracker.log_metrics({**stats.metrics(), "world_size": float(rank.size)}, epoch)
+        job.logged_epochs.add(epoch)
 
 
 def _collectively(rank: distributed.RankInfo, act: Any, what: str) -> Any:

@@ -183,3 +183,24 @@ def test_a_sqlite_store_keeps_new_experiments_artifacts_beside_the_database(tmp_
     assert resolve_store("postgresql://db/mlflow", {}, "/w").artifact_location is None
     local = resolve_store(None, {}, str(tmp_path / "work"))
     assert local.artifact_location == f"file://{tmp_path}/work/mlflow/artifacts"
+
+
+def test_a_continued_run_says_which_steps_a_metric_already_has(tmp_path: Path) -> None:
+    """An elastic job's new rank 0 continues the MLflow run: the epochs already logged (``logged_steps``) are not
+    logged again when a rollback redoes their end (``hvdtrain.training.elastic``, the job's ``logged_epochs``)."""
+    from hvdtrain.observe import tracking
+
+    cfg = config.from_dict({"name": "steps", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
+                            "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}, base_dir=str(tmp_path))
+    first = tracking.Tracker(cfg)
+    run_id = first.start({})
+    assert first.logged_steps("train_loss") == set()
+    for epoch in (1, 2, 3):
+        first.log_metrics({"train_loss": 1.0 / epoch}, epoch)
+    first.flush()
+    first.end("FAILED")  # the rank 0 that logged them is gone
+    continued = tracking.Tracker(cfg)
+    assert continued.start({}, resume_run_id=run_id) == run_id
+    assert continued.logged_steps("train_loss") == {1, 2, 3} and continued.logged_steps("nothing") == set()
+    continued.end()
+    assert tracking.Tracker(cfg, enabled=False).logged_steps("train_loss") == set()
