@@ -145,15 +145,20 @@ def test_rank_runs_the_unpacked_script_and_keeps_its_log(tmp_path: Path, monkeyp
     assert record["container_log"] is None  # off YARN: no container log folder
 
 
+def _zipped_script(tmp_path: Path, source: str) -> tuple[str, Path]:
+    """(a user's folder holding train.py = ``source``, zipped as ``yarn run`` ships it; an empty container log folder)."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "train.py").write_text(source)
+    container_logs = tmp_path / "container-logs"
+    container_logs.mkdir()
+    return yarn_run.zip_folder(str(folder), str(tmp_path / "s.zip")), container_logs
+
+
 def test_on_yarn_the_rank_log_is_written_in_the_container_log_folder_and_copied(tmp_path: Path, monkeypatch) -> None:
     """A NodeManager sets LOG_DIRS; the rank's log is rank<N>.log in the first folder, appended to by a relaunch in
     the same container; the copy under ``logs`` is each run's own output."""
-    folder = tmp_path / "code"
-    folder.mkdir()
-    (folder / "train.py").write_text("import sys\nprint('run', sys.argv[1])\n")
-    zipped = yarn_run.zip_folder(str(folder), str(tmp_path / "s.zip"))
-    container_logs = tmp_path / "container-logs"
-    container_logs.mkdir()
+    zipped, container_logs = _zipped_script(tmp_path, "import sys\nprint('run', sys.argv[1])\n")
     monkeypatch.setenv("LOG_DIRS", f"{container_logs},{tmp_path / 'other-disk'}")
     monkeypatch.setenv("CONTAINER_ID", "container_1_0001_01_000002")
     monkeypatch.setenv("HOROVOD_RANK", "0")
@@ -179,12 +184,7 @@ RANK_RUNNER = "import json, sys\nfrom yarn import executor\nexecutor.run_script(
 def test_a_killed_ranks_output_is_in_its_container_log_folder_before_the_kill(tmp_path: Path) -> None:
     """What YARN's log aggregation uploads of a container killed mid-run: the rank's output so far, since it is
     written to the container's log folder as it comes (the copy under ``logs`` is made only at the end)."""
-    folder = tmp_path / "code"
-    folder.mkdir()
-    (folder / "train.py").write_text("import time\nprint('epoch 1 done', flush=True)\ntime.sleep(600)\n")
-    zipped = yarn_run.zip_folder(str(folder), str(tmp_path / "s.zip"))
-    container_logs = tmp_path / "container-logs"
-    container_logs.mkdir()
+    zipped, container_logs = _zipped_script(tmp_path, "import time\nprint('epoch 1 done', flush=True)\ntime.sleep(600)\n")
     spec = {"zip": zipped, "script": "train.py", "args": [], "logs": str(tmp_path / "logs"), "executor_cores": 1}
     env = {**os.environ, "LOG_DIRS": str(container_logs), "HOROVOD_RANK": "3", "PYTHONPATH": str(REPO)}
     # Its own session: the kill takes the rank and the script, as a NodeManager kills a container's process group
