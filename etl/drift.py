@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from etl import stats
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import ScoreConfig
 from hvdtrain.data import drift as drift_lib
 from hvdtrain.data.features import FeatureEncoder
 
@@ -62,18 +62,18 @@ def text_counts(rows: Any, column: str, tokenizer_json: str) -> dict[str, int]:
     return {"unknown": int(row[0] or 0), "tokens": int(row[1] or 0), "rows": int(row[2] or 0)}
 
 
-def check(rows: Any, bundle: Any, cfg: JobConfig) -> dict[str, Any]:
+def check(rows: Any, bundle: Any, score: ScoreConfig) -> dict[str, Any]:
     """The drift report of the rows about to be scored, against the model's training reference."""
     tab = bundle.tabular or {}
     ref = dict(tab.get("reference") or {})
-    sample = _sample(rows, cfg.score.drift_sample_rows)
+    sample = _sample(rows, score.drift_sample_rows)
     observed: dict[str, Any] = bin_counts(sample, {c: r["edges"] for c, r in ref.get("numeric", {}).items()},
                                           {c: r["bins"][:-2] for c, r in ref.get("categorical", {}).items()})
     if bundle.text_column and bundle.tokenizer_json:
         observed["text"] = text_counts(sample, bundle.text_column, bundle.tokenizer_json)
         ref["text"] = {"column": bundle.text_column,
                        "unknown_token_rate": bundle.preprocessing.get("text", {}).get("unknown_token_rate", 0.0)}
-    out = drift_lib.report(ref, observed, cfg.score.psi_threshold, cfg.score.unknown_token_threshold)
+    out = drift_lib.report(ref, observed, score.psi_threshold, score.unknown_token_threshold)
     if tab and not tab.get("reference"):
         out["notes"] = ["the model's manifest has no tabular reference distributions (ETL older than scoring): "
                         "numeric and categorical drift not checked; rerun the ETL and retrain to enable it"]

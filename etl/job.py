@@ -38,7 +38,7 @@ from etl.fitted import Fitted
 from etl.writer import INTERNAL
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
-from hvdtrain.core.config import SPLITS, JobConfig
+from hvdtrain.core.config import SPLITS, EtlConfig, JobConfig, SourceConfig
 from hvdtrain.core.errors import ANY_ERROR, DataError, HvdtrainError, add_note
 from hvdtrain.data import manifest, wordpiece
 from hvdtrain.data.features import TEXT_SEP
@@ -63,22 +63,22 @@ class StageTimer:
         log.info("etl: %s done in %.1fs", name, self.seconds[name])
 
 
-def check_output(cfg: JobConfig) -> bool:
+def check_output(etl: EtlConfig) -> bool:
     """Refuse to clobber a published dataset unless asked, and anything else always; True when one is replaced.
 
     Decided as the publish decides (:func:`etl.publish.check_claim`): a folder holding any file neither its
     ledger nor its manifest names is refused, with or without ``etl.overwrite``, before any Spark work.
     """
-    out = cfg.etl.output
+    out = etl.output
     if not fs.exists(out):
         return False
     files = publish.check_claim(out)
     names = sorted({f.split("/")[0] for f in files})
     published = manifest.MANIFEST_NAME in names or manifest.MANIFEST_NAME + manifest.NEXT_SUFFIX in names
-    if published and not cfg.etl.overwrite:
+    if published and not etl.overwrite:
         raise DataError(f"etl.output {out} already holds a dataset (manifest.json); pass --overwrite "
                         "(or etl.overwrite=true) to replace it, or choose another etl.output")
-    if names and not published and not cfg.etl.overwrite:
+    if names and not published and not etl.overwrite:
         raise DataError(f"etl.output {out} holds the remains of an unfinished hvdtrain ETL "
                         f"({', '.join(names[:5])}) and no manifest; pass --overwrite to replace them, or choose "
                         "an empty folder")
@@ -97,7 +97,7 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     from pyspark import StorageLevel
 
     timer = StageTimer()
-    replacing = check_output(cfg)
+    replacing = check_output(cfg.etl)
     fault = faults.from_env()  # test-only hook; None unless HVDTRAIN_ETL_FAULT is set
     run_id = uuid.uuid4().hex[:12]
     staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
@@ -108,24 +108,25 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
         with timer.stage("read"):
             raw = sources.read(spark, cfg)
         with timer.stage("validate"):
-            checked = validate.run(raw, cfg, fault, cached)
-            validate.refuse_undecodable(checked, cfg, sources.describe(cfg))
+            checked = validate.run(raw, cfg.source, cfg.validation, fault, cached)
+            validate.refuse_undecodable(checked, cfg.source, sources.describe(cfg.source))
             rows = split_mod.add_split(faults.drop_rows(checked.valid, fault, "split"), cfg.etl.splits)
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(rows)
-            labels = label_mod.fit(rows, cfg)
-            rows = label_mod.reject_unlearnable(rows, labels, cfg, checked)
+            labels = label_mod.fit(rows, cfg.task, cfg.source.label_column)
+            rows = label_mod.reject_unlearnable(rows, labels, cfg.task, checked)
             counts = split_mod.count_by_split(rows)
             checked.counts.by_split = counts
-            validate.enforce_limits(checked, sum(counts.values()), cfg, sources.describe(cfg))
+            validate.enforce_limits(checked, sum(counts.values()), cfg.source, cfg.validation,
+                                    sources.describe(cfg.source))
             validate.write_rejects(checked, fs.join(staging, "rejects"))
         checked.release()  # `rows` holds all the later stages read; the rejects are written
         if counts.get("train", 0) == 0:
-            raise DataError(f"no valid training rows in {sources.describe(cfg)} "
+            raise DataError(f"no valid training rows in {sources.describe(cfg.source)} "
                             f"(rows in: {checked.rows_in}, rejected: {checked.rejected_total}); see the rejects")
         with timer.stage("fit vocabulary and statistics on train"):
-            tok = _tokenizer(rows, cfg) if cfg.source.text_column else None
-            stats = _tabular_stats(rows, cfg)
+            tok = _tokenizer(rows, cfg.etl) if cfg.source.text_column else None
+            stats = _tabular_stats(rows, cfg.source, cfg.etl)
             target = label_mod.target_stats(rows) if cfg.task.kind == "regression" else None
         text_specs = (manifest.text_features(cfg.etl.max_length, tok.get_vocab_size(with_added_tokens=True),
                                              cfg.etl.packed_tokens) if tok is not None else {})
@@ -179,22 +180,22 @@ def read_vocab(uri: str) -> list[str]:
                         f"{exc.start}, line {line}): convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
-def _tokenizer(rows: Any, cfg: JobConfig):
+def _tokenizer(rows: Any, etl: EtlConfig):
     from pyspark.sql import functions as F
 
-    opts = text.TextOptions.from_etl(cfg.etl)
-    if cfg.etl.vocab_file:
-        if not fs.exists(cfg.etl.vocab_file):
-            raise DataError(f"etl.vocab_file {cfg.etl.vocab_file} does not exist; give a vocab.txt path "
+    opts = text.TextOptions.from_etl(etl)
+    if etl.vocab_file:
+        if not fs.exists(etl.vocab_file):
+            raise DataError(f"etl.vocab_file {etl.vocab_file} does not exist; give a vocab.txt path "
                             "or remove the key to learn the vocabulary from the training split")
-        lines = read_vocab(cfg.etl.vocab_file)
+        lines = read_vocab(etl.vocab_file)
         try:
             return text.from_vocab(lines, opts)
         except ValueError as exc:
-            raise DataError(f"etl.vocab_file {cfg.etl.vocab_file}: {exc}") from None
+            raise DataError(f"etl.vocab_file {etl.vocab_file}: {exc}") from None
     texts = rows.where("split = 'train'").select(F.translate("text", TEXT_SEP, " ").alias("text"))
-    counts = top_word_counts(texts, opts, cfg.etl.vocab_size)  # every text column's words
-    return text.from_vocab(text.learn_vocab(counts, cfg.etl.vocab_size), opts)
+    counts = top_word_counts(texts, opts, etl.vocab_size)  # every text column's words
+    return text.from_vocab(text.learn_vocab(counts, etl.vocab_size), opts)
 
 
 # Printable ASCII, tab and line breaks: text the normalizer leaves as it is (but for case) and whose words Spark SQL
@@ -241,10 +242,10 @@ def top_word_counts(texts: Any, opts: Any, vocab_size: int) -> dict[str, int]:
     return {r["word"]: r["n"] for r in top}
 
 
-def _tabular_stats(rows: Any, cfg: JobConfig) -> Optional[dict]:
-    if not (cfg.source.numeric_columns or cfg.source.categorical_columns or cfg.source.datetime_columns):
+def _tabular_stats(rows: Any, src: SourceConfig, etl: EtlConfig) -> Optional[dict]:
+    if not (src.numeric_columns or src.categorical_columns or src.datetime_columns):
         return None
-    return tabular.fit(rows.where("split = 'train'"), cfg)
+    return tabular.fit(rows.where("split = 'train'"), src, etl)
 
 
 def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
@@ -256,6 +257,8 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     column whose hash lands each shard in its own partition, then ``sortWithinPartitions``); the write tasks
     get Arrow batches (``mapInArrow``). Shard contents and order are the same on every rerun, whatever the
     input partitioning.
+
+    Reads cfg.source (the feature columns), cfg.task (the label's encoding) and cfg.etl (seed, compression).
     """
     from functools import partial
 
@@ -416,7 +419,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = config_mod.load(args.config, args.overrides + (["etl.overwrite=true"] if args.overwrite else []))
         secrets.protect_logging(*secrets.secret_values(cfg.flat()))
 
-        spark_log = session.log_file(cfg, args.master, args.verbose, "etl")
+        spark_log = session.log_file(cfg.workdir, args.master, args.verbose, "etl")
         spark = session.get_session(cfg, args.master, args.verbose, "etl")
         if args.create_sample_table:
             sources.create_sample_table(spark, cfg)

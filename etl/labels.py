@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from etl.accounting import LABEL_UNKNOWN
-from hvdtrain.core.config import JobConfig, TaskConfig
+from hvdtrain.core.config import TaskConfig
 from hvdtrain.core.errors import DataError
 
 LABEL_NOT_A_NUMBER = "label_not_a_number"
@@ -73,13 +73,13 @@ def _examples(df: Any, predicate: Any) -> str:
     return ", ".join(repr(v) for v in values)
 
 
-def fit(rows: Any, cfg: JobConfig) -> list[str]:
-    """The task's label list from the training rows, after checking the column fits the task.
+def fit(rows: Any, task: TaskConfig, column: str) -> list[str]:
+    """The task's label list from the training rows, after checking the label column (``column``, its
+    source name, for messages) fits the task.
 
     Raises:
         DataError: the label column contradicts ``task`` (one line: the column, examples, the fix).
     """
-    task, column = cfg.task, cfg.source.label_column
     train = rows.where("split = 'train'")
     if task.kind == "regression":
         _check_numeric(train, column)
@@ -151,12 +151,11 @@ def _check_not_continuous(train: Any, labels: Sequence[str], column: str, kind: 
                         "set task: regression (or bucket the column into classes first)")
 
 
-def reject_unlearnable(rows: Any, labels: list[str], cfg: JobConfig, checked: Any) -> Any:
+def reject_unlearnable(rows: Any, labels: list[str], task: TaskConfig, checked: Any) -> Any:
     """Quarantine rows whose label the model cannot learn from: a class or label never seen in train
     (rule ``label_unknown``), a regression target that is not a finite number (``label_not_a_number``)."""
     from pyspark.sql import functions as F
 
-    task = cfg.task
     if task.kind == "regression":
         bad, rule = ~_finite(_number()), LABEL_NOT_A_NUMBER
     elif task.kind == "multilabel":

@@ -37,7 +37,7 @@ from etl import split as split_mod
 from etl.accounting import RowCounts
 from etl.fitted import Fitted
 from hvdtrain.core import tasks
-from hvdtrain.core.config import SPLITS, JobConfig
+from hvdtrain.core.config import SPLITS, EtlConfig, JobConfig, SourceConfig
 from hvdtrain.core.errors import ANY_ERROR, DataError
 from hvdtrain.data import manifest
 from hvdtrain.data.contract import WEIGHT_FEATURE
@@ -83,7 +83,10 @@ class PublishPlan:
 
 def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.ShardResult], fitted: Fitted,
                  counts: RowCounts, run: RunFacts) -> PublishPlan:
-    """What moves where, and the manifest; raises DataError when the row accounting fails."""
+    """What moves where, and the manifest; raises DataError when the row accounting fails.
+
+    Reads cfg.etl, cfg.source, cfg.task and cfg.validation (the manifest's hash of the settings that made it).
+    """
     counts = dataclasses.replace(counts, written={s: sum(r.records for r in results if r.split == s)
                                                   for s in SPLITS})
     accounting.check(counts)
@@ -106,11 +109,11 @@ def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.
         "duplicates_dropped": counts.duplicates, "rejects_by_rule": counts.by_rule,
         "rows_by_split": dict(counts.written), "shards_by_split": shards.counts, "stage_seconds": run.stage_seconds,
     }
-    features, vocab_info, preprocessing = _features(cfg, fitted, prefix)
+    features, vocab_info, preprocessing = _features(cfg.source, cfg.etl, cfg.task.kind, fitted, prefix)
     m = manifest.Manifest(
         features=features, label_feature="label", labels=fitted.labels, splits=splits,
         compression=cfg.etl.compression, vocab=vocab_info, preprocessing=preprocessing,
-        source=source_info(cfg, counts), etl_config_hash=cfg.section_hash("source", "validation", "etl"),
+        source=source_info(cfg.source, cfg.task.kind, counts), etl_config_hash=cfg.section_hash("source", "validation", "etl"),
         versions=run.versions, created_at=run.created_at, task=cfg.task.kind,
         row_order=split_mod.row_order(cfg.etl.seed))
     dirs = sorted({fs.join(out, prefix + r.split) for r in results})
@@ -127,7 +130,7 @@ def _small_files(fitted: Fitted, out: str, prefix: str = "") -> list[tuple[str, 
             (fs.join(out, prefix + "tokenizer.json"), (fitted.tokenizer_json or "").encode())]
 
 
-def _features(cfg: JobConfig, fitted: Fitted,
+def _features(src: SourceConfig, etl: EtlConfig, task: str, fitted: Fitted,
               prefix: str = "") -> tuple[dict[str, manifest.FeatureSpec], dict, dict]:
     """(feature specs, vocabulary reference, preprocessing) for the manifest."""
     features: dict[str, manifest.FeatureSpec] = {}
@@ -136,10 +139,10 @@ def _features(cfg: JobConfig, fitted: Fitted,
     if fitted.vocab is not None:
         features.update(fitted.text_specs)
         vocab_info = {"path": prefix + "vocab.txt", "tokenizer": prefix + "tokenizer.json",
-                      "size": len(fitted.vocab), "pad_id": 0, "learned": cfg.etl.vocab_file is None}
-        preprocessing["text"] = {"column": cfg.source.text_column, **text.TextOptions.from_etl(cfg.etl).describe()}
-        if len(cfg.source.text_columns) > 1:  # one input_ids sequence, [SEP] between (features.encode_columns)
-            preprocessing["text"].update(columns=list(cfg.source.text_columns), separator="[SEP]")
+                      "size": len(fitted.vocab), "pad_id": 0, "learned": etl.vocab_file is None}
+        preprocessing["text"] = {"column": src.text_column, **text.TextOptions.from_etl(etl).describe()}
+        if len(src.text_columns) > 1:  # one input_ids sequence, [SEP] between (features.encode_columns)
+            preprocessing["text"].update(columns=list(src.text_columns), separator="[SEP]")
     stats = fitted.tabular_stats
     if stats is not None:
         for name, (dtype, shape) in tabular.feature_specs(stats).items():
@@ -148,22 +151,22 @@ def _features(cfg: JobConfig, fitted: Fitted,
                                     "cardinalities": tabular.cardinalities(stats)}
     if fitted.target is not None:
         preprocessing["target"] = fitted.target  # what training standardizes a regression target with
-    features["label"] = manifest.FeatureSpec(*tasks.label_spec(cfg.task.kind, len(fitted.labels)))
+    features["label"] = manifest.FeatureSpec(*tasks.label_spec(task, len(fitted.labels)))
     if fitted.weighted:
         features[WEIGHT_FEATURE] = manifest.FeatureSpec("float32", [])
     features["key"] = manifest.FeatureSpec("bytes", [])
     return features, vocab_info, preprocessing
 
 
-def source_info(cfg: JobConfig, counts: RowCounts) -> dict[str, Any]:
-    """The manifest's ``source`` block: what was read and its row accounting."""
-    info: dict[str, Any] = {"name": sources.describe(cfg), "rows_in": counts.rows_in,
+def source_info(src: SourceConfig, task: str, counts: RowCounts) -> dict[str, Any]:
+    """The manifest's ``source`` block: what was read and its row accounting (``task``: the task's kind)."""
+    info: dict[str, Any] = {"name": sources.describe(src), "rows_in": counts.rows_in,
                             "rows_rejected": counts.rejected_total, "duplicates_dropped": counts.duplicates}
-    if cfg.source.sample is not None:
-        metric, best = sample.best_score(cfg.source.sample, cfg.task.kind)
-        info["sample"] = {"label_noise": cfg.source.sample.label_noise, "task": cfg.task.kind,
+    if src.sample is not None:
+        metric, best = sample.best_score(src.sample, task)
+        info["sample"] = {"label_noise": src.sample.label_noise, "task": task,
                           "best_metric": metric, "best_value": round(best, 4)}
-        if cfg.task.kind == "multiclass":
+        if task == "multiclass":
             info["sample"]["accuracy_ceiling"] = round(best, 4)
     return info
 

@@ -40,7 +40,7 @@ from etl import split as split_mod
 from hvdtrain import score as score_lib
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
-from hvdtrain.core.config import JobConfig, parse_partition
+from hvdtrain.core.config import JobConfig, ScoreConfig, SourceConfig, parse_partition
 from hvdtrain.core.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
 from hvdtrain.hadoop import fs
 from hvdtrain.observe import console
@@ -69,20 +69,20 @@ class Target:
         return "/".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in self.partition.items())
 
 
-def plan_target(cfg: JobConfig, output_table: Optional[str], partition: Optional[str], overwrite: bool,
+def plan_target(score: ScoreConfig, output_table: Optional[str], partition: Optional[str], overwrite: bool,
                 today: dt.date) -> Target:
     """The output tables and partition: flags win over the score block; default partition ds=<today>."""
-    table = output_table or cfg.score.output_table
+    table = output_table or score.output_table
     if not table:
         raise DataError("no output table: pass --output-table db.predictions or set score.output_table")
     if not (all(p.isidentifier() for p in table.split(".")) and table.count(".") <= 1):
         raise DataError(f"--output-table {table!r} must be a Hive table name like db.predictions")
-    spec = partition or cfg.score.partition or f"ds={today.isoformat()}"
+    spec = partition or score.partition or f"ds={today.isoformat()}"
     try:
         parts = parse_partition(spec)
     except ValueError as exc:
         raise DataError(f"--partition {spec!r} {exc}") from None
-    return Target(table, cfg.score.rejects_table or f"{table}_rejects", parts, overwrite or cfg.score.overwrite)
+    return Target(table, score.rejects_table or f"{table}_rejects", parts, overwrite or score.overwrite)
 
 
 def expected_columns(bundle: score_lib.ModelBundle, key: str, extra: list[tuple[str, str]],
@@ -98,7 +98,10 @@ def expected_columns(bundle: score_lib.ModelBundle, key: str, extra: list[tuple[
 # -- reading -----------------------------------------------------------------------------------
 
 def read_input(spark: Any, cfg: JobConfig, bundle: score_lib.ModelBundle, split: Optional[str] = None) -> Any:
-    """The rows to score: source (+ source.filter, score.filter, a split), narrowed to the columns needed."""
+    """The rows to score: source (+ source.filter, score.filter, a split), narrowed to the columns needed.
+
+    Reads cfg.source, cfg.score (its filter and extra columns) and cfg.etl (the splits).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.utils import AnalysisException, ParseException
 
@@ -110,27 +113,27 @@ def read_input(spark: Any, cfg: JobConfig, bundle: score_lib.ModelBundle, split:
                                 "fix the name in the config (the rows to score)")
             df = spark.table(src.table)
         else:
-            df = sources._read_files(spark, cfg)
+            df = sources._read_files(spark, src)
         for predicate in (src.filter, cfg.score.filter):
             if predicate:
                 df = df.where(predicate)
         if split:
             df = df.where(split_mod.split_predicate(src.key_column, cfg.etl.splits, split))
     except ParseException as exc:
-        raise DataError(f"cannot read {sources.describe(cfg)}: bad source.filter or score.filter: "
+        raise DataError(f"cannot read {sources.describe(src)}: bad source.filter or score.filter: "
                         f"{str(exc).splitlines()[0]}") from None
     except AnalysisException as exc:
-        raise DataError(f"cannot read {sources.describe(cfg)}: {str(exc).splitlines()[0]}") from None
+        raise DataError(f"cannot read {sources.describe(src)}: {str(exc).splitlines()[0]}") from None
     needed = [src.key_column, *bundle.feature_columns()]
     missing = [c for c in needed if c not in df.columns]
     if missing:
-        raise DataError(f"{sources.describe(cfg)} lacks column(s) {', '.join(missing)} that model {bundle.uri} "
+        raise DataError(f"{sources.describe(src)} lacks column(s) {', '.join(missing)} that model {bundle.uri} "
                         f"reads (manifest digest {bundle.manifest_digest}: it was trained on "
                         f"{', '.join(bundle.feature_columns())}); its columns are {', '.join(df.columns)}: "
                         "score a table with the training columns, or retrain on this one")
     extra = [c for c in cfg.score.columns if c not in df.columns]
     if extra:
-        raise DataError(f"score.columns names {', '.join(extra)}, not in {sources.describe(cfg)} "
+        raise DataError(f"score.columns names {', '.join(extra)}, not in {sources.describe(src)} "
                         f"({', '.join(df.columns)})")
     text = set(bundle.text_columns)
     cols = [F.col(f"`{src.key_column}`").cast("string").alias(src.key_column)]
@@ -315,7 +318,7 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
         raise DataError(f"--partition column(s) {', '.join(clash)} clash with output columns; rename the partition")
     exists = [check_table(spark, target.table, pred_cols, target),
               check_table(spark, target.rejects_table, rej_cols, target)]
-    drift = drift_mod.check(rows, bundle, cfg)
+    drift = drift_mod.check(rows, bundle, cfg.score)
     _write_json(fs.join(cfg.score.report_dir, DRIFT_NAME), drift)
     if drift["drifted"]:
         message = "input drift: " + "; ".join(drift["alerts"])
@@ -354,7 +357,7 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
               "drift": {"drifted": drift["drifted"], "alerts": drift["alerts"]},
               "seconds": round(time.perf_counter() - started, 2)}
     if evaluate and cfg.source.label_column:
-        report["evaluation"] = evaluate_partition(spark, cfg, target, split)
+        report["evaluation"] = evaluate_partition(spark, cfg.source, target, split)
     _write_json(fs.join(cfg.score.report_dir, REPORT_NAME), report)
     return report
 
@@ -380,13 +383,13 @@ def verify_counts(spark: Any, run_dir: str, counted: dict[str, int]) -> dict[str
     return out
 
 
-def evaluate_partition(spark: Any, cfg: JobConfig, target: Target, split: Optional[str]) -> dict[str, Any]:
+def evaluate_partition(spark: Any, src: SourceConfig, target: Target, split: Optional[str]) -> dict[str, Any]:
     """Accuracy of the published partition against the source's labels (known for the demo)."""
-    key, label = cfg.source.key_column, cfg.source.label_column
-    src = spark.table(cfg.source.table) if cfg.source.table else None
-    if src is None or label not in src.columns:
+    key, label = src.key_column, src.label_column
+    table = spark.table(src.table) if src.table else None
+    if table is None or label not in table.columns:
         return {}
-    truth = src.selectExpr(f"CAST(`{key}` AS STRING) AS k", f"CAST(`{label}` AS STRING) AS truth")
+    truth = table.selectExpr(f"CAST(`{key}` AS STRING) AS k", f"CAST(`{label}` AS STRING) AS truth")
     preds = spark.table(target.table).where(target.where())
     row = preds.join(truth, preds[key] == truth["k"]).selectExpr(
         "count(*) AS n", "avg(CAST(predicted_label = truth AS INT)) AS acc").first()
@@ -456,7 +459,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not model:
             raise DataError("no model: pass --model (a training output folder, runs:/..., models:/...) or set "
                             "score.model")
-        target = plan_target(cfg, args.output_table, args.partition, args.overwrite,
+        target = plan_target(cfg.score, args.output_table, args.partition, args.overwrite,
                              dt.datetime.now(dt.timezone.utc).date())
         spark = session.get_session(cfg, args.master)
         report = run(spark, cfg, model, target, args.split, args.evaluate)

@@ -56,6 +56,8 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
     """All Spark settings for a job, as plain data (unit-tested).
 
     ``log_config``: a log4j2 properties file for the driver (Spark's log to a file).
+
+    Reads cfg.spark, cfg.hive (an embedded metastore's settings) and cfg.etl (its shuffle partitions).
     """
     java_options = [f"-Dlog4j2.configurationFile=file:{log_config}"] if log_config else []
     conf = {
@@ -100,11 +102,11 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
     return conf
 
 
-def log_file(cfg: JobConfig, master: str | None, verbose: bool, job: str) -> Optional[str]:
+def log_file(workdir: str, master: str | None, verbose: bool, job: str) -> Optional[str]:
     """Where Spark's own log goes: a file when this process starts Spark quietly, else None (pure)."""
     if verbose or master is None:  # under spark-submit the driver JVM is already running
         return None
-    return console.spark_log_file(cfg.workdir, job)
+    return console.spark_log_file(workdir, job)
 
 
 # Settings no config may change: ``${var}`` in a filter or a partition value is never expanded by Spark.
@@ -135,7 +137,7 @@ def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False
         os.makedirs(fs.local_path(cfg.hive.metastore_dir), exist_ok=True)
         fs.makedirs(cfg.hive.warehouse_dir)
     fs.makedirs_if_local(cfg.spark.event_log_dir)  # Spark refuses to start without it
-    path = log_file(cfg, master, verbose, job)
+    path = log_file(cfg.workdir, master, verbose, job)
     log_config = _write_log_config(path) if path else None
     builder = SparkSession.builder
     plain, secret = secrets.split_secret_items(spark_conf(cfg, master, log_config, progress_bars=verbose))

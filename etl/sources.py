@@ -6,20 +6,24 @@ from typing import Any
 from etl import labels, sample
 from etl.validate import CORRUPT, extra_columns
 from etl.writer import INTERNAL
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import HiveConfig, JobConfig, SourceConfig
 from hvdtrain.core.errors import DataError
 from hvdtrain.data.features import TEXT_SEP
 from hvdtrain.hadoop import fs
 
 
-def describe(cfg: JobConfig) -> str:
-    src = cfg.source
+def describe(src: SourceConfig) -> str:
+    """How messages name the source: its Hive table, or its files' format and path."""
     return f"Hive table {src.table}" if src.table else f"{src.format} files at {src.path}"
 
 
 def read(spark: Any, cfg: JobConfig) -> Any:
     """The source as a DataFrame: string columns key, text, label, plus the
-    columns validation rules name (and ``_corrupt_record`` for malformed lines)."""
+    columns validation rules name (and ``_corrupt_record`` for malformed lines).
+
+    Reads cfg.source, cfg.validation (the columns its rules name), cfg.task (the label's type) and cfg.hive
+    (where the metastore is, for the message when the table is missing).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.utils import AnalysisException, ParseException
 
@@ -28,37 +32,38 @@ def read(spark: Any, cfg: JobConfig) -> Any:
         if src.table:
             if not spark.catalog.tableExists(src.table):
                 raise DataError(f"source.table {src.table} does not exist in the Hive metastore "
-                                f"({_metastore(cfg)}); create it, fix the name, or run the demo's "
+                                f"({_metastore(cfg.hive)}); create it, fix the name, or run the demo's "
                                 "--create-sample-table")
             df = spark.table(src.table)
         else:
-            df = _read_files(spark, cfg)
+            df = _read_files(spark, src)
         if src.filter:
             df = df.where(src.filter)
     except ParseException as exc:
-        raise DataError(f"cannot read {describe(cfg)}: bad source.schema or source.filter: "
+        raise DataError(f"cannot read {describe(src)}: bad source.schema or source.filter: "
                         f"{str(exc).splitlines()[0]}") from None
     except AnalysisException as exc:
-        raise DataError(f"cannot read {describe(cfg)}: {str(exc).splitlines()[0]}") from None
+        raise DataError(f"cannot read {describe(src)}: {str(exc).splitlines()[0]}") from None
     wanted = {"key": src.key_column, "text": src.text_column, "label": src.label_column}
+    extras = extra_columns(src, cfg.validation)
     missing = [f"source.{role}_column={col!r}" for role, col in wanted.items() if col and col not in df.columns]
-    missing += [f"validation column {c!r}" for c in extra_columns(cfg) if c not in df.columns]
+    missing += [f"validation column {c!r}" for c in extras if c not in df.columns]
     if missing:
-        raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
+        raise DataError(f"{describe(src)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
-    reserved = sorted({c for c in (*wanted.values(), *extra_columns(cfg)) if c and c.startswith(INTERNAL)})
+    reserved = sorted({c for c in (*wanted.values(), *extras) if c and c.startswith(INTERNAL)})
     if reserved:
-        raise DataError(f"{describe(cfg)}: column {', '.join(map(repr, reserved))} starts with {INTERNAL!r}, which "
+        raise DataError(f"{describe(src)}: column {', '.join(map(repr, reserved))} starts with {INTERNAL!r}, which "
                         "the ETL keeps for the columns it adds: rename it (e.g. in a Hive view over the table)")
-    check_feature_types(df, cfg)
+    check_feature_types(df, src)
     missing = [f"source.text_columns {c!r}" for c in src.text_columns if c not in df.columns]
     if missing:
-        raise DataError(f"{describe(cfg)} has no column {', '.join(missing)}; its columns are "
+        raise DataError(f"{describe(src)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
     cols = [(labels.source_column(df, col, cfg.task) if role == "label" and col else
              joined_text(src.text_columns) if role == "text" and len(src.text_columns) > 1 else
              (F.col(f"`{col}`") if col else F.lit(None)).cast("string")).alias(role) for role, col in wanted.items()]
-    cols += [F.col(f"`{c}`") for c in extra_columns(cfg)]
+    cols += [F.col(f"`{c}`") for c in extras]
     if CORRUPT in df.columns:
         cols.append(F.col(CORRUPT))
     return df.select(*cols)
@@ -75,7 +80,7 @@ def joined_text(columns: list[str]) -> Any:
     return F.when(present, F.when(blank, F.lit("")).otherwise(F.concat_ws(TEXT_SEP, *cells)))
 
 
-def check_feature_types(df: Any, cfg: JobConfig) -> None:
+def check_feature_types(df: Any, src: SourceConfig) -> None:
     """Refuse, in one line, a numeric feature column of a type without a number (BINARY, ARRAY, MAP, DATE...)
     and a datetime feature column that is not a DATE or TIMESTAMP.
 
@@ -84,7 +89,6 @@ def check_feature_types(df: Any, cfg: JobConfig) -> None:
     """
     from pyspark.sql.types import BooleanType, DateType, NumericType, StringType, TimestampNTZType, TimestampType
 
-    src = cfg.source
     for c in src.numeric_columns:
         kind = df.schema[c].dataType
         if isinstance(kind, (NumericType, BooleanType, StringType)):
@@ -92,18 +96,17 @@ def check_feature_types(df: Any, cfg: JobConfig) -> None:
         also = "datetime_columns" if isinstance(kind, (DateType, TimestampType, TimestampNTZType)) \
             else "categorical_columns"
         raise DataError(f"source.numeric_columns names {c!r}, a {kind.simpleString().upper()} column of "
-                        f"{describe(cfg)}, which holds no number: cast it in a view (CAST(`{c}` AS DOUBLE)) or "
+                        f"{describe(src)}, which holds no number: cast it in a view (CAST(`{c}` AS DOUBLE)) or "
                         f"move it to source.{also}")
     for c in src.datetime_columns:
         kind = df.schema[c].dataType
         if not isinstance(kind, (DateType, TimestampType, TimestampNTZType)):
             raise DataError(f"source.datetime_columns names {c!r}, a {kind.simpleString().upper()} column of "
-                            f"{describe(cfg)}, not a DATE or TIMESTAMP: cast it in a view (CAST(`{c}` AS "
+                            f"{describe(src)}, not a DATE or TIMESTAMP: cast it in a view (CAST(`{c}` AS "
                             "TIMESTAMP), or to_date) or move it to source.numeric_columns or categorical_columns")
 
 
-def _read_files(spark: Any, cfg: JobConfig) -> Any:
-    src = cfg.source
+def _read_files(spark: Any, src: SourceConfig) -> Any:
     path = src.path  # set when source.table is not (SourceConfig checks)
     if path is None or not fs.exists(path):
         raise DataError(f"source.path {path} does not exist: fix source.path (a file or folder of "
@@ -129,12 +132,15 @@ def _read_files(spark: Any, cfg: JobConfig) -> Any:
     return df
 
 
-def _metastore(cfg: JobConfig) -> str:
-    return f"embedded, {cfg.hive.metastore_dir}" if cfg.hive.embedded else "from hive-site.xml"
+def _metastore(hive: HiveConfig) -> str:
+    return f"embedded, {hive.metastore_dir}" if hive.embedded else "from hive-site.xml"
 
 
 def create_sample_table(spark: Any, cfg: JobConfig) -> int:
-    """Write the configured synthetic rows into source.table (generated in Spark tasks)."""
+    """Write the configured synthetic rows into source.table (generated in Spark tasks).
+
+    Reads cfg.source and cfg.task (the kind of labels to generate).
+    """
     sample_cfg, task = cfg.source.sample, cfg.task.kind
     if sample_cfg is None or not cfg.source.table:
         raise DataError("--create-sample-table needs source.table and a source.sample block in the config")

@@ -23,11 +23,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from etl import drift, stats
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import EtlConfig, SourceConfig
 from hvdtrain.data.features import HASH, cardinalities, feature_specs, fill_values, numeric_names, transform  # noqa: F401
 
 
-def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
+def fit(train: Any, src: SourceConfig, etl: EtlConfig) -> dict[str, Any]:
     """Statistics of the training rows (a Spark DataFrame with the source column names).
 
     Bounded aggregations only (:mod:`etl.stats`): one pass for the numeric summaries (mean, std, count and
@@ -36,7 +36,6 @@ def fit(train: Any, cfg: JobConfig) -> dict[str, Any]:
     one pass for the numeric drift bins. A column in ``etl.categorical_hash_buckets`` keeps no vocabulary (its
     top values serve the drift reference only).
     """
-    src, etl = cfg.source, cfg.etl
     ple = ple_quantiles(etl.ple_bins)
     deciles = slice(1, 1 + len(drift.DECILES))
     summary = stats.numeric_summary(train, src.numeric_columns, [0.5, *drift.DECILES, *ple])

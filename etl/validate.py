@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, get_args
 
 from etl import faults
 from etl.accounting import RowCounts
-from hvdtrain.core.config import Charset, JobConfig
+from hvdtrain.core.config import Charset, SourceConfig, ValidationConfig
 from hvdtrain.core.errors import DataError
 from hvdtrain.hadoop import fs
 
@@ -72,51 +72,47 @@ class Checked:
         return ", ".join(f"{rule} ({count:,})" for rule, count in top)
 
 
-def role_of(cfg: JobConfig) -> dict[str, str]:
+def role_of(src: SourceConfig) -> dict[str, str]:
     """Source column name -> the name it has after reading (key, text, label, or itself)."""
-    src = cfg.source
     roles = {src.key_column: "key", src.label_column: "label"}
     if src.text_column:
         roles[src.text_column] = "text"
     return roles
 
 
-def feature_columns(cfg: JobConfig) -> list[str]:
+def feature_columns(src: SourceConfig) -> list[str]:
     """Tabular feature columns, quoted for Spark."""
-    return [f"`{c}`" for c in (*cfg.source.numeric_columns, *cfg.source.categorical_columns,
-                                *cfg.source.datetime_columns)]
+    return [f"`{c}`" for c in (*src.numeric_columns, *src.categorical_columns, *src.datetime_columns)]
 
 
-def extra_columns(cfg: JobConfig) -> list[str]:
+def extra_columns(src: SourceConfig, v: ValidationConfig) -> list[str]:
     """Columns the rules need beyond key, text and label (source names)."""
-    v = cfg.validation
     named = [*v.required_columns, *v.not_null, *v.allowed_values, *v.ranges, *v.regex,
-             *cfg.source.numeric_columns, *cfg.source.categorical_columns, *cfg.source.datetime_columns]
-    named += weight_columns(cfg)
-    roles = role_of(cfg)
+             *src.numeric_columns, *src.categorical_columns, *src.datetime_columns]
+    named += weight_columns(src)
+    roles = role_of(src)
     return sorted({c for c in named if c not in roles})
 
 
-def weight_columns(cfg: JobConfig) -> list[str]:
+def weight_columns(src: SourceConfig) -> list[str]:
     """``[source.weight_column]``, or ``[]`` without sample weights (source names)."""
-    return [cfg.source.weight_column] if cfg.source.weight_column else []
+    return [src.weight_column] if src.weight_column else []
 
 
-def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
+def rules(src: SourceConfig, v: ValidationConfig, has_corrupt: bool) -> list[Rule]:
     """Every rule, in the order they are checked (the first broken one is reported)."""
     from pyspark.sql import functions as F
 
-    v = cfg.validation
-    roles = role_of(cfg)
+    roles = role_of(src)
 
     def col(name: str) -> Any:
         return F.col(f"`{roles.get(name, name)}`")
 
     out: list[Rule] = []
-    has_text = cfg.source.text_column is not None
-    if cfg.source.path is not None and cfg.source.format in ("csv", "json"):
+    has_text = src.text_column is not None
+    if src.path is not None and src.format in ("csv", "json"):
         read = ([CORRUPT] if has_corrupt else []) + ["key"] + (["text"] if has_text else []) + ["label"]
-        for c in read + list(cfg.source.categorical_columns):
+        for c in read + list(src.categorical_columns):
             out.append(Rule(f"{UNDECODABLE}:{'record' if c == CORRUPT else c}", c,
                             lambda c=c: undecodable(F.col(f"`{c}`").cast("string"))))
     if has_corrupt:
@@ -126,13 +122,13 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
         out += [Rule("text_null", "text", lambda: F.col("text").isNull()),
                 Rule("text_empty", "text", lambda: F.trim("text") == "")]
     out.append(Rule("label_null", "label", lambda: F.col("label").isNull() | (F.trim("label") == "")))
-    out += weight_rules(cfg)
+    out += weight_rules(src)
     if has_text and v.text_min_chars > 1:
         out.append(Rule("text_too_short", "text", lambda: F.char_length(F.trim("text")) < v.text_min_chars))
     max_chars = v.text_max_chars
     if has_text and max_chars is not None:
         out.append(Rule("text_too_long", "text", lambda: F.char_length("text") > max_chars))
-    for c in cfg.source.numeric_columns:
+    for c in src.numeric_columns:
         if c not in v.ranges:  # a range rule brings its own type and finiteness checks
             out.append(Rule(f"type:{c}", c, lambda c=c: F.col(f"`{c}`").isNotNull()
                             & F.expr(f"try_cast(`{c}` AS DOUBLE)").isNull()))
@@ -155,12 +151,12 @@ def rules(cfg: JobConfig, has_corrupt: bool) -> list[Rule]:
     return out
 
 
-def weight_rules(cfg: JobConfig) -> list[Rule]:
+def weight_rules(src: SourceConfig) -> list[Rule]:
     """A sample weight multiplies the row's loss, so it must be a finite number >= 0: ``weight_null``,
     ``weight_not_a_number`` (not a number, NaN or infinite) and ``weight_negative``."""
     from pyspark.sql import functions as F
 
-    column = cfg.source.weight_column
+    column = src.weight_column
     if column is None:
         return []
 
@@ -206,13 +202,14 @@ def first_failed(rule_list: list[Rule]) -> tuple[Any, Any]:
     return name, value
 
 
-def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None, cached: Optional[list] = None) -> Checked:
+def run(raw: Any, src: SourceConfig, v: ValidationConfig, fault: Optional[faults.Fault] = None,
+        cached: Optional[list] = None) -> Checked:
     """Tag each row with the first rule it breaks; split into valid, rejected and duplicate rows.
 
     What it keeps in Spark's storage is in the result's ``cached`` and, as it is made, appended to ``cached``
     (the caller's list, so a failure halfway can free it too).
     """
-    rule_list = rules(cfg, CORRUPT in raw.columns)
+    rule_list = rules(src, v, CORRUPT in raw.columns)
     name, value = first_failed(rule_list)
     tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
     kept = cached if cached is not None else []
@@ -220,10 +217,10 @@ def run(raw: Any, cfg: JobConfig, fault: Optional[faults.Fault] = None, cached: 
     rows_in = tagged.count()  # rows read from the source (this pass fills the cache the rest reads)
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
     by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
-    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(cfg),
-                                                 *[f"`{c}`" for c in weight_columns(cfg)])
+    passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(src),
+                                                 *[f"`{c}`" for c in weight_columns(src)])
     valid, duplicates, before, after, numbered = dedup(faults.drop_rows(passed, fault, "validate"),
-                                                       cfg.validation.unique_key, kept)
+                                                       v.unique_key, kept)
     counts = RowCounts(rows_in=rows_in, rejected={r.name: by_rule[r.name] for r in rule_list if by_rule.get(r.name)},
                        before_dedup=before, after_dedup=after)
     if duplicates is not None and counts.duplicates:
@@ -261,7 +258,7 @@ def dedup(passed: Any, unique_key: bool, cached: Optional[list] = None) -> tuple
             (numbered,))
 
 
-def refuse_undecodable(checked: Checked, cfg: JobConfig, source_name: str) -> None:
+def refuse_undecodable(checked: Checked, src: SourceConfig, source_name: str) -> None:
     """Files not in their declared character set are an error, not rejects: Spark reads the bytes it cannot
     decode as U+FFFD, so quarantining them would keep only the rows without accents (and train the rest's
     categories as mangled strings)."""
@@ -271,7 +268,7 @@ def refuse_undecodable(checked: Checked, cfg: JobConfig, source_name: str) -> No
     if not bad:
         return
     first = checked.rejects.where(F.col("rule").startswith(UNDECODABLE + ":")).select("key", "value").first()
-    enc = cfg.source.encoding or "utf-8"
+    enc = src.encoding or "utf-8"
     others = ", ".join(c for c in get_args(Charset) if c != enc)
     raise DataError(f"{source_name} is not {enc}: {sum(bad.values()):,} rows hold bytes that do not decode "
                     f"(columns {', '.join(sorted(bad))}; first: key {first['key']!r}, value {first['value'][:80]!r}). "
@@ -279,12 +276,11 @@ def refuse_undecodable(checked: Checked, cfg: JobConfig, source_name: str) -> No
                     "or convert them to UTF-8 first, e.g. iconv -f cp1252 -t utf-8")
 
 
-def enforce_limits(checked: Checked, valid_rows: int, cfg: JobConfig, source_name: str) -> None:
+def enforce_limits(checked: Checked, valid_rows: int, src: SourceConfig, v: ValidationConfig,
+                   source_name: str) -> None:
     """Abort before anything is published when too little survives validation."""
-    v = cfg.validation
     if checked.rows_in == 0:
-        raise DataError(f"{source_name} is empty" + (f" after source.filter={cfg.source.filter!r}"
-                                                     if cfg.source.filter else "")
+        raise DataError(f"{source_name} is empty" + (f" after source.filter={src.filter!r}" if src.filter else "")
                         + ": nothing to write. Check the table or path, and the filter")
     frac = checked.rejected_total / checked.rows_in if checked.rows_in else 0.0
     if v.fail_if_reject_fraction_over is not None and frac > v.fail_if_reject_fraction_over:

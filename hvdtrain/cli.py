@@ -78,7 +78,10 @@ def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console
 
 
 def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.Outcome:
-    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``)."""
+    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``).
+
+    Reads cfg.fault and cfg.checkpoint (where a relaunch resumes from).
+    """
     if cfg.fault.max_restarts == 0:
         return _step(cmd, "training")
     tries, outcome = _supervised(
@@ -151,14 +154,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     with _launch_command(cfg, args.config, overrides, args.np) as cmd:
         outcome = _train_with_restarts(cfg, cmd)
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
-    print(json.dumps(result, indent=2) if args.json else train_summary(result, sample_best(cfg)))
+    print(json.dumps(result, indent=2) if args.json else train_summary(result, sample_best(cfg.etl.output)))
     return 0
 
 
 @contextlib.contextmanager
 def _launch_command(cfg: config_mod.JobConfig, config_path: str, overrides: Sequence[str], np: int) -> Iterator[list[str]]:
     """horovodrun for the job: elastic (with a discovery script; a temporary one for this host when
-    train.elastic.discovery is unset) or fixed-size."""
+    train.elastic.discovery is unset) or fixed-size.
+
+    Reads cfg.train (its elastic block) and cfg.fault (the start timeout).
+    """
     el = cfg.train.elastic
     if el is None:
         yield train_command(config_path, overrides, np, cfg.fault.start_timeout)
@@ -202,10 +208,10 @@ def check_builder_importable(model: config_mod.ModelConfig) -> None:
                           f"{why}: set model.code to the folder holding it, or put it on PYTHONPATH")
 
 
-def sample_best(cfg: config_mod.JobConfig) -> Optional[tuple[str, float]]:
-    """(metric, expected best value) of a generated sample table, from its manifest; None otherwise."""
+def sample_best(dataset: str) -> Optional[tuple[str, float]]:
+    """(metric, expected best value) of a generated sample table, from its dataset's manifest; None otherwise."""
     try:
-        sample = manifest.read(cfg.etl.output).source.get("sample", {})
+        sample = manifest.read(dataset).source.get("sample", {})
     except HvdtrainError:
         return None
     return (sample["best_metric"], float(sample["best_value"])) if "best_metric" in sample else None
@@ -300,7 +306,10 @@ def task_rows(result: dict[str, Any], best: Optional[tuple[str, float]] = None) 
 
 
 def demo_summary(cfg: config_mod.JobConfig) -> str:
-    """Where every output of the demo is, and how well it did."""
+    """Where every output of the demo is, and how well it did.
+
+    Reads cfg.etl, cfg.train, cfg.source and cfg.hive (where each output is).
+    """
     m = manifest.read(cfg.etl.output)
     result_path = fs.join(cfg.train.output, "result.json")
     result = json.loads(fs.read_bytes(result_path))

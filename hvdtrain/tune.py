@@ -193,7 +193,10 @@ class TuneOptions:
     metric: Optional[str] = "validation_accuracy"  # None: the task's default (tune.metric)
 
     def check(self, cfg: config_lib.JobConfig) -> None:
-        """Option errors, named, before anything starts."""
+        """Option errors, named, before anything starts.
+
+        Reads cfg.train (the epochs ASHA's first rung must fit in) and cfg.task (its validation metrics).
+        """
         for name, value, ok, expected in (
                 ("--trials", self.trials, self.trials >= 1, "must be >= 1"),
                 ("--parallel", self.parallel, self.parallel >= 1, "must be >= 1"),
@@ -219,14 +222,14 @@ def epoch_metric(metric: str) -> str:
     return "val_" + metric[len("validation_"):]
 
 
-def storage_url(cfg: config_lib.JobConfig) -> str:
+def storage_url(tune: config_lib.TuneConfig) -> str:
     """``tune.storage``, else a SQLite file in ``tune.output`` (which must then be local)."""
-    if cfg.tune.storage:
-        return cfg.tune.storage
-    if config_lib.has_scheme(cfg.tune.output):
+    if tune.storage:
+        return tune.storage
+    if config_lib.has_scheme(tune.output):
         raise ConfigError("tune.storage", None, f"must name an RDB (e.g. mysql://...) when tune.output is remote "
-                                                f"({cfg.tune.output}): SQLite needs a local file")
-    return f"sqlite:///{os.path.abspath(cfg.tune.output)}/{cfg.tune.study}.db"
+                                                f"({tune.output}): SQLite needs a local file")
+    return f"sqlite:///{os.path.abspath(tune.output)}/{tune.study}.db"
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
@@ -235,23 +238,23 @@ def engine_kwargs(url: str) -> dict[str, Any]:
     return {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
 
 
-def trial_folder(cfg: config_lib.JobConfig, number: int) -> str:
-    return fs.join(cfg.tune.output, cfg.tune.study, f"trial-{number:04d}")
+def trial_folder(tune: config_lib.TuneConfig, number: int) -> str:
+    return fs.join(tune.output, tune.study, f"trial-{number:04d}")
 
 
-def trial_overrides(cfg: config_lib.JobConfig, number: int, values: Mapping[str, Any], storage: str,
+def trial_overrides(tune: config_lib.TuneConfig, number: int, values: Mapping[str, Any], storage: str,
                     parent_run_id: Optional[str]) -> list[str]:
     """The overrides that make the job config one trial (pure): its values, its own folders, a report
     to the study after every epoch, and its MLflow run under the study's."""
-    folder = trial_folder(cfg, number)
+    folder = trial_folder(tune, number)
     out = [override(key, value) for key, value in values.items()]
     out += [override("train.output", fs.join(folder, "model")),
             override("checkpoint.dir", fs.join(folder, "checkpoints")),
             "train.validate_every_epoch=true", "tracking.registered_model_name=null",
             # a storage password reaches the trial by environment (trial_env), never on its command line
             *([] if secrets.has_secret(storage) else [override("tune.storage", storage)]),
-            override("tune.study", cfg.tune.study), f"tune.trial={number}",
-            override("tune.metric", cfg.tune.metric)]
+            override("tune.study", tune.study), f"tune.trial={number}",
+            override("tune.metric", tune.metric)]
     if parent_run_id:
         out.append(override("tune.parent_run_id", parent_run_id))
     return out
@@ -430,7 +433,7 @@ class Driver:
     def __init__(self, cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Param], study: Any,
                  parent: Any):
         self.cfg, self.opts, self.params, self.study, self.parent = cfg, opts, params, study, parent
-        self.storage = storage_url(cfg)
+        self.storage = storage_url(cfg.tune)
         self.logs = os.path.join(cfg.tune.output if not config_lib.has_scheme(cfg.tune.output)
                                  else os.path.abspath("work"), cfg.tune.study, "logs")
 
@@ -450,10 +453,10 @@ class Driver:
         import optuna
 
         values = trial_values(self.params, lambda p: self.suggest(trial, p))
-        overrides = trial_overrides(self.cfg, trial.number, values, self.storage, self.parent.run_id)
+        overrides = trial_overrides(self.cfg.tune, trial.number, values, self.storage, self.parent.run_id)
         cmd = trial_command(self.opts, overrides, self.cfg.fault.start_timeout)
         log_path = os.path.join(self.logs, f"trial-{trial.number:04d}.log")
-        trial.set_user_attr("output", fs.join(trial_folder(self.cfg, trial.number), "model"))
+        trial.set_user_attr("output", fs.join(trial_folder(self.cfg.tune, trial.number), "model"))
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
         env = launch.sealed_env(cmd, trial_env(_child_env(), self.storage))
@@ -478,7 +481,7 @@ class Driver:
 
     def _tag_child(self, trial: Any, frozen: Any, code: int) -> None:
         """The trial's MLflow run (its result.json names it): pruned or not, and the trial number."""
-        result_path = fs.join(trial_folder(self.cfg, trial.number), "model", "result.json")
+        result_path = fs.join(trial_folder(self.cfg.tune, trial.number), "model", "result.json")
         try:
             result = json.loads(fs.read_bytes(result_path)) if code == 0 else {}
         except (HvdtrainError, OSError, ValueError):  # no or unreadable result.json: a trial without outputs has no run to tag
@@ -509,9 +512,12 @@ def done_count(trials: Sequence[Any]) -> int:
 
 
 def open_study(cfg: config_lib.JobConfig, opts: TuneOptions, params: Sequence[Param]) -> Any:
-    """Create or load the study (a storage with heartbeats: a dead driver's trials are failed and re-queued)."""
+    """Create or load the study (a storage with heartbeats: a dead driver's trials are failed and re-queued).
+
+    Reads cfg.tune and cfg.train (the sampler's seed, the epochs a resumed study must keep).
+    """
     optuna = _quiet_optuna()
-    url = storage_url(cfg)
+    url = storage_url(cfg.tune)
     if url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
     storage = optuna.storages.RDBStorage(
@@ -537,8 +543,8 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     if opts.metric is None:  # --metric not given: the task's own (tune.metric, resolved by the config)
         opts = dataclasses.replace(opts, metric=cfg.tune.metric)
     opts.check(cfg)
-    if opts.launcher == "yarn" and storage_url(cfg).startswith("sqlite:"):
-        raise ConfigError("tune.storage", storage_url(cfg), "must be a database the YARN executors reach "
+    if opts.launcher == "yarn" and storage_url(cfg.tune).startswith("sqlite:"):
+        raise ConfigError("tune.storage", storage_url(cfg.tune), "must be a database the YARN executors reach "
                           "(mysql://, postgresql://) with --launcher yarn: SQLite is a local file")
     params = load_space(opts.space, cfg)  # a bad space fails here, before any trial
     cfg.tune.metric = opts.metric or cfg.tune.metric
@@ -546,7 +552,7 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     parent = tracking.StudyRun(cfg)
     parent.open(study.user_attrs.get("mlflow_parent_run_id"), f"tune-{cfg.tune.study}",
                 {"hvdtrain.tune.study": cfg.tune.study,
-                 "hvdtrain.tune.storage": secrets.redact_url(storage_url(cfg))})
+                 "hvdtrain.tune.storage": secrets.redact_url(storage_url(cfg.tune))})
     if parent.run_id:
         study.set_user_attr("mlflow_parent_run_id", parent.run_id)
     _requeue_stale(study)
@@ -612,7 +618,10 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
 
 
 def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: Any) -> dict[str, Any]:
-    """Print the table; give the parent run the best trial and the plot; register the best model."""
+    """Print the table; give the parent run the best trial and the plot; register the best model.
+
+    Reads cfg.tune and cfg.tracking (the name to register the best model under).
+    """
     records = trial_records(study)
     metric = opts.metric or cfg.tune.metric
     maximize = direction(metric) == "maximize"
@@ -622,10 +631,10 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
     for record in records:
         if record["state"] == "FAIL" and not record["run_id"]:
             parent.fail_trial_runs(record["number"])
-    plot = _plot(cfg, records, metric)
+    plot = _plot(cfg.tune, records, metric)
     if plot:
         parent.log_artifact(plot)
-    summary: dict[str, Any] = {"study": cfg.tune.study, "storage": secrets.redact_url(storage_url(cfg)),
+    summary: dict[str, Any] = {"study": cfg.tune.study, "storage": secrets.redact_url(storage_url(cfg.tune)),
                                "parent_run_id": parent.run_id,
                                "trials": records, "best": best, "plot": plot, "registered": None}
     if best is None:
@@ -644,15 +653,15 @@ def summarize(cfg: config_lib.JobConfig, opts: TuneOptions, study: Any, parent: 
     return summary
 
 
-def _plot(cfg: config_lib.JobConfig, records: Sequence[Mapping[str, Any]], metric: str) -> Optional[str]:
-    local = cfg.tune.output if not config_lib.has_scheme(cfg.tune.output) else os.path.abspath("work")
-    path = os.path.join(local, cfg.tune.study, "trials.png")
+def _plot(tune: config_lib.TuneConfig, records: Sequence[Mapping[str, Any]], metric: str) -> Optional[str]:
+    local = tune.output if not config_lib.has_scheme(tune.output) else os.path.abspath("work")
+    path = os.path.join(local, tune.study, "trials.png")
     curves = {f"trial {r['number']} ({r['state'].lower()})": r["curve"] for r in records if r["curve"]}
     if not curves:
         return None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return plots.trial_curves_png(curves, path, metric, f"study {cfg.tune.study}: {metric} by epoch")
+        return plots.trial_curves_png(curves, path, metric, f"study {tune.study}: {metric} by epoch")
     except ANY_ERROR as exc:  # a chart is not worth failing a study for
         log.warning("could not draw %s (%s: %s)", path, type(exc).__name__, exc)
         return None

@@ -64,7 +64,7 @@ def _etl_output(names: dict[str, str], overwrite: bool) -> Callable[[Path], obje
             (out / name).write_text(text)
         cfg = config.from_dict({"name": "bad", "workdir": str(tmp), "source": {"table": "db.t"},
                                 "etl": {"output": str(out), "overwrite": overwrite}}, base_dir=str(tmp))
-        return etl_job.check_output(cfg)
+        return etl_job.check_output(cfg.etl)
     return run
 
 
@@ -105,7 +105,7 @@ def _missing_path(tmp: Path) -> object:
 
     cfg = config.from_dict({"name": "bad", "workdir": str(tmp), "source": {"path": str(tmp / "nope"),
                                                                            "format": "csv"}}, base_dir=str(tmp))
-    return sources._read_files(None, cfg)  # checks the path before Spark reads anything
+    return sources._read_files(None, cfg.source)  # checks the path before Spark reads anything
 
 
 CASES = [

@@ -32,7 +32,7 @@ import time  # noqa: E402
 from typing import Any, Iterator, Mapping, Optional, Sequence  # noqa: E402
 
 from hvdtrain.core import config as config_mod  # noqa: E402
-from hvdtrain.core.config import JobConfig  # noqa: E402
+from hvdtrain.core.config import JobConfig, TrainConfig, YarnConfig  # noqa: E402
 from hvdtrain.core.errors import HvdtrainError, StepFailed  # noqa: E402
 from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens
 from hvdtrain.observe import console
@@ -44,11 +44,11 @@ from yarn import executor
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
 
-def horovod_env(cfg: JobConfig) -> dict[str, str]:
+def horovod_env(y: YarnConfig) -> dict[str, str]:
     """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.runtime.launch.malloc_env`),
     then yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...). A top pad set in yarn.env or as the executors' environment in
     yarn.spark_conf is left to win."""
-    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf)}
+    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(y.env, y.spark_conf)}
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -120,16 +120,16 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
         # are their launcher phase; a relaunch, or cluster mode, from the try's start.
         first = supervise.RESTARTS_ENV not in env
-        rank_env = {**horovod_env(cfg), **env, **token_env, **startup.try_clock(first, submitted_at, time.time())}
+        rank_env = {**horovod_env(cfg.yarn), **env, **token_env, **startup.try_clock(first, submitted_at, time.time())}
         try:
-            last["records"] = launch(horovod.spark, cfg, fn, fn_args, args, rank_env)
+            last["records"] = launch(horovod.spark, cfg.train, fn, fn_args, args, rank_env)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
             print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
             return 1, str(exc)
         return job_exit_code(last["records"], bool(args.script_zip)), ""
 
     try:
-        token_env = stack.enter_context(hdfs_token_for_ranks(cfg))
+        token_env = stack.enter_context(hdfs_token_for_ranks(cfg.yarn))
         outcome = supervise.run_with_restarts(
             once, cfg.fault.max_restarts,
             resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,
@@ -145,11 +145,11 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
 
 
 @contextlib.contextmanager
-def hdfs_token_for_ranks(cfg: JobConfig) -> Iterator[dict[str, str]]:
+def hdfs_token_for_ranks(y: YarnConfig) -> Iterator[dict[str, str]]:
     """On a Kerberos cluster, with ``yarn.principal``/``yarn.keytab`` on this host (client mode): the ranks'
     environment gets an HDFS delegation token for ``fs.defaultFS`` that this driver renews while they run
     (:class:`hvdtrain.hadoop.hadoop_tokens.TokenRenewer`). Otherwise nothing: the ranks use their containers' tokens."""
-    y, props = cfg.yarn, hadoop_conf.load()
+    props = hadoop_conf.load()
     if not (hadoop_tokens.kerberos_enabled(props) and y.principal and y.keytab and os.path.isfile(y.keytab)
             and props.get("fs.defaultFS", "").startswith("hdfs://")):
         yield {}
@@ -161,7 +161,7 @@ def hdfs_token_for_ranks(cfg: JobConfig) -> Iterator[dict[str, str]]:
           flush=True)
 
 
-def launch(spark_hvd: Any, cfg: JobConfig, fn: Any, fn_args: tuple[Any, ...], args: argparse.Namespace,
+def launch(spark_hvd: Any, train: TrainConfig, fn: Any, fn_args: tuple[Any, ...], args: argparse.Namespace,
            env: Mapping[str, str]) -> list[dict[str, Any]]:
     """One try of the ranks: ``horovod.spark.run``, or with ``train.elastic`` ``horovod.spark.run_elastic``.
 
@@ -170,7 +170,7 @@ def launch(spark_hvd: Any, cfg: JobConfig, fn: Any, fn_args: tuple[Any, ...], ar
     host. ``run_elastic`` has no ``executable`` parameter and starts the ranks with ``sys.executable``
     (horovod.spark.gloo_run.gloo_run_elastic), so it is this driver's only for the call.
     """
-    el = cfg.train.elastic
+    el = train.elastic
     if el is None:
         return spark_hvd.run(fn, args=fn_args, num_proc=args.num_proc, start_timeout=args.start_timeout,
                              use_gloo=True, env=dict(env), verbose=args.verbose, executable=args.executable)

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import JobConfig, YarnConfig
 from hvdtrain.core.errors import ConfigError
 from hvdtrain.hadoop import fs
 from hvdtrain.hadoop.envcheck import HorovodBuild
@@ -42,27 +42,30 @@ OWNED_CONF = {
 
 
 def etl_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
-    """The --conf settings of an ETL submission (pure)."""
+    """The --conf settings of an ETL submission (pure).
+
+    Reads cfg.yarn and cfg.spark (the event log).
+    """
     python = inputs.python if local else inputs.cluster_python
     driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python)]
     if not local and deploy_mode == "cluster":  # the driver publishes the dataset from its container
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
         conf += [(f"spark.yarn.appMasterEnv.{k}", v) for k, v in sorted(cfg.yarn.env.items())]
-    conf += submit.worker_env_conf(cfg)
+    conf += submit.worker_env_conf(cfg.yarn)
     conf += list(secrets.spark_redaction_conf(cfg.yarn.spark_conf).items())  # the UI and event logs hide secrets
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
 
-def validate(cfg: JobConfig, master: str, num_executors: Optional[int], is_file: Callable[[str], bool]) -> None:
+def validate(y: YarnConfig, master: str, num_executors: Optional[int], is_file: Callable[[str], bool]) -> None:
     """Refuse a submission that cannot work, naming the value and the fix."""
     submit.check_master(master)
     if num_executors is not None and num_executors < 1:
         raise ConfigError("--num-executors", num_executors, "must be >= 1 (or leave it out: dynamic allocation)")
-    if cfg.yarn.keytab is not None and not is_file(cfg.yarn.keytab):
-        raise ConfigError("yarn.keytab", cfg.yarn.keytab, "does not exist or is not a file; pass the keytab of "
+    if y.keytab is not None and not is_file(y.keytab):
+        raise ConfigError("yarn.keytab", y.keytab, "does not exist or is not a file; pass the keytab of "
                           "--principal on this host")
-    for key, value in cfg.yarn.spark_conf.items():
+    for key, value in y.spark_conf.items():
         if key in OWNED_CONF:
             raise ConfigError(f"yarn.spark_conf.{key}", value, f"is set by the launcher; use {OWNED_CONF[key]}")
 
@@ -70,11 +73,11 @@ def validate(cfg: JobConfig, master: str, num_executors: Optional[int], is_file:
 def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args: Sequence[str],
                    num_executors: Optional[int] = None, is_file=os.path.isfile) -> submit.SubmitPlan:
     """The spark-submit command for ``etl/job.py`` (pure, given ``is_file`` for the keytab)."""
-    validate(cfg, master, num_executors, is_file)
+    validate(cfg.yarn, master, num_executors, is_file)
     local = submit.is_local_master(master)
-    deploy_mode = submit.deploy_mode_for(cfg, master)
+    deploy_mode = submit.deploy_mode_for(cfg.yarn, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
-            "--name", f"hvdtrain-etl-{cfg.name}", *submit.cluster_args(cfg, master, inputs)]
+            "--name", f"hvdtrain-etl-{cfg.name}", *submit.cluster_args(cfg.yarn, master, inputs)]
     if num_executors is not None and master == "yarn":
         argv += ["--num-executors", str(num_executors)]
     elif num_executors is not None and submit.is_standalone_master(master):
@@ -95,6 +98,10 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
 
 
 def _notes(cfg: JobConfig) -> list[str]:
+    """What the submitter is told before an ETL runs on the cluster.
+
+    Reads cfg.etl, cfg.source, cfg.hive and cfg.yarn (where outputs, the table and the metastore are).
+    """
     notes = []
     if fs.is_local(cfg.etl.output):
         notes.append(f"etl.output {cfg.etl.output} is a local path: every executor writes shards there, so it must "
@@ -102,7 +109,7 @@ def _notes(cfg: JobConfig) -> list[str]:
     if cfg.hive.embedded and not cfg.source.path:
         notes.append("hive.embedded is true: the table is looked up in a Derby metastore on the driver, not the "
                      "cluster's; set hive.embedded=false to use the metastore of Spark's hive-site.xml")
-    return notes + submit.archive_notes(cfg)
+    return notes + submit.archive_notes(cfg.yarn)
 
 
 def job_args(args: argparse.Namespace) -> list[str]:

@@ -31,14 +31,17 @@ SCORE_SCRIPT = os.path.join(packaging.project_root(), "etl", "score_job.py")
 
 
 def score_conf(cfg: JobConfig, local: bool, deploy_mode: str, inputs: submit.Inputs) -> list[tuple[str, str]]:
-    """The --conf settings of a scoring submission (pure)."""
+    """The --conf settings of a scoring submission (pure).
+
+    Reads cfg.yarn and cfg.spark (the event log).
+    """
     python = inputs.python if local else inputs.cluster_python
     driver_python = inputs.python if local or deploy_mode == "client" else inputs.cluster_python
     conf = [("spark.pyspark.python", python), ("spark.pyspark.driver.python", driver_python),
             ("spark.sql.catalogImplementation", "hive"), ("spark.python.worker.reuse", "true")]
     if not local and deploy_mode == "cluster":
         conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
-    conf += submit.worker_env_conf(cfg)
+    conf += submit.worker_env_conf(cfg.yarn)
     conf += list(secrets.spark_redaction_conf(cfg.yarn.spark_conf).items())  # the UI and event logs hide secrets
     return conf + list(config_mod.event_log_conf(cfg.spark).items()) + list(cfg.yarn.spark_conf.items())
 
@@ -51,9 +54,9 @@ def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_arg
         raise ConfigError("yarn.keytab", cfg.yarn.keytab, "does not exist or is not a file; pass the keytab of "
                           "--principal on this host")
     local = submit.is_local_master(master)
-    deploy_mode = submit.deploy_mode_for(cfg, master)
+    deploy_mode = submit.deploy_mode_for(cfg.yarn, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
-            "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg, master, inputs),
+            "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg.yarn, master, inputs),
             "--py-files", inputs.code_zip, "--files", inputs.job_yaml]
     properties = os.path.join(os.path.dirname(inputs.code_zip), submit.SECRET_PROPERTIES)
     conf_argv, secret = submit.conf_args(score_conf(cfg, local, deploy_mode, inputs), properties)
@@ -68,6 +71,10 @@ def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_arg
 
 
 def _notes(cfg: JobConfig, job_args: Sequence[str], deploy_mode: str) -> list[str]:
+    """What the submitter is told before a scoring job runs on the cluster.
+
+    Reads cfg.score (the model and report folder) and cfg.yarn.
+    """
     notes = []
     model = job_args[job_args.index("--model") + 1] if "--model" in job_args else cfg.score.model
     if deploy_mode == "cluster" and model and fs.is_local(model) and not model.startswith(("runs:/", "models:/")):
@@ -76,7 +83,7 @@ def _notes(cfg: JobConfig, job_args: Sequence[str], deploy_mode: str) -> list[st
     if fs.is_local(cfg.score.report_dir):
         notes.append(f"score.report_dir {cfg.score.report_dir} is local to the driver's host; set "
                      "score.report_dir=hdfs://... to keep the reports with the table")
-    return notes + submit.archive_notes(cfg)
+    return notes + submit.archive_notes(cfg.yarn)
 
 
 def job_args(args: argparse.Namespace) -> list[str]:

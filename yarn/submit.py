@@ -52,7 +52,7 @@ from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
 
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import redaction, secrets
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import JobConfig, YarnConfig
 from hvdtrain.core.errors import ANY_ERROR, EXIT_INTERRUPTED, ConfigError, EnvironmentProblem, HvdtrainError, StepFailed
 from hvdtrain.hadoop import envcheck, fs, hadoop_conf, hadoop_tokens, resourcemanager
 from hvdtrain.hadoop.envcheck import HorovodBuild
@@ -111,11 +111,11 @@ JVM_OPTIONS_ENV = "JDK_JAVA_OPTIONS"
 AM_JVM_OPTIONS = f"spark.yarn.appMasterEnv.{JVM_OPTIONS_ENV}"
 
 
-def worker_env_conf(cfg: JobConfig) -> list[tuple[str, str]]:
+def worker_env_conf(y: YarnConfig) -> list[tuple[str, str]]:
     """``spark.executorEnv.*`` of a job whose executors' Python workers do the work (ETL, scoring): yarn.env, and
     glibc's malloc top pad (:func:`hvdtrain.runtime.launch.malloc_env`) unless yarn.env or yarn.spark_conf sets one (pure).
     A training job's ranks get theirs from the driver (``yarn/driver.py:horovod_env``)."""
-    return [(f"spark.executorEnv.{k}", v) for k, v in sorted(spark_malloc_env(cfg.yarn.env, cfg.yarn.spark_conf).items())]
+    return [(f"spark.executorEnv.{k}", v) for k, v in sorted(spark_malloc_env(y.env, y.spark_conf).items())]
 
 
 def carrier_jvm_options(own: Optional[str]) -> str:
@@ -184,14 +184,14 @@ def check_master(master: str) -> None:
         raise ConfigError("--master", master, f"must be {MASTERS}")
 
 
-def deploy_mode_for(cfg: JobConfig, master: str) -> str:
+def deploy_mode_for(y: YarnConfig, master: str) -> str:
     """client for local and standalone masters (standalone cannot run a Python driver in the cluster), else the
     config's (pure)."""
-    return cfg.yarn.deploy_mode if master == "yarn" else "client"
+    return y.deploy_mode if master == "yarn" else "client"
 
 
-def deploy_notes(cfg: JobConfig, master: str) -> list[str]:
-    if cfg.yarn.deploy_mode == "cluster" and master != "yarn":
+def deploy_notes(y: YarnConfig, master: str) -> list[str]:
+    if y.deploy_mode == "cluster" and master != "yarn":
         return [f"yarn.deploy_mode cluster does not apply to --master {master}: running in client mode"]
     return []
 
@@ -220,6 +220,8 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     Only what the config cannot know is checked here (the master, the Horovod
     build, files on this host); :class:`~hvdtrain.core.config.YarnConfig` checks its
     own values when it is built.
+
+    Reads cfg.yarn and cfg.train (what an elastic job needs of the cluster).
     """
     y = cfg.yarn
     check_master(master)
@@ -265,7 +267,10 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
 
 
 def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) -> list[tuple[str, str]]:
-    """Every --conf of the submission, in order (pure)."""
+    """Every --conf of the submission, in order (pure).
+
+    Reads cfg.yarn, cfg.train (an elastic job's tasks) and cfg.spark (the event log).
+    """
     y = cfg.yarn
     el = cfg.train.elastic
     # A retried rank cannot rejoin a fixed ring; an elastic job's retried task is how a lost rank comes back.
@@ -337,10 +342,10 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     validate(cfg, master, inputs.build, is_file)
     y = cfg.yarn
     local = is_local_master(master)
-    deploy_mode = deploy_mode_for(cfg, master)
-    notes = deploy_notes(cfg, master)
+    deploy_mode = deploy_mode_for(cfg.yarn, master)
+    notes = deploy_notes(cfg.yarn, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
-    argv += cluster_args(cfg, master, inputs)
+    argv += cluster_args(cfg.yarn, master, inputs)
     files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
              + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []))
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
@@ -367,9 +372,8 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
                       secret, properties if secret else None)
 
 
-def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
+def cluster_args(y: YarnConfig, master: str, inputs: Inputs) -> list[str]:
     """spark-submit's queue, Kerberos login, memory, cores and shipped environment (pure; shared with yarn.score)."""
-    y = cfg.yarn
     local = is_local_master(master)
     argv = ["--queue", y.queue] if y.queue and master == "yarn" else []
     if y.principal and y.keytab:  # set together (YarnConfig checks)
@@ -385,6 +389,10 @@ def cluster_args(cfg: JobConfig, master: str, inputs: Inputs) -> list[str]:
 
 
 def _cluster_notes(cfg: JobConfig, script: Optional[ScriptJob] = None) -> list[str]:
+    """What the submitter is told before training (or ``script``) runs on the cluster.
+
+    Reads cfg.yarn, cfg.etl and cfg.train (local outputs) and cfg.tracking (a store no container reaches).
+    """
     notes = []
     if cfg.yarn.gpus_per_worker > 1:
         notes.append(f"yarn.gpus_per_worker={cfg.yarn.gpus_per_worker}: each rank trains on one GPU (Horovod runs "
@@ -398,15 +406,15 @@ def _cluster_notes(cfg: JobConfig, script: Optional[ScriptJob] = None) -> list[s
     if not script and cfg.tracking.enabled and not cfg.tracking.uri and "MLFLOW_TRACKING_URI" not in cfg.yarn.env:
         notes.append("tracking.uri is unset: rank 0 would log to a SQLite file on whichever host it runs; "
                      "set tracking.uri=http://mlflow-server:5000 (or yarn.env.MLFLOW_TRACKING_URI)")
-    return notes + archive_notes(cfg)
+    return notes + archive_notes(cfg.yarn)
 
 
-def archive_notes(cfg: JobConfig) -> list[str]:
+def archive_notes(y: YarnConfig) -> list[str]:
     """What every cluster submission (train, ETL, score) is told about where its env archive comes from."""
-    if cfg.yarn.python is not None:
-        return [f"yarn.python {cfg.yarn.python}: nothing is shipped; that interpreter must exist with this "
+    if y.python is not None:
+        return [f"yarn.python {y.python}: nothing is shipped; that interpreter must exist with this "
                 "project's dependencies on every host"]
-    if fs.is_local(cfg.yarn.env_archive or cfg.yarn.env_cache):
+    if fs.is_local(y.env_archive or y.env_cache):
         return ["the env archive is local, so spark-submit uploads it on every submission; "
                 "set yarn.env_cache=hdfs://namenode:8020/user/$USER/hvdtrain-envs to upload it once"]
     return []
@@ -761,7 +769,10 @@ def check_fits(cfg: JobConfig, master: str, kind: str, conf_dir: Optional[str],
                read: Callable[..., tuple[Optional[resourcemanager.Limits], str]] = resourcemanager.read_limits) -> None:
     """The job's containers against its queue's limits (:mod:`yarn.resources`), before anything is packed or
     submitted: one line naming the setting, the request, the limit and the fix; an unknown queue names the
-    queues there are. When the ResourceManager's limits cannot be read, a note, and YARN checks the request."""
+    queues there are. When the ResourceManager's limits cannot be read, a note, and YARN checks the request.
+
+    Reads cfg.yarn and cfg.train (an elastic job's most ranks).
+    """
     if not conf_dir:
         return
     limits, why = read(hadoop_conf.load(conf_dir), cfg.yarn.queue)
@@ -772,7 +783,7 @@ def check_fits(cfg: JobConfig, master: str, kind: str, conf_dir: Optional[str],
     gang = kind in GANG_JOBS
     el = cfg.train.elastic
     executors = (el.max_ranks if el else cfg.yarn.num_workers) if gang else 1
-    resources.check(cfg.yarn, deploy_mode_for(cfg, master), executors, gang, limits)
+    resources.check(cfg.yarn, deploy_mode_for(cfg.yarn, master), executors, gang, limits)
 
 
 def check_resourcemanager(conf_dir: Optional[str],

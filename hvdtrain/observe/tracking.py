@@ -165,11 +165,12 @@ class Tracker:
 
     def __init__(self, cfg: JobConfig, enabled: bool = True, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
-        self.cfg = cfg
+        """Reads cfg.tracking, cfg.name (the run's name) and cfg.workdir (a default store's folder)."""
+        self.settings, self.name, self.workdir = cfg.tracking, cfg.name, cfg.workdir
         self.run_id: Optional[str] = None
         self.tracking_uri: Optional[str] = None
         self._mlflow: Any = None
-        self._active = enabled and cfg.tracking.enabled
+        self._active = enabled and self.settings.enabled
         self._clock, self._sleep = clock, sleep
         self._pending: list[tuple[dict[str, float], int, int]] = []  # buffered metrics: values, step, time (ms)
         self._down_since: Optional[float] = None  # an outage in progress
@@ -208,13 +209,13 @@ class Tracker:
                 self._down_since = now
                 log.warning("MLflow %s failed (%s: %s); buffering metrics and retrying for up to %.0fs "
                             "(tracking.max_outage_seconds), training goes on", what, type(exc).__name__,
-                            _first_line(exc), self.cfg.tracking.max_outage_seconds)
+                            _first_line(exc), self.settings.max_outage_seconds)
             self._next_try = now + RETRY_SECONDS
-            if now - self._down_since <= self.cfg.tracking.max_outage_seconds:
+            if now - self._down_since <= self.settings.max_outage_seconds:
                 return True
             log.warning("MLflow has been unreachable for %.0fs (tracking.max_outage_seconds %.0f); tracking is off "
                         "for the rest of this run, training goes on", now - self._down_since,
-                        self.cfg.tracking.max_outage_seconds)
+                        self.settings.max_outage_seconds)
         else:
             log.warning("MLflow %s failed (%s: %s); tracking is off for the rest of this run, training goes on",
                         what, type(exc).__name__, secrets.redact_text(str(exc)))
@@ -257,7 +258,7 @@ class Tracker:
     def _start(self, tags: Mapping[str, str], resume_run_id: Optional[str] = None) -> None:
         import mlflow
 
-        store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
+        store = resolve_store(self.settings.uri, os.environ, self.workdir)
         for name, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(name, value)
         if store.tracking_uri.startswith("sqlite:///"):
@@ -265,10 +266,10 @@ class Tracker:
         _set_tracking_uri(store.tracking_uri)
         run = _resume_run(mlflow, resume_run_id) if resume_run_id else None
         if run is None:
-            experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
-            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.cfg.name, tags=dict(tags))
+            experiment_id = _experiment_id(mlflow, self.settings.experiment, store.artifact_location)
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=self.name, tags=dict(tags))
         self._mlflow, self.run_id, self.tracking_uri = mlflow, run.info.run_id, store.tracking_uri
-        log.info("MLflow run %s in experiment %r at %s", self.run_id, self.cfg.tracking.experiment,
+        log.info("MLflow run %s in experiment %r at %s", self.run_id, self.settings.experiment,
                  secrets.redact_url(store.tracking_uri))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -548,12 +549,13 @@ class StudyRun:
     """
 
     def __init__(self, cfg: JobConfig):
-        self.cfg = cfg
+        """Reads cfg.tracking and cfg.workdir (a default store's folder)."""
+        self.settings, self.workdir = cfg.tracking, cfg.workdir
         self.run_id: Optional[str] = None
         self._client: Any = None
 
     def _call(self, what: str, fn: Callable[[], T]) -> Optional[T]:
-        if not self.cfg.tracking.enabled or (self._client is None and what != "open"):
+        if not self.settings.enabled or (self._client is None and what != "open"):
             return None
         try:
             return fn()
@@ -567,7 +569,7 @@ class StudyRun:
         def start() -> str:
             import mlflow
 
-            store = resolve_store(self.cfg.tracking.uri, os.environ, self.cfg.workdir)
+            store = resolve_store(self.settings.uri, os.environ, self.workdir)
             if store.tracking_uri.startswith("sqlite:///"):
                 os.makedirs(os.path.dirname(store.tracking_uri[len("sqlite:///"):]), exist_ok=True)
             _set_tracking_uri(store.tracking_uri)  # register_model() reads it
@@ -580,7 +582,7 @@ class StudyRun:
                 except mlflow.exceptions.MlflowException:
                     log.warning("the study's MLflow run %s is not in %s; starting a new one", run_id,
                                 secrets.redact_url(store.tracking_uri))
-            experiment_id = _experiment_id(mlflow, self.cfg.tracking.experiment, store.artifact_location)
+            experiment_id = _experiment_id(mlflow, self.settings.experiment, store.artifact_location)
             return self._client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
 
         self.run_id = self._call("open", start)

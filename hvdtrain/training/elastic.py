@@ -333,7 +333,7 @@ def _resetting(job: Job, step_fn: VirtualStep) -> Any:
 def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any]:
     """Train under Horovod elastic mode; returns the result record on every rank (rank 0 writes result.json).
     ``guard`` (the stall watchdog and the Kerberos renewer, as for a fixed-size job) wraps all the work."""
-    runtime.set_horovod_env(cfg)
+    runtime.set_horovod_env(cfg.fault, cfg.train)
     rank = distributed.init()
     runtime.configure_logging(rank)
     secrets.protect_logging(*secrets.secret_values(cfg.flat()))

@@ -14,7 +14,7 @@ import numpy as np
 
 from hvdtrain import data
 from hvdtrain.core import secrets
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import ModelConfig, TaskConfig
 from hvdtrain.core.errors import ANY_ERROR, DataError, StorageError
 from hvdtrain.data.manifest import Manifest
 from hvdtrain.hadoop import fs, ledger
@@ -40,7 +40,8 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any],
     model = heads.serving_model(model, task_head(ctx))  # a regression's outputs in the target's units
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
         _dump_json(os.path.join(local, "eval_report.json"), report)
-        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg))
+        _dump_json(os.path.join(local, "labels.json"), labels_document(ctx.manifest, ctx.shape, ctx.cfg.model,
+                                                                        ctx.cfg.task))
         _copy_tokenizer(ctx.manifest, local)
         png = _test_chart(report, local)
         model.save(os.path.join(local, "model.keras"))
@@ -79,10 +80,10 @@ def _test_chart(report: dict[str, Any], folder: str) -> Optional[str]:
     return None
 
 
-def labels_document(manifest: Manifest, shape: data.InputShape,
-                    cfg: Optional[JobConfig] = None) -> dict[str, Any]:
+def labels_document(manifest: Manifest, shape: data.InputShape, model: Optional[ModelConfig] = None,
+                    task: Optional[TaskConfig] = None) -> dict[str, Any]:
     """What a server needs beside the model: label names, the task, the user's builder and how inputs were made."""
-    custom = {"model_builder": cfg.model.builder, "threshold": cfg.task.threshold} if cfg is not None else {}
+    custom = {"model_builder": model.builder, "threshold": task.threshold} if model and task else {}
     return {"labels": manifest.labels, "label_feature": shape.label_feature, "model_kind": shape.kind,
             "task": shape.task, "num_outputs": shape.num_outputs, **custom,
             "max_length": shape.max_length, "inputs": list(shape.inputs),

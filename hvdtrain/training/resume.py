@@ -112,6 +112,8 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     ``manifest_digest`` is the dataset's content digest (:meth:`hvdtrain.data.manifest.Manifest.digest`);
     ``legacy_digest`` the same manifest's digest in the older form, which checkpoints saved before the content
     digest carry, so they still resume on their unchanged dataset.
+
+    Reads cfg.train, cfg.model and cfg.task (their digests).
     """
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,

@@ -11,7 +11,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import keras
 import tensorflow as tf
 
-from hvdtrain.core.config import JobConfig, TrainConfig
+from hvdtrain.core.config import FaultConfig, JobConfig, TrainConfig, YarnConfig
 from hvdtrain.core.errors import DataError, EnvironmentProblem
 from hvdtrain.hadoop import kerberos
 from hvdtrain.observe import console
@@ -21,12 +21,12 @@ from hvdtrain.runtime import watchdog as watchdog_lib
 log = logging.getLogger("hvdtrain.training.train")
 
 
-def set_horovod_env(cfg: JobConfig) -> None:
+def set_horovod_env(fault: FaultConfig, train: TrainConfig) -> None:
     """Horovod's fault timeouts (and the timeline's switch) for ``hvd.init()``; the user's environment wins."""
-    for name, value in watchdog_lib.horovod_env(cfg.fault.peer_timeout, cfg.fault.stall_check_warning,
-                                            cfg.fault.stall_timeout, cfg.fault.checkpoint_timeout).items():
+    for name, value in watchdog_lib.horovod_env(fault.peer_timeout, fault.stall_check_warning,
+                                            fault.stall_timeout, fault.checkpoint_timeout).items():
         os.environ.setdefault(name, value)
-    if cfg.train.timeline is not None:
+    if train.timeline is not None:
         for name, value in distributed.TIMELINE_ENV.items():
             os.environ.setdefault(name, value)
 
@@ -51,9 +51,8 @@ def corrupt_data_error(exc: BaseException) -> DataError:
                      "manifest.json records each shard's sha256 to find which; rerun the ETL to rewrite the dataset")
 
 
-def kerberos_renewer(cfg: JobConfig, rank: distributed.RankInfo) -> Any:
+def kerberos_renewer(y: YarnConfig, rank: distributed.RankInfo) -> Any:
     """The first rank on each host keeps the host's Kerberos ticket alive from ``yarn.keytab`` (long jobs)."""
-    y = cfg.yarn
     if not (y.principal and y.keytab and rank.local_rank == 0) or os.environ.get("CONTAINER_ID"):
         return contextlib.nullcontext()  # in a YARN container Spark renews the job's tokens from --keytab
     problem = kerberos.renewal_problem(y.keytab, rank.hostname)
@@ -68,11 +67,14 @@ Guard = Callable[[JobConfig, distributed.RankInfo], ContextManager[Any]]
 @contextlib.contextmanager
 def guarded(cfg: JobConfig, rank: distributed.RankInfo,
             watchdog: Callable[[float, int], Any] = watchdog_lib.Watchdog,
-            renewer: Callable[[JobConfig, distributed.RankInfo], ContextManager[Any]] = kerberos_renewer,
+            renewer: Callable[[YarnConfig, distributed.RankInfo], ContextManager[Any]] = kerberos_renewer,
             ) -> Iterator[Any]:
     """What every training path (fixed-size and elastic) runs under: the stall watchdog (yields it: its ``phase``
-    tells it what the rank does next) and, on the first rank of each host, the Kerberos renewer."""
-    with watchdog(cfg.fault.stall_timeout, rank.rank) as dog, renewer(cfg, rank):
+    tells it what the rank does next) and, on the first rank of each host, the Kerberos renewer.
+
+    Reads cfg.fault (the stall timeout) and cfg.yarn (the principal and keytab).
+    """
+    with watchdog(cfg.fault.stall_timeout, rank.rank) as dog, renewer(cfg.yarn, rank):
         yield dog
 
 

@@ -23,7 +23,10 @@ def build_optimizer(train: TrainConfig, size: int, total_steps: int) -> keras.op
 
 def build_state(cfg: JobConfig, shape: data.InputShape, size: int,
                 total_steps: int = 0) -> tuple[keras.Model, keras.optimizers.Optimizer]:
-    """Model and built optimizer, ready for broadcast_state(); ``total_steps`` is the decay horizon."""
+    """Model and built optimizer, ready for broadcast_state(); ``total_steps`` is the decay horizon.
+
+    Reads cfg.model and cfg.train (the optimizer, its schedule and mixed precision).
+    """
     model = build_model(cfg.model, shape, cfg.train.mixed_precision)
     optimizer = build_optimizer(cfg.train, size, total_steps)
     optimizer.build(model.trainable_variables)

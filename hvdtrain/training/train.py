@@ -68,7 +68,7 @@ from hvdtrain.training import resume
 from hvdtrain.core import secrets
 from hvdtrain.data import manifest as manifest_lib
 from hvdtrain.core import tasks as tasks_lib
-from hvdtrain.core.config import JobConfig
+from hvdtrain.core.config import JobConfig, TrainConfig, TuneConfig
 from hvdtrain.core.errors import DataError, HvdtrainError
 from hvdtrain.data.manifest import Manifest
 from hvdtrain.model.schedules import scaled_learning_rate
@@ -92,7 +92,7 @@ log = logging.getLogger("hvdtrain.training.train")
 def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any]:
     """Train, evaluate and (rank 0) export and track one job; returns the result record on every rank. ``guard``
     (the stall watchdog and the Kerberos renewer) wraps everything after the process set-up."""
-    runtime.set_horovod_env(cfg)
+    runtime.set_horovod_env(cfg.fault, cfg.train)
     rank = distributed.init()
     startup.mark("rendezvous")
     runtime.configure_logging(rank)
@@ -112,11 +112,11 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
         resumed = resume.find(cfg.checkpoint, rank, layout)
         restore_seconds = time.perf_counter() - looking
         startup.mark("data plan")
-        with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg)},
+        with tracking.start(cfg, rank.is_chief, {**_run_tags(manifest, rank, hosts), **_tune_tags(cfg.tune)},
                             resume_run_id=resumed.run_id if resumed else None) as tracker, \
                 tempfile.TemporaryDirectory(prefix=f"hvdtrain-stage-{rank.hostname}-") as stage_dir:
             if resumed is None or tracker.run_id != resumed.run_id:
-                tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg, rank, steps, hosts)})
+                tracker.log_params({**tracking.flat_params(cfg), **_run_params(cfg.train, rank, steps, hosts)})
             restarts = supervise.restarts_from_env()
             if restarts:  # one MLflow run throughout: this try counts the restarts before it
                 tracker.log_metrics({"restarts": float(len(restarts))})
@@ -144,7 +144,10 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
 
 
 def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.InputShape, int]:
-    """Manifest, the model's view of it and optimizer steps per epoch; fails before any training."""
+    """Manifest, the model's view of it and optimizer steps per epoch; fails before any training.
+
+    Reads cfg.train, cfg.etl (the dataset), cfg.model and cfg.task (what they need of the dataset).
+    """
     claim_output(cfg.train.output, write=rank.is_chief)  # before any training: a refused output would waste it all
     manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
@@ -240,21 +243,21 @@ def _run_tags(manifest: Manifest, rank: distributed.RankInfo, hosts: Sequence[st
     return tags
 
 
-def _tune_tags(cfg: JobConfig) -> dict[str, str]:
+def _tune_tags(tune: TuneConfig) -> dict[str, str]:
     """A ``hvdtrain tune`` trial's run sits under the study's run (MLflow's parent/child tag)."""
     tags = {}
-    if cfg.tune.trial is not None:
-        tags.update({"hvdtrain.tune.study": cfg.tune.study, "tune_trial": str(cfg.tune.trial)})
-    if cfg.tune.parent_run_id:
-        tags["mlflow.parentRunId"] = cfg.tune.parent_run_id
+    if tune.trial is not None:
+        tags.update({"hvdtrain.tune.study": tune.study, "tune_trial": str(tune.trial)})
+    if tune.parent_run_id:
+        tags["mlflow.parentRunId"] = tune.parent_run_id
     return tags
 
 
-def _run_params(cfg: JobConfig, rank: distributed.RankInfo, steps: int, hosts: Sequence[str]) -> dict[str, Any]:
+def _run_params(train: TrainConfig, rank: distributed.RankInfo, steps: int, hosts: Sequence[str]) -> dict[str, Any]:
     return {"horovod.size": rank.size, "horovod.hosts": ",".join(hosts), "steps_per_epoch": steps,
-            "global_batch_size": global_batch_size(cfg.train, rank.size),
-            "scaled_learning_rate": scaled_learning_rate(cfg.train.learning_rate, rank.size),
-            "decay_steps": steps * cfg.train.epochs}
+            "global_batch_size": global_batch_size(train, rank.size),
+            "scaled_learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
+            "decay_steps": steps * train.epochs}
 
 
 # -- command line ---------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def _load(cfg):
 
     from hvdtrain import tune
 
-    return optuna.load_study(study_name=cfg.tune.study, storage=tune.storage_url(cfg))
+    return optuna.load_study(study_name=cfg.tune.study, storage=tune.storage_url(cfg.tune))
 
 
 def _client(cfg):

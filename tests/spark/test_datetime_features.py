@@ -49,7 +49,7 @@ def spark(cfg):
 def test_writer_and_scoring_encode_datetimes_bit_for_bit_in_any_time_zone(spark, cfg) -> None:
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"  # hvdtrain's session fixes it
     df = spark.sql(_ROWS)
-    fitted = tabular.fit(df, cfg)
+    fitted = tabular.fit(df, cfg.source, cfg.etl)
     names = features.numeric_names(fitted)
     assert names[:4] == ["x", "d:epoch", "d:year", "d:month_sin"] and len(names) == 1 + 2 * 8
     assert fitted["numeric_features"] == names and fitted["datetime"]["kinds"] == {"d": "date", "ts": "timestamp"}

@@ -75,7 +75,7 @@ def test_statistic_plans_do_not_grow_from_10_to_10000_distinct_values(spark, bas
     for distinct in (10, 10_000):
         plan_sizes.clear()
         df = rows_with(spark, distinct)
-        stats = tabular.fit(df, cfg)
+        stats = tabular.fit(df, cfg.source, cfg.etl)
         known = stats["categories"]["city"]
         counts = drift.bin_counts(df, {"amount": stats["reference"]["numeric"]["amount"]["edges"]}, {"city": known})
         measured[distinct] = list(plan_sizes)

@@ -78,7 +78,7 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     world = SimpleNamespace(base=base, spark=spark, cfg=cfg, model=cfg.train.output,
                             result=json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json"))))
     world.score_cfg = _cfg(world, source={"table": "scoretest.to_score"}, score={"columns": ["label"]})
-    target = score_job.plan_target(world.score_cfg, "scoretest.preds", PARTITION, False, dt.date.today())
+    target = score_job.plan_target(world.score_cfg.score, "scoretest.preds", PARTITION, False, dt.date.today())
     world.report = score_job.run(spark, world.score_cfg, world.model, target, evaluate=True)
     yield world
     spark.stop()
@@ -186,13 +186,13 @@ def test_an_occupied_partition_is_refused_then_replaced_atomically_with_overwrit
     from etl import score_job
 
     cfg, spark = world.score_cfg, world.spark
-    target = score_job.plan_target(cfg, "scoretest.preds", PARTITION, False, dt.date.today())
+    target = score_job.plan_target(cfg.score, "scoretest.preds", PARTITION, False, dt.date.today())
     before = score_job.table_location(spark, "scoretest.preds", target.spec())
     with pytest.raises(DataError, match=r"partition \(ds='2026-11-23'\) of scoretest.preds already holds rows; "
                                         "pass --overwrite"):
         score_job.run(spark, cfg, world.model, target)
     assert score_job.table_location(spark, "scoretest.preds", target.spec()) == before
-    report = score_job.run(spark, cfg, world.model, score_job.plan_target(cfg, "scoretest.preds", PARTITION, True,
+    report = score_job.run(spark, cfg, world.model, score_job.plan_target(cfg.score, "scoretest.preds", PARTITION, True,
                                                                           dt.date.today()))
     after = score_job.table_location(spark, "scoretest.preds", target.spec())
     assert after != before and report["scored"] == 1200
@@ -218,7 +218,7 @@ def test_bad_input_stops_before_any_work_with_one_line(world) -> None:
     for extra, table, message in cases:
         cfg = _cfg(world, **extra)
         with pytest.raises(DataError, match=message) as err:
-            score_job.run(spark, cfg, world.model, score_job.plan_target(cfg, table, PARTITION, False, dt.date.today()))
+            score_job.run(spark, cfg, world.model, score_job.plan_target(cfg.score, table, PARTITION, False, dt.date.today()))
         assert "\n" not in str(err.value)
     assert not spark.catalog.tableExists("scoretest.new1") and not spark.catalog.tableExists("scoretest.new2")
 
@@ -234,7 +234,7 @@ def test_shifted_text_is_flagged_and_fail_on_drift_stops_before_scoring(world) -
                score={"fail_on_drift": True, "report_dir": str(world.base / "drift")})
     with pytest.raises(DataError, match=r"input drift: text column text: unknown-token rate (0\.9\d\d|1\.000) vs "
                                         r"0\.000 in training"):
-        score_job.run(spark, cfg, world.model, score_job.plan_target(cfg, "scoretest.shifted_preds", PARTITION,
+        score_job.run(spark, cfg, world.model, score_job.plan_target(cfg.score, "scoretest.shifted_preds", PARTITION,
                                                                      False, dt.date.today()))
     assert not spark.catalog.tableExists("scoretest.shifted_preds")
     drift = json.loads((world.base / "drift" / "drift_report.json").read_text())
@@ -246,7 +246,7 @@ def test_a_failed_rejects_publish_puts_the_predictions_partition_back(world, mon
     from etl import score_job
 
     cfg, spark = world.score_cfg, world.spark
-    target = score_job.plan_target(cfg, "scoretest.preds", PARTITION, True, dt.date.today())
+    target = score_job.plan_target(cfg.score, "scoretest.preds", PARTITION, True, dt.date.today())
     before = score_job.table_location(spark, "scoretest.preds", target.spec())
     real, old_run = score_job.point_partition, before.rstrip("/").rsplit("/", 1)[0]
 
@@ -281,7 +281,7 @@ def test_empty_or_mostly_rejected_input_never_replaces_a_partition(world) -> Non
     for table, message in cases:
         cfg = _cfg(world, source={"table": table}, score={"columns": ["label"]})
         with pytest.raises(DataError, match=message):
-            score_job.run(spark, cfg, world.model, score_job.plan_target(cfg, "scoretest.preds", PARTITION, True,
+            score_job.run(spark, cfg, world.model, score_job.plan_target(cfg.score, "scoretest.preds", PARTITION, True,
                                                                          dt.date.today()))
     assert score_job.table_location(spark, "scoretest.preds", f"ds='{PARTITION.split('=')[1]}'") == before
     assert len(_table(world)) == 1200

@@ -37,7 +37,7 @@ def publish_dataset(out: str, tag: str, tmp: Path, then: Callable[[], None] = la
     (to arm a fault), then publish them the way etl.job.run does (a version folder when a dataset is there)."""
     cfg = config.from_dict({"name": "ow", "workdir": str(tmp), "source": {"table": "db.t"},
                             "etl": {"output": out, "max_length": 8, "overwrite": True}}, base_dir=str(tmp))
-    replacing = etl_job.check_output(cfg)
+    replacing = etl_job.check_output(cfg.etl)
     staging = fs.join(out, "_staging", tag)
     results = []
     for i, (split, index) in enumerate([("train", 0), ("train", 1), ("validation", 0), ("test", 0)]):
@@ -152,7 +152,7 @@ def test_where_rename_cannot_replace_a_reader_takes_the_complete_next_manifest(t
     os.rename(out / "manifest.json", out / "manifest.json.next")  # libhdfs: deleted, the rename is next
     assert_whole(str(out), "A", tmp_path)
     with pytest.raises(Exception, match="already holds a dataset"):  # still a published dataset
-        etl_job.check_output(config.from_dict({"source": {"table": "a.b"}, "etl": {"output": str(out)}}))
+        etl_job.check_output(config.from_dict({"source": {"table": "a.b"}, "etl": {"output": str(out)}}).etl)
 
 
 @pytest.mark.slow

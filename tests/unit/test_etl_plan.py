@@ -185,9 +185,9 @@ def test_a_local_run_logs_spark_to_a_file_and_hides_its_bars_unless_verbose(tmp_
     from hvdtrain.core import config
 
     cfg = config.from_dict({"name": "w", "workdir": str(tmp_path), "source": {"table": "a.b"}})
-    assert session.log_file(cfg, "local[2]", False, "etl") == str(tmp_path / "logs" / "spark-etl.log")
-    assert session.log_file(cfg, "local[2]", True, "etl") is None  # --verbose: Spark on the console
-    assert session.log_file(cfg, None, False, "etl") is None  # spark-submit started the driver already
+    assert session.log_file(cfg.workdir, "local[2]", False, "etl") == str(tmp_path / "logs" / "spark-etl.log")
+    assert session.log_file(cfg.workdir, "local[2]", True, "etl") is None  # --verbose: Spark on the console
+    assert session.log_file(cfg.workdir, None, False, "etl") is None  # spark-submit started the driver already
     quiet = session.spark_conf(cfg, "local[2]", log_config="/w/log4j2.properties")
     assert quiet["spark.ui.showConsoleProgress"] == "false"
     assert quiet["spark.driver.extraJavaOptions"].split() == [

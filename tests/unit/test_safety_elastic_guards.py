@@ -45,7 +45,7 @@ def test_guarded_starts_the_watchdog_and_the_renewer(tmp_path):
     with runtime.guarded(cfg, rank, watchdog=lambda t, r: dogs.append(FakeDog(t, r)) or dogs[-1],
                          renewer=renewer) as dog:
         assert dog is dogs[0] and (dog.timeout, dog.rank, dog.entered) == (42, 0, True)
-        assert renewing == [(cfg, rank)]
+        assert renewing == [(cfg.yarn, rank)]
     assert dog.exited and renewing[-1] == "stopped"
 
 

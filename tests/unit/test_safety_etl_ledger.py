@@ -27,7 +27,7 @@ SHARDS = writer.ShardPlan({"train": 1, "validation": 1, "test": 1})
 def _publish(out: Path, tag: str, tmp: Path, rejects: bool = False) -> dict:
     cfg = config.from_dict({"name": "ow", "workdir": str(tmp), "source": {"table": "db.t"},
                             "etl": {"output": str(out), "max_length": 8, "overwrite": True}}, base_dir=str(tmp))
-    replacing = etl_job.check_output(cfg)
+    replacing = etl_job.check_output(cfg.etl)
     staging = fs.join(str(out), "_staging", tag)
     results = stage_shards(out, tag)
     rejected = {}
@@ -141,7 +141,7 @@ def test_a_file_named_like_hvdtrains_but_unrecorded_is_foreign_and_never_suggest
     out.mkdir()
     (out / "vocab.txt").write_text("a user's vocabulary")  # a name hvdtrain writes, but no ledger names it
     with pytest.raises(DataError, match=r"did not write \(vocab.txt\)") as err:
-        etl_job.check_output(_job(out, tmp_path, overwrite=False))
+        etl_job.check_output(_job(out, tmp_path, overwrite=False).etl)
     assert "pass --overwrite" not in str(err.value)
 
 

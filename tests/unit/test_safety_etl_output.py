@@ -41,7 +41,7 @@ def stage_shards(out: Path, tag: str) -> list[writer.ShardResult]:
 def plan(out: Path, tag: str, tmp: Path) -> publish.PublishPlan:
     """Stage one shard per split for dataset ``tag`` and plan its publish (check_output first, as etl.job.run)."""
     cfg = job(out, tmp)
-    replacing = etl_job.check_output(cfg)
+    replacing = etl_job.check_output(cfg.etl)
     staging = fs.join(str(out), "_staging", tag)
     results = stage_shards(out, tag)
     counts = RowCounts(rows_in=10, rejected={}, before_dedup=10, after_dedup=10, label_unknown=0,
@@ -59,7 +59,7 @@ def test_overwrite_refuses_a_folder_holding_anything_but_an_hvdtrain_dataset(tmp
     (home / "thesis.tex").write_text("years of work")
     (home / "train").mkdir()  # a name hvdtrain also writes: the foreign file alone decides
     with pytest.raises(DataError) as err:
-        etl_job.check_output(job(home, tmp_path, overwrite=True))
+        etl_job.check_output(job(home, tmp_path, overwrite=True).etl)
     message = str(err.value)
     assert "thesis.tex" in message and str(home) in message and "--overwrite to" not in message
     assert (home / "thesis.tex").read_text() == "years of work"
@@ -73,7 +73,7 @@ def test_overwrite_replaces_an_unfinished_hvdtrain_etl_and_keeps_names_it_did_no
     ledger.write(str(out), ledger.Ledger("hvdtrain etl", (ledger.exact("train/part-00000-of-00001.tfrecord"),
                                                           ledger.exact("vocab.txt"))))
     with pytest.raises(DataError, match="unfinished hvdtrain ETL.*--overwrite"):
-        etl_job.check_output(job(out, tmp_path, overwrite=False))
+        etl_job.check_output(job(out, tmp_path, overwrite=False).etl)
     publish.act(plan(out, "A", tmp_path))
     assert manifest.read(str(out)).created_at == "A"
     replacing = plan(out, "B", tmp_path)

@@ -18,7 +18,7 @@ def test_a_keytab_missing_on_this_host_or_no_kinit_is_one_line_at_start(tmp_path
                             "yarn": {"principal": "ml@EX.COM", "keytab": str(tmp_path / "ml.keytab")}},
                            base_dir=str(tmp_path))
     with pytest.raises(EnvironmentProblem, match=r"yarn.keytab .*ml.keytab is not a file on worker-7"):
-        runtime.kerberos_renewer(cfg, rank)
+        runtime.kerberos_renewer(cfg.yarn, rank)
     (tmp_path / "ml.keytab").write_bytes(b"k")
     assert "kinit is not on PATH on h1" in kerberos.renewal_problem(str(tmp_path / "ml.keytab"), "h1",
                                                                     which=lambda name: None)

@@ -59,12 +59,12 @@ def test_config_yaml_and_mlflow_params_are_redacted(tmp_path):
 
 def test_the_study_url_reaches_a_trial_by_environment_not_argv(tmp_path):
     cfg = _cfg(tmp_path)
-    overrides = tune.trial_overrides(cfg, 3, {"train.learning_rate": 0.01}, STORAGE, "run1")
+    overrides = tune.trial_overrides(cfg.tune, 3, {"train.learning_rate": 0.01}, STORAGE, "run1")
     opts = tune.TuneOptions(config_path="job.yaml", overrides=(), space="space.yaml", trials=2, np=2)
     argv = tune.trial_command(opts, overrides, 60)
     assert not [a for a in argv if SECRET in a]
     assert tune.trial_env({"PATH": "/bin"}, STORAGE)[tune.STORAGE_ENV] == STORAGE
-    plain = tune.trial_overrides(cfg, 3, {}, "sqlite:////s.db", None)
+    plain = tune.trial_overrides(cfg.tune, 3, {}, "sqlite:////s.db", None)
     assert "tune.storage=sqlite:////s.db" in plain  # nothing secret: it stays visible
 
 
@@ -252,7 +252,7 @@ def test_common_secret_names_reach_no_argv_param_or_config_yaml(tmp_path, storag
                  etl_submit.build_etl_plan(cfg, "yarn", inputs, [], is_file=lambda p: True)):
         assert [a for a in plan.argv if WIDE in a] == [] and WIDE not in submit.format_plan(plan)
     # a trial gets the study's storage through its environment, never its command line
-    overrides = tune.trial_overrides(cfg, 3, {"train.learning_rate": 0.01}, storage, "run1")
+    overrides = tune.trial_overrides(cfg.tune, 3, {"train.learning_rate": 0.01}, storage, "run1")
     opts = tune.TuneOptions(config_path="job.yaml", overrides=(), space="space.yaml", trials=2, np=2)
     assert [a for a in tune.trial_command(opts, overrides, 60) if WIDE in a] == []
     assert tune.trial_env({}, storage)[tune.STORAGE_ENV] == storage

@@ -57,14 +57,14 @@ def test_target_plan_defaults_and_flags() -> None:
     from etl.score_job import plan_target
 
     cfg = config.from_dict({"score": {"output_table": "db.p", "partition": "ds=2026-01-01"}})
-    t = plan_target(cfg, None, None, False, dt.date(2026, 11, 23))
+    t = plan_target(cfg.score, None, None, False, dt.date(2026, 11, 23))
     assert (t.table, t.rejects_table, t.partition, t.overwrite) == ("db.p", "db.p_rejects", {"ds": "2026-01-01"}, False)
-    t = plan_target(config.from_dict({}), "db.q", None, True, dt.date(2026, 11, 23))
+    t = plan_target(config.from_dict({}).score, "db.q", None, True, dt.date(2026, 11, 23))
     assert t.partition == {"ds": "2026-11-23"} and t.overwrite and t.where() == "`ds` = '2026-11-23'"
     with pytest.raises(DataError, match="no output table"):
-        plan_target(config.from_dict({}), None, None, False, dt.date(2026, 11, 23))
+        plan_target(config.from_dict({}).score, None, None, False, dt.date(2026, 11, 23))
     with pytest.raises(DataError, match="--partition 'ds' must be column=value"):
-        plan_target(cfg, "db.q", "ds", False, dt.date(2026, 11, 23))
+        plan_target(cfg.score, "db.q", "ds", False, dt.date(2026, 11, 23))
 
 
 def test_rows_that_cannot_be_scored_are_rejected_with_a_reason_and_the_rest_predicted() -> None:

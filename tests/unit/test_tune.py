@@ -89,7 +89,7 @@ def test_values_survive_the_override_round_trip():
 
 def test_trial_overrides_give_each_trial_its_folders_and_the_study(tmp_path):
     cfg = _cfg(tmp_path)
-    out = tune.trial_overrides(cfg, 7, {"train.learning_rate": 0.001}, "sqlite:////s.db", "abc123")
+    out = tune.trial_overrides(cfg.tune, 7, {"train.learning_rate": 0.001}, "sqlite:////s.db", "abc123")
     folder = f"{tmp_path}/work/tune/t/trial-0007"
     assert out == ["train.learning_rate=0.001", f"train.output={folder}/model", f"checkpoint.dir={folder}/checkpoints",
                    "train.validate_every_epoch=true", "tracking.registered_model_name=null",
@@ -177,7 +177,7 @@ def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path):
                 break
         study.tell(done, value)
     trial = study.ask()
-    cfg.tune.storage, cfg.tune.trial = tune.storage_url(cfg), trial.number
+    cfg.tune.storage, cfg.tune.trial = tune.storage_url(cfg.tune), trial.number
     reporter = tune.TrialReporter(cfg.tune)
     assert reporter.report(1, 0.2) is True  # worse than the top third at the first rung
     assert study.trials[trial.number].user_attrs["pruned_at_epoch"] == 1

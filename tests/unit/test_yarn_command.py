@@ -191,26 +191,26 @@ def test_a_shared_interpreter_ships_no_env() -> None:
 def test_yarn_env_reaches_executors_and_rank_processes() -> None:
     cfg = job(env={"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
     assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])
-    assert driver.horovod_env(cfg) == {"PYTHONUNBUFFERED": "1", "MALLOC_TOP_PAD_": str(64 << 20),
+    assert driver.horovod_env(cfg.yarn) == {"PYTHONUNBUFFERED": "1", "MALLOC_TOP_PAD_": str(64 << 20),
                                        "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}
 
 
 def test_etl_and_scoring_executors_get_mallocs_top_pad_unless_the_job_sets_one() -> None:
     pad = ("spark.executorEnv.MALLOC_TOP_PAD_", str(64 << 20))
-    assert pad in submit.worker_env_conf(job())
-    assert submit.worker_env_conf(job(env={"MALLOC_TOP_PAD_": "0"})) == [("spark.executorEnv.MALLOC_TOP_PAD_", "0")]
-    assert submit.worker_env_conf(job(env={"GLIBC_TUNABLES": "glibc.malloc.top_pad=1"})) == [
+    assert pad in submit.worker_env_conf(job().yarn)
+    assert submit.worker_env_conf(job(env={"MALLOC_TOP_PAD_": "0"}).yarn) == [("spark.executorEnv.MALLOC_TOP_PAD_", "0")]
+    assert submit.worker_env_conf(job(env={"GLIBC_TUNABLES": "glibc.malloc.top_pad=1"}).yarn) == [
         ("spark.executorEnv.GLIBC_TUNABLES", "glibc.malloc.top_pad=1")]
     # set cluster-wide in spark_conf: that entry (added after these) is the only one
-    assert submit.worker_env_conf(job(spark_conf={"spark.executorEnv.MALLOC_TOP_PAD_": "4096"})) == []
+    assert submit.worker_env_conf(job(spark_conf={"spark.executorEnv.MALLOC_TOP_PAD_": "4096"}).yarn) == []
 
 
 def test_rank_processes_get_mallocs_top_pad_unless_the_job_sets_one() -> None:
-    assert driver.horovod_env(job(env={"MALLOC_TOP_PAD_": "0"}))["MALLOC_TOP_PAD_"] == "0"
+    assert driver.horovod_env(job(env={"MALLOC_TOP_PAD_": "0"}).yarn)["MALLOC_TOP_PAD_"] == "0"
     tunables = {"GLIBC_TUNABLES": "glibc.malloc.top_pad=1048576"}
-    assert "MALLOC_TOP_PAD_" not in driver.horovod_env(job(env=tunables))
+    assert "MALLOC_TOP_PAD_" not in driver.horovod_env(job(env=tunables).yarn)
     cluster_wide = job(spark_conf={"spark.executorEnv.MALLOC_TOP_PAD_": "4096"})
-    assert "MALLOC_TOP_PAD_" not in driver.horovod_env(cluster_wide)  # the executors' own value reaches the ranks
+    assert "MALLOC_TOP_PAD_" not in driver.horovod_env(cluster_wide.yarn)  # the executors' own value reaches the ranks
 
 
 def test_local_outputs_and_a_local_env_cache_are_flagged_for_cluster_runs() -> None:
