@@ -339,14 +339,15 @@ def demo_summary(cfg: config_mod.JobConfig) -> str:
 
 def cmd_yarn(args: argparse.Namespace) -> int:
     """``hvdtrain yarn submit|score|etl ...``: the launchers live in yarn/ (which imports hvdtrain), so run them."""
-    modules = {"submit": "yarn.submit", "score": "yarn.score", "etl": "yarn.etl_submit", "run": "yarn.run"}
+    modules = {"submit": "yarn.submit", "score": "yarn.score", "etl": "yarn.etl_submit", "run": "yarn.run",
+               "pack": "yarn.pack"}
     if not args.rest or args.rest[0] not in modules:
         raise UsageError("usage: hvdtrain yarn submit CONFIG --num-workers N [--gpus-per-worker G] [--queue Q] "
                          "[--principal P --keytab K] [--master M] [--dry-run], or hvdtrain yarn score CONFIG "
                          "--model MODEL --output-table DB.TABLE [--partition K=V] [--queue Q] [--dry-run], or "
                          "hvdtrain yarn etl CONFIG [--num-executors N] [--executor-cores C] [--queue Q] "
                          "[--overwrite] [--dry-run], or hvdtrain yarn run --num-workers N [--config CONFIG] "
-                         "[--master M] [--dry-run] SCRIPT [ARGS...]")
+                         "[--master M] [--dry-run] SCRIPT [ARGS...], or hvdtrain yarn pack ARCHIVE")
     clock = {startup.LAUNCHED_AT_ENV: f"{startup.CLOCK.start:.3f}"}  # a YARN job's ranks time their start from here
     return subprocess.call([sys.executable, "-m", modules[args.rest[0]], *args.rest[1:]], env={**child_env(), **clock})
 

@@ -23,9 +23,11 @@ import json
 import os
 import platform
 import py_compile
+import re
 import shutil
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import uuid
 import zipfile
@@ -148,6 +150,10 @@ def installed_distributions(site_packages: Optional[str] = None) -> list[Distrib
     return out
 
 
+BUILD_LINE = "horovod-build=="  # the identity line holding Horovod's build facts
+IDENTITY_SUFFIX = ".txt"  # beside an archive: its identity lines (written when hvdtrain packs it)
+
+
 def env_identity(dists: Iterable[Distribution], python_version: str, platform_tag: str,
                  build: Optional[HorovodBuild]) -> list[str]:
     """The lines the environment hash covers, sorted and deduplicated (pure)."""
@@ -156,9 +162,44 @@ def env_identity(dists: Iterable[Distribution], python_version: str, platform_ta
     lines.add(f"platform=={platform_tag}")
     lines.add("packed-without==" + ",".join(PACK_EXCLUDES))  # what the archive holds, not only what is installed
     if build is not None:
-        lines.add("horovod-build==" + ",".join(f"{k}:{int(getattr(build, k))}"
+        lines.add(BUILD_LINE + ",".join(f"{k}:{int(getattr(build, k))}"
                                                for k in ("tensorflow", "gloo", "nccl", "mpi", "cuda")))
     return sorted(lines)
+
+
+def recorded_build(identity: Sequence[str]) -> Optional[dict[str, bool]]:
+    """Horovod's build facts from an archive's identity lines (:func:`env_identity`), or None without them (pure)."""
+    for line in identity:
+        if line.startswith(BUILD_LINE):
+            pairs = (item.split(":", 1) for item in line[len(BUILD_LINE):].split(",") if ":" in item)
+            return {key: value == "1" for key, value in pairs}
+    return None
+
+
+# Horovod's TensorFlow library in a packed environment (venv-pack and conda-pack both keep site-packages' layout)
+_HOROVOD_TF_LIBRARY = re.compile(r"(^|/)site-packages/horovod/tensorflow/mpi_lib[^/]*\.so$")
+# A library built with NCCL calls it (HOROVOD_GPU_OPERATIONS=NCCL); without NCCL the name is nowhere in it
+_NCCL_SYMBOL = b"ncclAllReduce"
+
+
+def archive_nccl(uri: str) -> tuple[Optional[bool], str]:
+    """Whether the Horovod an environment archive ships was built with NCCL, and how that was found: from the
+    build record beside it (``<archive>.txt``, written when ``hvdtrain`` packs an archive, ``hvdtrain yarn pack``
+    too), else from Horovod's TensorFlow library inside it (the archive is read as a stream up to that file).
+    None when neither tells."""
+    record = uri + IDENTITY_SUFFIX
+    if fs.exists(record):
+        build = recorded_build(fs.read_bytes(record).decode("utf-8", "replace").splitlines())
+        if build is not None and "nccl" in build:
+            return build["nccl"], f"its build record {record}"
+    with fs.open_input(uri) as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+        for member in tar:
+            if member.isfile() and _HOROVOD_TF_LIBRARY.search(member.name):
+                data = tar.extractfile(member)
+                found = data is not None and _NCCL_SYMBOL in data.read()
+                return found, f"its Horovod library {member.name}"
+    return None, (f"no build record ({record}) and no Horovod TensorFlow library (horovod/tensorflow/mpi_lib*.so) "
+                  "inside it")
 
 
 def env_hash(identity: Sequence[str]) -> str:
@@ -230,16 +271,24 @@ def ensure_env_archive(yarn: YarnConfig, identity: Sequence[str], prefix: Option
             return planned
         log(f"env archive: not reusing {planned.uri}: {problem}; packing it again")
         fs.delete(planned.uri)
-    with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
-        local = _packed(planned.digest, prefix, pack, log, tmp)
-        log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {planned.uri}")
-        content, length = file_sha256(local), os.path.getsize(local)
-        ours = upload_once(local, planned.uri)
-    fs.write_bytes_atomic(planned.uri + ".txt", ("\n".join(identity) + "\n").encode())
-    fs.write_bytes_atomic(planned.uri + SHA_SUFFIX, (content + "\n").encode())
-    if ours and fs.size(planned.uri) == length:  # our bytes, whole: the storage's checksum may vouch for them
-        record_storage_checksum(planned.uri)
+    pack_to(planned.uri, identity, prefix, pack, log)
     return EnvArchive(planned.uri, planned.digest, True)
+
+
+def pack_to(uri: str, identity: Sequence[str], prefix: Optional[str] = None, pack: PackFn = venv_pack,
+            log: Callable[[str], None] = print) -> None:
+    """Pack the environment and upload it to ``uri`` with its records beside it: the identity lines (Horovod's
+    build among them, which :func:`archive_nccl` reads), the archive's SHA-256 and the storage's checksum."""
+    digest = env_hash(identity)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-pack-") as tmp:
+        local = _packed(digest, prefix, pack, log, tmp)
+        log(f"env archive: uploading {os.path.getsize(local) / 2**20:.0f} MB to {uri}")
+        content, length = file_sha256(local), os.path.getsize(local)
+        ours = upload_once(local, uri)
+    fs.write_bytes_atomic(uri + IDENTITY_SUFFIX, ("\n".join(identity) + "\n").encode())
+    fs.write_bytes_atomic(uri + SHA_SUFFIX, (content + "\n").encode())
+    if ours and fs.size(uri) == length:  # our bytes, whole: the storage's checksum may vouch for them
+        record_storage_checksum(uri)
 
 
 SHA_SUFFIX = ".sha256"  # beside a cached archive: the SHA-256 of its bytes, checked before every reuse

@@ -213,8 +213,8 @@ def local_attempts(master: str) -> int:
     return int(match.group(1)) if match else 1
 
 
-def validate(cfg: JobConfig, master: str, build: HorovodBuild,
-             is_file: Callable[[str], bool] = os.path.isfile) -> None:
+def validate(cfg: JobConfig, master: str, build: HorovodBuild, is_file: Callable[[str], bool] = os.path.isfile,
+             archive_nccl: Callable[[str], tuple[Optional[bool], str]] = packaging.archive_nccl) -> None:
     """Refuse a submission that cannot work, with one line naming the value and the fix.
 
     Only what the config cannot know is checked here (the master, the Horovod
@@ -234,11 +234,8 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     if not build.gloo:
         raise EnvironmentProblem(f"Horovod {build.version} was built without Gloo, which YARN jobs use to "
                                  "connect ranks; rebuild with HOROVOD_WITH_GLOO=1 (make env, needs CMake)")
-    if y.gpus_per_worker > 0 and not build.nccl:
-        raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
-                          f"needs Horovod built with NCCL, but this build has none ({build.describe()}); "
-                          "rebuild on a CUDA host with HOROVOD_GPU_OPERATIONS=NCCL make env, "
-                          "or pass --gpus-per-worker 0")
+    if y.gpus_per_worker > 0 and not is_local_master(master):  # local masters are refused GPUs below
+        check_shipped_nccl(y, build, archive_nccl)
     if y.keytab is not None and not is_file(y.keytab):
         raise ConfigError("yarn.keytab", y.keytab, "does not exist or is not a file; pass the path of the "
                           "keytab for --principal on this host (e.g. --keytab ~/user.keytab)")
@@ -264,6 +261,34 @@ def validate(cfg: JobConfig, master: str, build: HorovodBuild,
     for key, value in y.spark_conf.items():
         if key in OWNED_CONF:
             raise ConfigError(f"yarn.spark_conf.{key}", value, f"is set by the launcher; use {OWNED_CONF[key]}")
+
+
+def check_shipped_nccl(y: YarnConfig, build: HorovodBuild,
+                       archive_nccl: Callable[[str], tuple[Optional[bool], str]]) -> None:
+    """A GPU job needs NCCL in the Horovod its ranks run: this host's when hvdtrain packs this environment, the
+    archive's when ``yarn.env_archive`` names one (a gateway without GPUs submits with a CUDA host's archive).
+    The archive's build is read from its record, else from its Horovod library (:func:`yarn.packaging.archive_nccl`)."""
+    if y.env_archive is None:
+        if not build.nccl:
+            raise ConfigError("yarn.gpus_per_worker", y.gpus_per_worker,
+                              f"needs Horovod built with NCCL, but this host's build, which the job would ship, has "
+                              f"none ({build.describe()}); rebuild on a CUDA host with HOROVOD_GPU_OPERATIONS=NCCL "
+                              "make env, or ship such a host's environment (there: hvdtrain yarn pack ARCHIVE; "
+                              "here: yarn.env_archive=ARCHIVE), or pass --gpus-per-worker 0")
+        return
+    if not fs.exists(y.env_archive):
+        raise ConfigError("yarn.env_archive", y.env_archive, "does not exist; point it at an archive made with "
+                          "hvdtrain yarn pack (or venv-pack/conda-pack), or unset it to pack this environment")
+    nccl, how = archive_nccl(y.env_archive)
+    if nccl is None:
+        raise ConfigError("yarn.env_archive", y.env_archive,
+                          f"does not say whether its Horovod has NCCL, which --gpus-per-worker needs ({how}): "
+                          "pack it with hvdtrain yarn pack, which writes the record, or pass --gpus-per-worker 0")
+    if not nccl:
+        raise ConfigError("yarn.env_archive", y.env_archive,
+                          f"ships Horovod without NCCL ({how}), which --gpus-per-worker needs: rebuild that "
+                          "environment on a CUDA host with HOROVOD_GPU_OPERATIONS=NCCL make env and pack it again "
+                          "(hvdtrain yarn pack), or pass --gpus-per-worker 0")
 
 
 def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) -> list[tuple[str, str]]:

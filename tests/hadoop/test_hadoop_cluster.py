@@ -233,6 +233,38 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
     assert _applications() == before
 
 
+def test_a_gateway_without_nccl_submits_gpu_jobs_by_the_archive_it_ships(hadoop_cluster: dict, hdfs_dataset: str,
+                                                                        hdfs_root: str, tmp_path: Path) -> None:
+    """#56 item 8: this host's Horovod has no NCCL, like a gateway's. ``yarn submit --gpus-per-worker 1`` with
+    ``yarn.env_archive`` checks the archive's Horovod on HDFS instead: the session's archive (its build record,
+    written when the ETL's submission packed this environment, says no NCCL) is refused in one line; a CUDA
+    host's archive without a record is read as a stream from HDFS up to its Horovod library, and the dry-run
+    passes with the GPU settings and that archive shipped."""
+    from tests.unit.test_gateway_gpu_submit import LIBRARY, _archive, _installed_library
+    from yarn import packaging
+
+    envs = f"{hdfs_root}/envs"
+    session = next(f"{envs}/{n}" for n in fs.listdir(envs)
+                   if n.endswith(".tar.gz") and fs.exists(f"{envs}/{n}{packaging.IDENTITY_SUFFIX}"))
+    cuda = f"{envs}/cuda-host-env.tar.gz"
+    fs.copy_from_local(_archive(tmp_path / "cuda.tar.gz", _installed_library() + packaging._NCCL_SYMBOL), cuda)
+    job = write_job(tmp_path, "gateway", hdfs_dataset, f"{hdfs_root}/gateway-out", yarn=yarn_block(hdfs_root))
+
+    def dry_run(archive: str) -> subprocess.CompletedProcess:
+        return subprocess.run(submit_command(job, "--num-workers", "2", "--gpus-per-worker", "1", "--dry-run",
+                                             f"yarn.env_archive={archive}"),
+                              cwd=REPO, capture_output=True, text=True, env=submit_env(), timeout=300)
+
+    refused = dry_run(session)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"hvdtrain: error: yarn.env_archive ships Horovod without NCCL (its build record {session}.txt)")
+    passed = dry_run(cuda)
+    assert passed.returncode == 0, passed.stderr[-3000:]
+    assert "spark.executor.resource.gpu.amount=1" in passed.stdout and f"{cuda}#env" in passed.stdout
+    assert not fs.exists(cuda + packaging.IDENTITY_SUFFIX) and LIBRARY  # decided from the library itself
+
+
 # -- YARN jobs end to end ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

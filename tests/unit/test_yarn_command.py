@@ -235,7 +235,7 @@ def test_dry_run_output_is_the_exact_command_and_environment() -> None:
 
 @pytest.mark.parametrize("cfg, master, build, is_file, message", [
     (job(gpus_per_worker=1), "yarn", CPU_BUILD, None,
-     "yarn.gpus_per_worker needs Horovod built with NCCL, but this build has none"),
+     "yarn.gpus_per_worker needs Horovod built with NCCL, but this host's build, which the job would ship, has none"),
     (job(gpus_per_worker=1), "local[2]", GPU_BUILD, None, "yarn.gpus_per_worker needs --master yarn"),
     (job(principal="ml@EXAMPLE.COM", keytab="/nope/ml.keytab"), "yarn", CPU_BUILD, lambda p: False,
      "yarn.keytab does not exist or is not a file"),
