@@ -13,6 +13,8 @@ import numpy as np
 
 from hvdtrain.model.evaluation import scalar_metrics
 
+EPOCH_METRIC = "train_loss"  # logged at every epoch's end: the steps it has are the epochs a run logged
+
 
 @dataclass
 class EpochStats:
@@ -34,8 +36,8 @@ class EpochStats:
         return {**asdict(self), "samples_per_sec": self.samples_per_sec}
 
     def metrics(self) -> dict[str, float]:
-        """Per-epoch MLflow metrics (validation ones prefixed ``val_``)."""
-        out = {"train_loss": self.loss, "train_accuracy": self.accuracy, "samples_per_sec": self.samples_per_sec,
+        """Per-epoch MLflow metrics (validation ones prefixed ``val_``); :data:`EPOCH_METRIC` is always one."""
+        out = {EPOCH_METRIC: self.loss, "train_accuracy": self.accuracy, "samples_per_sec": self.samples_per_sec,
                "epoch_seconds": self.seconds, "learning_rate": self.learning_rate,
                "skipped_steps": float(self.skipped_steps)}
         if self.validation is not None:

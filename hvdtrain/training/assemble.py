@@ -19,7 +19,7 @@ from hvdtrain.core import config as config_lib
 from hvdtrain.core.errors import ConfigError, EnvironmentProblem
 from hvdtrain.observe import breakdown, monitoring, progress, tensorboard
 from hvdtrain.observe import timeline as timeline_lib
-from hvdtrain.observe.events import Hook
+from hvdtrain.observe.events import EPOCH_METRIC, Hook
 from hvdtrain.runtime import distributed, startup
 from hvdtrain.training import hooks, resume
 from hvdtrain.training import steps as steps_lib
@@ -67,7 +67,7 @@ def training_hooks(ctx: TrainContext, model: keras.Model, stopper: Optional[Earl
         yield [hooks.FirstStep(lambda: startup.first_step_done(ctx.rank.is_chief)), *_progress(ctx),
                _statistics(model, observed.checkpointer), *_validation(ctx, model, stopper),
                *([hooks.SkippedSteps(guard.count)] if guard is not None else []), *_pruning(ctx),
-               _epoch_report(ctx, observed.optimizer), observed.checkpointer, *observers]
+               _epoch_report(ctx, observed), observed.checkpointer, *observers]
 
 
 def _progress(ctx: TrainContext) -> list[Hook]:
@@ -94,8 +94,11 @@ def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlySt
     return [hooks.ValidationAndEarlyStopping(lambda: evaluate_split(ctx, eval_step, "validation"), stopper)]
 
 
-def _epoch_report(ctx: TrainContext, optimizer: Any) -> Hook:
-    return hooks.EpochReport(ctx.cfg.train.epochs, ctx.tracker.log_metrics, lambda: current_learning_rate(optimizer))
+def _epoch_report(ctx: TrainContext, observed: Observed) -> Hook:
+    """The per-epoch report; a resumed try skips the epochs its MLflow run already has (:class:`hooks.EpochReport`)."""
+    logged = ctx.tracker.logged_steps(EPOCH_METRIC) if observed.resumed is not None else set()
+    return hooks.EpochReport(ctx.cfg.train.epochs, ctx.tracker.log_metrics,
+                             lambda: current_learning_rate(observed.optimizer), logged)
 
 
 def _pruning(ctx: TrainContext) -> list[Hook]:

@@ -67,7 +67,7 @@ from hvdtrain.training import runtime
 from hvdtrain.training import steps as steps_lib
 from hvdtrain.training.context import Phase, TrainContext, no_phase
 from hvdtrain.training.evaluate import evaluate_splits
-from hvdtrain.observe.events import EpochStats, epoch_stats
+from hvdtrain.observe.events import EPOCH_METRIC, EpochStats, epoch_stats
 from hvdtrain.training.publish import publish
 from hvdtrain.training.reports import build_report, rank_digests, result_record
 from hvdtrain.training.state import average_statistics, build_state, current_learning_rate
@@ -76,9 +76,6 @@ log = logging.getLogger("hvdtrain.training.elastic")
 
 
 # -- act ------------------------------------------------------------------------------------------------
-
-EPOCH_METRIC = "train_loss"  # logged at every epoch's end (observe.events.EpochStats.metrics)
-
 
 @dataclass
 class Job:

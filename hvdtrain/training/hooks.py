@@ -206,16 +206,24 @@ class PruningHook(Hook):
 
 
 class EpochReport(Hook):
-    """The epoch's learning rate, its log line and its metrics (MLflow on rank 0)."""
+    """The epoch's learning rate, its log line and its metrics (MLflow on rank 0), once per epoch of the run.
+
+    ``logged``: the epochs the MLflow run already has, when this try continues it. A try resumed from a
+    checkpoint before an epoch's end whose metrics were logged (the process died between the two) redoes that
+    end, and MLflow would keep both entries of the epoch; its redone metrics are not logged again.
+    """
 
     def __init__(self, epochs: int, log_metrics: Callable[[Mapping[str, float], int], None],
-                 learning_rate: Callable[[], float]):
+                 learning_rate: Callable[[], float], logged: Optional[set[int]] = None):
         self.epochs, self._log_metrics, self._learning_rate = epochs, log_metrics, learning_rate
+        self.logged = set(logged or ())
 
     def end_epoch(self, stats: EpochStats) -> bool:
         stats.learning_rate = self._learning_rate()
         log.info(epoch_line(stats, self.epochs))
-        self._log_metrics(stats.metrics(), stats.epoch)
+        if stats.epoch not in self.logged:
+            self._log_metrics(stats.metrics(), stats.epoch)
+            self.logged.add(stats.epoch)
         return False
 
 

@@ -204,3 +204,34 @@ def test_a_continued_run_says_which_steps_a_metric_already_has(tmp_path: Path) -
     assert continued.logged_steps("train_loss") == {1, 2, 3} and continued.logged_steps("nothing") == set()
     continued.end()
     assert tracking.Tracker(cfg, enabled=False).logged_steps("train_loss") == set()
+
+
+def test_a_resumed_try_logs_each_epoch_of_the_run_once(tmp_path: Path) -> None:
+    """The fixed-size path: a try killed after epoch 2's metrics were logged but before its checkpoint was
+    committed resumes inside epoch 2 and redoes its end. The resumed try's epoch report
+    (``hvdtrain.training.hooks.EpochReport``, given the epochs the continued run has) logs epochs 2 and 3 once."""
+    from hvdtrain.observe import tracking
+    from hvdtrain.observe.events import EPOCH_METRIC, EpochStats
+    from hvdtrain.training import hooks
+
+    cfg = config.from_dict({"name": "resumed", "workdir": str(tmp_path), "source": {"table": "demo.reviews"},
+                            "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}, base_dir=str(tmp_path))
+
+    def epochs(tracker: Any, numbers: list[int], logged: set[int]) -> None:
+        report = hooks.EpochReport(3, tracker.log_metrics, lambda: 0.01, logged)
+        for n in numbers:
+            report.end_epoch(EpochStats(epoch=n, loss=1.0 / n, accuracy=0.5, examples=10, seconds=1.0, steps=2))
+        tracker.flush()
+
+    first = tracking.Tracker(cfg)
+    run_id = first.start({})
+    epochs(first, [1, 2], first.logged_steps(EPOCH_METRIC))
+    first.end("FAILED")  # killed before epoch 2's checkpoint was committed
+    resumed = tracking.Tracker(cfg)
+    assert resumed.start({}, resume_run_id=run_id) == run_id
+    epochs(resumed, [2, 3], resumed.logged_steps(EPOCH_METRIC))  # the resumed try redoes epoch 2's end
+    resumed.end()
+    import mlflow
+
+    history = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, EPOCH_METRIC)
+    assert sorted(m.step for m in history) == [1, 2, 3], [(m.step, m.value) for m in history]
