@@ -6,6 +6,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Iterator
 
 from hvdtrain.core import config
 
@@ -14,16 +15,30 @@ PACKAGES = ("hvdtrain", "etl", "yarn")
 MAX_PARAMS = 7
 
 
-def _long_signatures(root: pathlib.Path, limit: int) -> list[str]:
-    found = []
+def _functions(root: pathlib.Path) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(path relative to the package's parent, function) for every function under ``root``."""
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                a = node.args
-                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
-                names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
-                if len(names) > limit:
-                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name}({', '.join(names)})")
+                yield str(path.relative_to(root.parent)), node
+
+
+def _package(tmp_path: pathlib.Path, source: str) -> pathlib.Path:
+    """A package ``pkg`` holding one module ``m.py`` (for the checkers' own tests)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(source)
+    return pkg
+
+
+def _long_signatures(root: pathlib.Path, limit: int) -> list[str]:
+    found = []
+    for rel, node in _functions(root):
+        a = node.args
+        names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+        names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+        if len(names) > limit:
+            found.append(f"{rel}:{node.lineno} {node.name}({', '.join(names)})")
     return found
 
 
@@ -33,9 +48,7 @@ def test_no_library_function_takes_more_than_seven_parameters() -> None:
 
 
 def test_the_checker_sees_a_long_signature(tmp_path: pathlib.Path) -> None:
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "m.py").write_text("class C:\n    def f(self, a, b, c, d, e, f, g, *, h=1):\n        pass\n")
+    pkg = _package(tmp_path, "class C:\n    def f(self, a, b, c, d, e, f, g, *, h=1):\n        pass\n")
     assert _long_signatures(pkg, MAX_PARAMS) == ["pkg/m.py:2 f(a, b, c, d, e, f, g, h)"]
 
 
@@ -86,28 +99,24 @@ WHOLE = {"flat", "to_dict", "to_yaml", "check_output_folders"}  # methods on the
 HASHED = "section_hash"  # cfg.section_hash("a", "b") reads the blocks it names
 
 
-def _config_uses(root: pathlib.Path) -> list[tuple[str, ast.FunctionDef, str, set[str], bool]]:
+def _config_uses(root: pathlib.Path) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, str, set[str], bool]]:
     """(file, function, parameter, blocks it reads, whether it uses the config whole) per JobConfig parameter."""
     out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = str(path.relative_to(root.parent))
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    for rel, node in _functions(root):
+        for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+            if arg.annotation is None or not re.fullmatch(r"(Optional\[)?(\w+\.)?JobConfig\]?",
+                                                           ast.unparse(arg.annotation)):
                 continue
-            for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
-                if arg.annotation is None or not re.fullmatch(r"(Optional\[)?(\w+\.)?JobConfig\]?",
-                                                               ast.unparse(arg.annotation)):
-                    continue
-                read = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                        and isinstance(n.value, ast.Name) and n.value.id == arg.arg}
-                read |= {a.value for n in ast.walk(node) if isinstance(n, ast.Call)
-                         and isinstance(n.func, ast.Attribute) and n.func.attr == HASHED
-                         and isinstance(n.func.value, ast.Name) and n.func.value.id == arg.arg
-                         for a in n.args if isinstance(a, ast.Constant)}
-                parents = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-                bare = any(isinstance(n, ast.Name) and n.id == arg.arg and isinstance(n.ctx, ast.Load)
-                           and id(n) not in parents for n in ast.walk(node))
-                out.append((rel, node, arg.arg, read - WHOLE - {HASHED}, bare or bool(read & WHOLE)))
+            read = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Name) and n.value.id == arg.arg}
+            read |= {a.value for n in ast.walk(node) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Attribute) and n.func.attr == HASHED
+                     and isinstance(n.func.value, ast.Name) and n.func.value.id == arg.arg
+                     for a in n.args if isinstance(a, ast.Constant)}
+            parents = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            bare = any(isinstance(n, ast.Name) and n.id == arg.arg and isinstance(n.ctx, ast.Load)
+                       and id(n) not in parents for n in ast.walk(node))
+            out.append((rel, node, arg.arg, read - WHOLE - {HASHED}, bare or bool(read & WHOLE)))
     return out
 
 
@@ -142,9 +151,8 @@ def test_functions_take_the_config_blocks_they_read() -> None:
 
 
 def test_the_narrow_input_checker_sees_a_wide_one(tmp_path: pathlib.Path) -> None:
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "m.py").write_text(
+    pkg = _package(
+        tmp_path,
         "def one(cfg: JobConfig):\n    return cfg.etl.seed\n\n"
         "def two(cfg: JobConfig):\n    '''Reads cfg.etl.'''\n    return cfg.etl, cfg.source\n\n"
         "def said(cfg: JobConfig):\n    '''Sums.\n\n    Reads cfg.etl and cfg.source.\n    '''\n"
