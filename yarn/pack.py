@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Callable, Optional, Sequence
 
+from hvdtrain.core import secrets
 from hvdtrain.core.errors import ConfigError, EnvironmentProblem
 from hvdtrain.hadoop import fs
 from hvdtrain.hadoop.envcheck import HorovodBuild, probe_horovod_build
@@ -28,15 +29,19 @@ def pack(args: argparse.Namespace, probe: Callable[[], HorovodBuild] = probe_hor
     """Pack and upload; an existing ARCHIVE is refused (jobs may be shipping it)."""
     if not args.archive.endswith((".tar.gz", ".tgz")):
         raise ConfigError("ARCHIVE", args.archive, "must end in .tar.gz or .tgz (YARN unpacks it by its suffix)")
-    if fs.exists(args.archive):
-        raise ConfigError("ARCHIVE", args.archive, "already exists, and jobs may be shipping it: pack to a new "
-                          "path (e.g. with a date) and point yarn.env_archive at it")
+    taken = [uri for uri in (args.archive, *(args.archive + s for s in (packaging.IDENTITY_SUFFIX,
+                                                                        packaging.SHA_SUFFIX))) if fs.exists(uri)]
+    if taken:  # the archive, or a file beside it that the records would overwrite
+        raise ConfigError("ARCHIVE", args.archive, "already exists, and jobs may be shipping it (found: "
+                          f"{', '.join(map(secrets.redact_url, taken))}): pack to a new path (e.g. with a date) "
+                          "and point yarn.env_archive at it")
     build = probe()
     if build.version is None or not build.tensorflow:
         raise EnvironmentProblem(f"this environment cannot train: {build.describe()}; build it with `make env` "
                                  "before packing it")
     packaging.pack_to(args.archive, packaging.current_identity(build), pack=pack_fn, log=out)
-    out(f"hvdtrain: packed {args.archive} ({build.describe()}); ship it with yarn.env_archive={args.archive}")
+    shown = secrets.redact_url(args.archive)
+    out(f"hvdtrain: packed {shown} ({build.describe()}); ship it with yarn.env_archive={shown}")
     return 0
 
 

@@ -142,5 +142,10 @@ def test_yarn_pack_writes_the_record_submit_reads(tmp_path: Path, library: bytes
         submit.validate(job(dest), "yarn", GPU_BUILD)
     with pytest.raises(ConfigError, match="already exists, and jobs may be shipping it"):
         pack.pack(args, probe=lambda: CPU_BUILD, pack_fn=pack_fn, out=lines.append)
+    beside = str(tmp_path / "user.tar.gz")
+    Path(beside + ".txt").write_text("the user's own notes\n")  # a record would overwrite it: refused too
+    with pytest.raises(ConfigError, match=r"already exists, and jobs may be shipping it \(found: \S*user.tar.gz.txt\)"):
+        pack.pack(pack.parse_args([beside]), probe=lambda: CPU_BUILD, pack_fn=pack_fn)
+    assert Path(beside + ".txt").read_text() == "the user's own notes\n" and not os.path.exists(beside)
     with pytest.raises(ConfigError, match=r"ARCHIVE must end in .tar.gz.*env.zip"):
         pack.pack(pack.parse_args([str(tmp_path / "env.zip")]), probe=lambda: CPU_BUILD, pack_fn=pack_fn)
