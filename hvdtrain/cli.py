@@ -49,7 +49,7 @@ from hvdtrain.runtime.launch import (
     sealed_env,
     train_command,
 )
-from hvdtrain.training import checkpoint, demo
+from hvdtrain.training import checkpoint, demo, leases
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
 
@@ -66,9 +66,10 @@ def _run(cmd: list[str], extra_env: Optional[Mapping[str, str]] = None) -> conso
     return console.run(cmd, env, console.View(tty))
 
 
-def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console.Outcome:
+def _step(cmd: list[str], what: str, spark_log: Optional[str] = None,
+          extra_env: Optional[Mapping[str, str]] = None) -> console.Outcome:
     """Run a step once; its reported error (or how it died) becomes ours, with Spark's log named."""
-    outcome = _run(cmd)
+    outcome = _run(cmd, extra_env)
     if outcome.returncode != 0:
         exc = console.failure(outcome, what)
         if spark_log and outcome.error is None and os.path.exists(spark_log):  # it crashed before saying so
@@ -77,15 +78,16 @@ def _step(cmd: list[str], what: str, spark_log: Optional[str] = None) -> console
     return outcome
 
 
-def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.Outcome:
-    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``).
+def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str], env: Mapping[str, str]) -> console.Outcome:
+    """Run training, relaunching it after a lost rank, a stall or a storage failure (``fault.max_restarts``);
+    ``env`` goes to every try (the leases this launcher holds).
 
     Reads cfg.fault and cfg.checkpoint (where a relaunch resumes from).
     """
     if cfg.fault.max_restarts == 0:
-        return _step(cmd, "training")
+        return _step(cmd, "training", extra_env=env)
     tries, outcome = _supervised(
-        cmd, cfg.fault, lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None)
+        cmd, cfg.fault, lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None, env)
     if outcome.code == 0:
         return tries[-1]
     if tries[-1].error is not None:  # a rank said what was wrong (a config, data or environment error)
@@ -98,13 +100,13 @@ def _train_with_restarts(cfg: config_mod.JobConfig, cmd: list[str]) -> console.O
                      f" (exit code {outcome.code}); see the messages above", code)
 
 
-def _supervised(cmd: list[str], fault: config_mod.FaultConfig,
-                resume_step: Callable[[], Optional[int]]) -> tuple[list[console.Outcome], supervise.Outcome]:
+def _supervised(cmd: list[str], fault: config_mod.FaultConfig, resume_step: Callable[[], Optional[int]],
+                base_env: Mapping[str, str]) -> tuple[list[console.Outcome], supervise.Outcome]:
     """Run ``cmd`` through the console, relaunched after restartable failures up to ``fault.max_restarts``."""
     tries: list[console.Outcome] = []
 
     def once(env: Mapping[str, str]) -> tuple[int, str]:
-        tries.append(_run(cmd, env))
+        tries.append(_run(cmd, {**base_env, **env}))
         return tries[-1].returncode, tries[-1].tail
 
     outcome = supervise.run_with_restarts(once, fault.max_restarts, resume_step=resume_step,
@@ -123,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if shutil.which(cmd[0]) is None:
         raise EnvironmentProblem(f"{cmd[0]} not found: Horovod is not installed in this environment; build it "
                                  "with `make env` (check with `hvdtrain env check`)")
-    tries, outcome = _supervised(cmd, fault, lambda: None)
+    tries, outcome = _supervised(cmd, fault, lambda: None, {})
     code = supervise.worst_code(supervise.rank_codes(tries[-1].tail), outcome.code)
     if code:
         how = f"exited with code {code}" if code <= 128 else f"was killed by signal {code - 128}"
@@ -151,8 +153,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *train_flag_overrides(args, os.getcwd())]
     cfg = config_mod.load(args.config, overrides)  # fail on a bad config before launching ranks
     check_builder_importable(cfg.model)
-    with _launch_command(cfg, args.config, overrides, args.np) as cmd:
-        outcome = _train_with_restarts(cfg, cmd)
+    # One job per output: this launcher holds train.output's and checkpoint.dir's leases across every restart.
+    with leases.hold(cfg.train.output, cfg.checkpoint.dir if cfg.checkpoint.enabled else None) as held, \
+            _launch_command(cfg, args.config, overrides, args.np) as cmd:
+        outcome = _train_with_restarts(cfg, cmd, held)
     result = outcome.result or json.loads(fs.read_bytes(fs.join(cfg.train.output, "result.json")))
     print(json.dumps(result, indent=2) if args.json else train_summary(result, sample_best(cfg.etl.output)))
     return 0

@@ -38,7 +38,7 @@ from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens
 from hvdtrain.observe import console
 from hvdtrain.runtime import startup, supervise
 from hvdtrain.runtime.launch import spark_malloc_env  # noqa: E402
-from hvdtrain.training import checkpoint  # noqa: E402
+from hvdtrain.training import checkpoint, leases  # noqa: E402
 from yarn import executor
 
 RESULT_MARK = "hvdtrain: rank 0 result:"
@@ -114,13 +114,15 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     submitted_at = startup.launched_at()
     stack = contextlib.ExitStack()
     token_env: dict[str, str] = {}
+    lease_env: dict[str, str] = {}
 
     def once(env: Mapping[str, str]) -> tuple[int, str]:
         # The first try's ranks time their start-up from the command (hvdtrain yarn submit passes its start: in
         # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
         # are their launcher phase; a relaunch, or cluster mode, from the try's start.
         first = supervise.RESTARTS_ENV not in env
-        rank_env = {**horovod_env(cfg.yarn), **env, **token_env, **startup.try_clock(first, submitted_at, time.time())}
+        rank_env = {**horovod_env(cfg.yarn), **env, **token_env, **lease_env,
+                    **startup.try_clock(first, submitted_at, time.time())}
         try:
             last["records"] = launch(horovod.spark, cfg.train, fn, fn_args, args, rank_env)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
@@ -130,6 +132,9 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
 
     try:
         token_env = stack.enter_context(hdfs_token_for_ranks(cfg.yarn))
+        if not args.script_zip:  # one training job per output: this driver holds the leases across restarts
+            lease_env = stack.enter_context(leases.hold(
+                cfg.train.output, cfg.checkpoint.dir if cfg.checkpoint.enabled else None))
         outcome = supervise.run_with_restarts(
             once, cfg.fault.max_restarts,
             resume_step=lambda: checkpoint.newest_step(cfg.checkpoint.dir) if cfg.checkpoint.enabled else None,

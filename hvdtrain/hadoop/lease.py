@@ -5,8 +5,9 @@ it started and until when it holds (``expires``, pushed forward every ``ttl / 3`
 is created with :func:`hvdtrain.hadoop.fs.create_exclusive` (local: link(2); WebHDFS: CREATE with overwrite=false), so
 of two writers exactly one gets it; the other is refused with one line naming the holder and what to do.
 
-A lease is broken only when stale (:func:`is_stale`, pure): expired, and, when the holder ran on this host,
-its pid gone. Breaking moves the file aside under a fresh name, checks it was the stale one, and deletes it;
+A lease is broken only when stale (:func:`is_stale`, pure): its holder's process is gone from this host (same
+host and pid namespace: a rerun right after a crash or a kill proceeds), or it expired and, when the holder ran
+on this host, its pid is gone. Breaking moves the file aside under a fresh name, checks it was the stale one, and deletes it;
 a fresh lease taken in the meantime is put back. Releasing deletes the file only while it is still this
 holder's (its token).
 """
@@ -48,6 +49,8 @@ class Holder:
     started: float
     expires: float
     token: str
+    pidns: str = ""  # the holder's pid namespace (/proc/self/ns/pid); "" unknown: wait for the expiry
+
 
     def to_json(self) -> bytes:
         return (json.dumps(asdict(self), indent=2) + "\n").encode()
@@ -58,18 +61,33 @@ class Holder:
         try:
             doc = json.loads(data)
             return cls(str(doc["what"]), str(doc["user"]), str(doc["host"]), int(doc["pid"]),
-                       float(doc["started"]), float(doc["expires"]), str(doc["token"]))
+                       float(doc["started"]), float(doc["expires"]), str(doc["token"]), str(doc.get("pidns", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
 
 # -- policy (pure) --------------------------------------------------------------------------------------------
 
-def is_stale(holder: Holder, now: float, host: str, pid_alive: Callable[[int], bool]) -> bool:
-    """Whether a lease may be broken: expired, and, when held on this ``host``, its process gone."""
+def is_stale(holder: Holder, now: float, host: str, pid_alive: Callable[[int], bool], pidns: str = "") -> bool:
+    """Whether a lease may be broken: held in this ``host``'s pid namespace ``pidns`` by a process that is gone
+    (at once: its pid can be seen from here); else expired and, when held on this host, its process gone.
+
+    A pid means something only within its namespace: two containers on one NodeManager host share the host
+    name, not their pids, so without a matching namespace only the expiry frees a lease."""
+    here = holder.host == host
+    if here and holder.pidns and holder.pidns == pidns and not pid_alive(holder.pid):
+        return True
     if now < holder.expires:
         return False
-    return holder.host != host or not pid_alive(holder.pid)
+    return not here or not pid_alive(holder.pid)
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace, as Linux names it (``pid:[4026531836]``); "" where there is none."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def _when(seconds: float) -> str:
@@ -151,10 +169,10 @@ def acquire(folder: str, what: str, ttl: float = TTL_SECONDS, clock: Callable[[]
     """Take the lease on ``folder`` (the file ``uri``, by default ``<folder>/_hvdtrain_lease.json``) for
     ``what`` (the output, as the refusal names it); raises :class:`LeaseHeld` when another writer holds it."""
     uri = uri or fs.join(folder, NAME)
-    host = socket.gethostname()
+    host, pidns = socket.gethostname(), pid_namespace()
     for _ in range(3):  # a lease released or broken meanwhile: try again
         now = clock()
-        mine = Holder(what, _user(), host, os.getpid(), now, now + ttl, uuid.uuid4().hex)
+        mine = Holder(what, _user(), host, os.getpid(), now, now + ttl, uuid.uuid4().hex, pidns)
         if fs.create_exclusive(uri, mine.to_json()):
             return Lease(uri, mine, ttl, clock)
         current = _read(uri)
@@ -165,7 +183,7 @@ def acquire(folder: str, what: str, ttl: float = TTL_SECONDS, clock: Callable[[]
                             f"another program's): wait a moment and rerun, or remove {uri} if no job writes there")
         if current.token == mine.token:  # created, but the answer was lost and a retry found it
             return Lease(uri, mine, ttl, clock)
-        if not is_stale(current, clock(), host, alive):
+        if not is_stale(current, clock(), host, alive, pidns):
             raise LeaseHeld(refusal(current, uri))
         _break(uri, current)
     raise LeaseHeld(f"{what}: the lease {uri} changed hands three times while this job tried to take it: "
@@ -199,6 +217,6 @@ def _break(uri: str, stale: Holder) -> None:
     if moved is not None and moved.token != stale.token:  # not the one judged stale: a live holder's
         fs.create_exclusive(uri, moved.to_json())
     else:
-        log.warning("broke the stale lease %s of %s@%s pid %d (expired %s)", uri, stale.user, stale.host,
-                    stale.pid, _when(stale.expires))
+        log.warning("broke the stale lease %s of %s@%s pid %d (held until %s; its process is gone)", uri,
+                    stale.user, stale.host, stale.pid, _when(stale.expires))
     fs.delete(aside)

@@ -64,7 +64,7 @@ from hvdtrain import data
 from hvdtrain.runtime import distributed, startup, supervise
 from hvdtrain.hadoop import fs
 from hvdtrain.model import heads
-from hvdtrain.training import resume
+from hvdtrain.training import leases, resume
 from hvdtrain.core import secrets
 from hvdtrain.data import manifest as manifest_lib
 from hvdtrain.core import tasks as tasks_lib
@@ -99,7 +99,9 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
     secrets.protect_logging(*secrets.secret_values(cfg.flat()))
     secrets.private_files()  # checkpoints, the MLflow store, outputs: the user's only
     threads = runtime.configure_tf(rank, cfg.train)
-    with guard(cfg, rank) as dog:
+    with guard(cfg, rank) as dog, leases.for_ranks(
+            cfg.train.output, cfg.checkpoint.dir if cfg.checkpoint.enabled else None, rank.is_chief,
+            lambda obj: distributed.broadcast_object(obj, name="hvdtrain.leases")):
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))

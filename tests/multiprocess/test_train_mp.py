@@ -19,6 +19,7 @@ import pytest
 
 from hvdtrain.core import config
 from hvdtrain.data.synthetic import Layout, TabularSpec, TextSpec, make_tabular_dataset, make_text_dataset
+from hvdtrain.training import leases
 from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
@@ -87,10 +88,28 @@ def _assert_complete(report: dict, manifest) -> None:
     assert report["dataset"]["manifest_digest"] == manifest.digest()
 
 
-def test_two_ranks_agree_learn_and_export(tmp_path: Path) -> None:
+def _refused(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=150)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_two_ranks_agree_learn_and_export_once_no_other_job_holds_the_outputs(tmp_path: Path) -> None:
     layout = Layout(n_per_split={"train": 480, "validation": 61, "test": 67}, shards_per_split=4)
     manifest = make_text_dataset(str(tmp_path / "data"), TextSpec(layout=layout, class_rate=0.35, seed=11))
     config_path, output = _job(tmp_path, "mp", tmp_path / "data", tracking=True)
+    # Another job holds the outputs (#54): ranks started by plain horovodrun all stop with rank 0's one-line
+    # refusal (none waits for rank 0 in a collective), and `hvdtrain train` refuses before launching any rank.
+    with leases.hold(str(output), str(tmp_path / "checkpoints" / "mp")):
+        held = f"train.output {output} is being written by"
+        ranks = _refused([str(mp.horovodrun()), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+                          "hvdtrain.training.train", str(config_path)])
+        assert {line.split("]", 1)[0] for line in ranks.stdout.splitlines() + ranks.stderr.splitlines()
+                if held in line and f"pid {os.getpid()} since" in line} >= {"[0", "[1"}, ranks.stderr[-3000:]
+        cli = _refused([sys.executable, "-m", "hvdtrain.cli", "train", str(config_path), "--np", "2"])
+        assert cli.returncode == 3 and held in cli.stderr.strip().splitlines()[-1], cli.stderr[-3000:]
+        assert "horovodrun" not in cli.stdout, cli.stdout  # no rank was launched
+        assert not output.exists() and not (tmp_path / "mlflow").exists()  # the refused jobs wrote nothing
     proc = _horovodrun(config_path)
     result, report = _outputs(output)
     # where the time to the first step went: plain horovodrun, so the clock starts with the rank's process

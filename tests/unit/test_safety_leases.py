@@ -23,24 +23,38 @@ from hvdtrain.core import config
 from hvdtrain.core.errors import DataError
 from hvdtrain.data import manifest
 from hvdtrain.hadoop import fs, lease, ledger
-from hvdtrain.training import checkpoint
+from hvdtrain.training import checkpoint, leases, publish
 from tests.unit.test_safety_etl_ledger import _publish
 
 HOST = socket.gethostname()
 
 
-def _holder(host: str = HOST, pid: int = 4242, expires: float = 100.0) -> lease.Holder:
-    return lease.Holder("etl.output /d", "alice", host, pid, 10.0, expires, "t0")
+def _holder(host: str = HOST, pid: int = 4242, expires: float = 100.0, pidns: str = "") -> lease.Holder:
+    return lease.Holder("etl.output /d", "alice", host, pid, 10.0, expires, "t0", pidns)
 
 
-@pytest.mark.parametrize("now, host, alive, stale", [
-    (99.0, HOST, False, False),        # not expired: held, even with its process gone
-    (101.0, HOST, True, False),        # expired but its process runs here: a slow renewer, not a dead one
-    (101.0, HOST, False, True),        # expired, process gone: stale
-    (101.0, "elsewhere", True, True),  # expired on another host: its pid means nothing here
+NS = "pid:[4026531836]"
+
+
+@pytest.mark.parametrize("now, host, pidns, alive, stale", [
+    (99.0, HOST, "", False, False),        # not expired, namespace unknown: held, even with its process gone
+    (101.0, HOST, "", True, False),        # expired but its process runs here: a slow renewer, not a dead one
+    (101.0, HOST, "", False, True),        # expired, process gone: stale
+    (101.0, "elsewhere", "", True, True),  # expired on another host: its pid means nothing here
+    (99.0, HOST, NS, False, True),         # not expired, but gone from this host's namespace: a crash, rerun now
+    (99.0, HOST, NS, True, False),         # not expired and running here: held
+    (99.0, HOST, "pid:[1]", False, False),  # another namespace on this host (a container): its pid is not ours
+    (99.0, "elsewhere", NS, False, False),  # another host with an equal namespace id: wait for the expiry
 ])
-def test_a_lease_is_stale_only_when_expired_and_its_process_is_gone(now, host, alive, stale) -> None:
-    assert lease.is_stale(_holder(host=host), now, HOST, lambda pid: alive) is stale
+def test_a_lease_is_stale_when_expired_or_its_process_is_gone_from_here(now, host, pidns, alive, stale) -> None:
+    assert lease.is_stale(_holder(host=host, pidns=pidns), now, HOST, lambda pid: alive, NS) is stale
+
+
+def test_a_holder_records_its_pid_namespace_and_reads_a_lease_without_one() -> None:
+    assert lease.pid_namespace().startswith("pid:[")  # Linux
+    old = b'{"what": "x", "user": "u", "host": "h", "pid": 1, "started": 1, "expires": 2, "token": "t"}'
+    assert lease.Holder.from_json(old) == lease.Holder("x", "u", "h", 1, 1.0, 2.0, "t", "")
+    assert lease.Holder.from_json(_holder(pidns=NS).to_json()).pidns == NS
 
 
 def test_the_refusal_is_one_line_naming_holder_since_path_and_what_to_do() -> None:
@@ -203,3 +217,80 @@ def test_a_save_never_deletes_a_committed_checkpoint_of_the_same_step_written_by
     assert "ckpt-0000000010 is already committed" in caplog.text
     assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt" / "ckpt-0000000010").iterdir()} == committed
     assert checkpoint.latest_valid(root).step == 10
+
+
+# -- training: train.output and checkpoint.dir, held by the launcher or by rank 0 ------------------------------
+
+@pytest.mark.parametrize("output, uri", [
+    ("/runs/mp", "/runs/.mp._hvdtrain_lease.json"),
+    ("hdfs://nn:8020/runs/mp/", "hdfs://nn:8020/runs/.mp._hvdtrain_lease.json"),
+])
+def test_train_outputs_lease_lies_beside_the_folder_a_publish_swaps_whole(output: str, uri: str) -> None:
+    assert leases.output_lease(output) == uri
+    assert [t[2] for t in leases.targets(output, "/ck")] == [uri, None]  # checkpoint.dir: inside
+    assert [t[0] for t in leases.targets(output, None)] == [output]  # checkpoints off: no lease on them
+
+
+def test_a_second_training_job_on_the_same_outputs_is_refused_in_one_line_and_takes_nothing(tmp_path: Path) -> None:
+    out, ckpt = str(tmp_path / "runs" / "a"), str(tmp_path / "ck" / "a")
+    with leases.hold(out, ckpt) as env:
+        assert env[leases.HELD_ENV].count(",") == 1
+        mine = {p: p.read_bytes() for p in (tmp_path / "runs" / ".a._hvdtrain_lease.json", Path(ckpt, lease.NAME))}
+        with pytest.raises(lease.LeaseHeld) as err:
+            with leases.hold(str(tmp_path / "runs" / "b"), ckpt):  # another output, the same checkpoints
+                pass
+        assert "\n" not in str(err.value) and f"checkpoint.dir {ckpt} is being written by" in str(err.value)
+        assert f"pid {os.getpid()} since" in str(err.value)
+        assert not (tmp_path / "runs" / ".b._hvdtrain_lease.json").exists()  # b's first lease was given back
+        assert {p: p.read_bytes() for p in mine} == mine  # the holder's leases untouched
+        with pytest.raises(lease.LeaseHeld, match=f"train.output {out} is being written by"):
+            with leases.hold(out, None):
+                pass
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [] and not os.listdir(ckpt)
+    with leases.hold(out, ckpt):  # released: the next job gets both
+        pass
+
+
+def test_replacing_train_output_whole_keeps_its_lease_and_sees_no_foreign_file(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "a"
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "result.json").write_text("{}")
+    with leases.hold(str(out), None):
+        for _ in range(2):  # a first publish, then one replacing it
+            publish.claim_output(str(out), write=True)
+            publish.upload_dir(str(local), str(out))
+        assert (tmp_path / "runs" / ".a._hvdtrain_lease.json").is_file()
+        assert sorted(p.name for p in out.iterdir()) == [ledger.NAME, "result.json"]
+
+
+@pytest.mark.parametrize("chief", [True, False])
+def test_ranks_share_rank_0s_refusal_and_take_nothing_when_their_launcher_holds_the_leases(
+        tmp_path: Path, chief: bool) -> None:
+    out, ckpt = str(tmp_path / "a"), str(tmp_path / "ck")
+    sent: list = []
+
+    def broadcast(obj):  # rank 0's object: this rank's own when it is rank 0, else the one rank 0 sent
+        sent.append(obj)
+        return obj if chief else (True, "train.output a is being written by bob@h pid 1 since then")
+
+    with leases.for_ranks(out, ckpt, chief, broadcast, env={leases.HELD_ENV: "t1,t2"}):
+        assert not os.path.exists(leases.output_lease(out)) and not os.path.exists(ckpt)
+    assert sent == []  # no collective when the launcher holds them
+    with leases.hold(out, ckpt):  # another job holds them
+        with pytest.raises(lease.LeaseHeld) as err:
+            with leases.for_ranks(out, ckpt, chief, broadcast, env={}):
+                pass
+    assert "\n" not in str(err.value) and "is being written by" in str(err.value)
+    assert sent == [(True, str(err.value))] if chief else sent == [None]
+    with leases.for_ranks(out, ckpt, chief, lambda obj: obj, env={}):  # free now: rank 0 holds them
+        assert os.path.exists(leases.output_lease(out)) is chief
+    assert not os.path.exists(leases.output_lease(out))
+
+
+def test_a_lease_left_by_a_crash_on_this_host_is_broken_at_once_not_after_its_expiry(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / lease.NAME).write_bytes(_holder(pid=dead.pid, expires=9e9, pidns=lease.pid_namespace()).to_json())
+    with lease.acquire(str(tmp_path), "the output") as held:  # a rerun right after the crash proceeds
+        assert held.holder.pid == os.getpid()
