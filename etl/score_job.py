@@ -42,7 +42,7 @@ from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
 from hvdtrain.core.config import JobConfig, ScoreConfig, SourceConfig, parse_partition
 from hvdtrain.core.errors import ANY_ERROR, DataError, HvdtrainError, StorageError
-from hvdtrain.hadoop import fs
+from hvdtrain.hadoop import fs, lease
 from hvdtrain.observe import console
 
 log = logging.getLogger("hvdtrain.score")
@@ -165,10 +165,15 @@ def check_table(spark: Any, table: str, columns: list[tuple[str, str]], target: 
         show = lambda cols, ps: ", ".join(f"{n} {t}" for n, t in cols) + f" PARTITIONED BY ({', '.join(ps)})"  # noqa: E731
         raise DataError(f"output table {table} has columns {show(data, parts)}, but this job writes "
                         f"{show(want, list(target.partition))}: choose another --output-table, or drop the table")
+    refuse_occupied(spark, table, target)
+    return True
+
+
+def refuse_occupied(spark: Any, table: str, target: Target) -> None:
+    """Without ``--overwrite``, refuse a target partition of ``table`` that holds rows."""
     if not target.overwrite and spark.table(table).where(target.where()).limit(1).count() > 0:
         raise DataError(f"partition ({target.spec()}) of {table} already holds rows; pass --overwrite to replace "
                         "it (atomically), or choose another --partition")
-    return True
 
 
 def create_table(spark: Any, table: str, columns: list[tuple[str, str]], target: Target) -> None:
@@ -330,26 +335,32 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
         if not found:
             create_table(spark, table, cols, target)
     table_root = table_location(spark, target.table)
-    run_dir = f"{table_root.rstrip('/')}/{target.folder()}/run-{_run_id()}"
-    counters = score_lib.Counters(spark)
-    if cfg.score.partitions:
-        rows = rows.repartition(cfg.score.partitions)  # scoring costs far more per row than reading
-    opts = score_lib.ScoreOptions(key, tuple(cfg.score.columns), cfg.score.predict_batch, cfg.score.arrow_batch,
-                                  cfg.score.threads_per_task)
-    scored = score_lib.score(spark, rows, bundle, opts, counters)
-    outcome = F.when(F.col("reject_reason").isNull(), "scored").otherwise("rejected").alias("outcome")
-    try:
-        scored.select("*", outcome).write.partitionBy("outcome").mode("errorifexists").parquet(run_dir)
-        counts = verify_counts(spark, run_dir, counters.values())
-        check_volume(counts, cfg.score.min_rows, cfg.score.max_reject_fraction, target)
-        olds = publish_partitions(spark, target, run_dir)
-    except PublishRolledBackFailed:
-        raise  # a partition may point into run_dir: keep it
-    except BaseException:
-        _delete_quietly(run_dir)
-        raise
-    for old in olds:
-        drop_replaced(old, run_dir, table_root, target.folder())
+    part_root = f"{table_root.rstrip('/')}/{target.folder()}"
+    # One scoring job per partition, from its run folder's write to the old one's deletion (#54): two runs
+    # publishing the same partition would each delete the folder the other just published.
+    with lease.acquire(fs_uri(part_root), f"partition ({target.spec()}) of {target.table}"):
+        if exists[0]:  # again, now that no other run can publish it: one may have, since the first check
+            refuse_occupied(spark, target.table, target)
+        run_dir = f"{part_root}/run-{_run_id()}"
+        counters = score_lib.Counters(spark)
+        if cfg.score.partitions:
+            rows = rows.repartition(cfg.score.partitions)  # scoring costs far more per row than reading
+        opts = score_lib.ScoreOptions(key, tuple(cfg.score.columns), cfg.score.predict_batch, cfg.score.arrow_batch,
+                                      cfg.score.threads_per_task)
+        scored = score_lib.score(spark, rows, bundle, opts, counters)
+        outcome = F.when(F.col("reject_reason").isNull(), "scored").otherwise("rejected").alias("outcome")
+        try:
+            scored.select("*", outcome).write.partitionBy("outcome").mode("errorifexists").parquet(run_dir)
+            counts = verify_counts(spark, run_dir, counters.values())
+            check_volume(counts, cfg.score.min_rows, cfg.score.max_reject_fraction, target)
+            olds = publish_partitions(spark, target, run_dir)
+        except PublishRolledBackFailed:
+            raise  # a partition may point into run_dir: keep it
+        except BaseException:
+            _delete_quietly(run_dir)
+            raise
+        for old in olds:
+            drop_replaced(old, run_dir, table_root, target.folder())
     report = {**counts, "model": {"uri": bundle.uri, "version": bundle.version, "digest": bundle.digest,
                                   "manifest_digest": bundle.manifest_digest},
               "source": cfg.source.table or cfg.source.path, "split": split, "output_table": target.table,

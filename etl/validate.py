@@ -214,9 +214,11 @@ def run(raw: Any, src: SourceConfig, v: ValidationConfig, fault: Optional[faults
     tagged = raw.withColumn("rule", name).withColumn("value", value).cache()
     kept = cached if cached is not None else []
     kept.append(tagged)
-    rows_in = tagged.count()  # rows read from the source (this pass fills the cache the rest reads)
+    # One job counts the rows read and each rule's rejects (the passing rows under rule NULL), and fills the
+    # cache the rest reads.
+    by_rule = {r["rule"]: r["count"] for r in tagged.groupBy("rule").count().collect()}
+    rows_in = sum(by_rule.values())
     rejects = tagged.where("rule IS NOT NULL").select("key", "text", "label", "rule", "value")
-    by_rule = {r["rule"]: r["count"] for r in rejects.groupBy("rule").count().collect()}
     passed = tagged.where("rule IS NULL").select("key", "text", "label", *feature_columns(src),
                                                  *[f"`{c}`" for c in weight_columns(src)])
     valid, duplicates, before, after, numbered = dedup(faults.drop_rows(passed, fault, "validate"),
@@ -295,6 +297,8 @@ def enforce_limits(checked: Checked, valid_rows: int, src: SourceConfig, v: Vali
 
 
 def write_rejects(checked: Checked, uri: str) -> None:
-    """The quarantined rows, with rule and value, as Parquet (only when there are any)."""
+    """The quarantined rows, with rule and value, as Parquet (only when there are any), readable by their owner
+    only: they hold raw row values (written inside the run's private staging folder, so never readable before)."""
     if checked.quarantined:
         checked.rejects.write.mode("overwrite").parquet(fs.spark_path(uri))
+        fs.set_permission(uri, fs.PRIVATE_DIR)

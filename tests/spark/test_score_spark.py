@@ -24,7 +24,7 @@ from hvdtrain.core import config
 from hvdtrain.core.errors import DataError
 from hvdtrain.data import manifest as manifest_lib
 from hvdtrain.data import tfrecord
-from hvdtrain.hadoop import fs
+from hvdtrain.hadoop import fs, lease
 
 # The module fixture (ETL, one training epoch, a scoring run) takes 2-3 minutes on an idle 2-core machine;
 # the limit leaves room for a loaded one.
@@ -198,6 +198,24 @@ def test_an_occupied_partition_is_refused_then_replaced_atomically_with_overwrit
     assert after != before and report["scored"] == 1200
     assert not fs.exists(score_job.fs_uri(before).rsplit("/", 1)[0])  # the replaced run folder is gone
     assert len(_table(world)) == 1200 and len(_table(world, "scoretest.preds_rejects")) == 3  # replaced, not added
+
+
+def test_a_second_run_on_a_partition_being_written_is_refused_in_one_line_and_writes_nothing(world) -> None:
+    """#54: two runs publishing one partition would each delete the run folder the other just published."""
+    from etl import score_job
+
+    cfg, spark = world.score_cfg, world.spark
+    target = score_job.plan_target(cfg.score, "scoretest.preds", PARTITION, True, dt.date.today())
+    part_root = fs.join(score_job.fs_uri(score_job.table_location(spark, "scoretest.preds")), target.folder())
+    before = (score_job.table_location(spark, "scoretest.preds", target.spec()), sorted(fs.listdir(part_root)))
+    with lease.acquire(part_root, f"partition ({target.spec()}) of scoretest.preds"):  # another run is writing
+        with pytest.raises(lease.LeaseHeld) as err:
+            score_job.run(spark, cfg, world.model, target)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        f"partition ({target.spec()}) of scoretest.preds is being written by"), message
+    assert f"pid {os.getpid()} since" in message and fs.join(part_root, lease.NAME) in message
+    assert (score_job.table_location(spark, "scoretest.preds", target.spec()), sorted(fs.listdir(part_root))) == before
 
 
 def test_bad_input_stops_before_any_work_with_one_line(world) -> None:
