@@ -103,6 +103,8 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     staging = fs.join(cfg.etl.output, publish.STAGING, run_id)
     first = not fs.exists(fs.join(cfg.etl.output, ledger.NAME))  # this run writes the folder's first ledger
     publish.claim_staging(cfg.etl.output, run_id)  # the ledger names it before anything is staged
+    fs.makedirs(staging)
+    fs.set_permission(staging, fs.PRIVATE_DIR)  # the rejected raw rows are written here: nobody else may look in
     cached: list = []  # what this run keeps in Spark's storage, freed however it ends
     try:
         with timer.stage("read"):

@@ -75,6 +75,7 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
         # Python workers do the tokenizing and writing; reuse them across tasks.
         "spark.python.worker.reuse": "true",
     }
+    conf.update(fs.spark_umask_conf())  # Spark's own HDFS writes (rejects, Hive tables) withhold what hvdtrain's do
     if cfg.etl.shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(cfg.etl.shuffle_partitions)
     if master:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from hvdtrain.core import secrets
-from hvdtrain.core.errors import ANY_ERROR, DataError, EnvironmentProblem, StorageError
+from hvdtrain.core.errors import ANY_ERROR, ConfigError, DataError, EnvironmentProblem, StorageError
 from hvdtrain.hadoop import hadoop_conf, hadoop_tokens
 from hvdtrain.hadoop.webhdfs import WebHdfsHandler
 
@@ -124,10 +124,62 @@ def local_path(uri: str) -> str:
     return urllib.parse.urlparse(uri).path if uri.startswith("file://") else os.path.abspath(uri)
 
 
+# -- permissions ------------------------------------------------------------
+
+UMASK_ENV = "HVDTRAIN_HDFS_UMASK"  # what hvdtrain's HDFS writes withhold; ranks, executors and drivers read it
+DEFAULT_UMASK = "027"  # owner all, group read, others nothing: datasets, checkpoints and models stay in the group
+PRIVATE_DIR = 0o700  # rejected raw rows: the owner only
+
+
+def hdfs_umask(env: Mapping[str, str] = os.environ) -> int:
+    """The umask hvdtrain creates HDFS files and folders with (``HVDTRAIN_HDFS_UMASK``, default 027), whatever
+    the cluster's ``fs.permissions.umask-mode`` (022 by default: readable by every user of the cluster)."""
+    raw = env.get(UMASK_ENV) or DEFAULT_UMASK
+    if not (len(raw) in (3, 4) and all(c in "01234567" for c in raw)):
+        raise ConfigError(UMASK_ENV, raw, "must be an octal umask such as 027 (owner all, group read, others "
+                                          "nothing) or 077 (owner only)")
+    return int(raw, 8)
+
+
+def spark_umask_conf(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Spark settings so its own HDFS writes (Parquet, Hive tables) and its executors' use the same umask."""
+    umask = f"{hdfs_umask(env):03o}"
+    return {"spark.hadoop.fs.permissions.umask-mode": umask, f"spark.executorEnv.{UMASK_ENV}": umask,
+            f"spark.yarn.appMasterEnv.{UMASK_ENV}": umask}
+
+
+def set_permission(uri: str, mode: int) -> None:
+    """Set a file's or folder's permission bits (local chmod; WebHDFS SETPERMISSION; over libhdfs, which pyarrow
+    gives no chmod, ``hadoop fs -chmod``)."""
+    fs, path = resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.chmod(path, mode)
+        return
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, WebHdfsHandler):
+        with_retries(lambda: handler.set_permission(path, mode), f"chmod {uri}")
+        return
+    proc = subprocess.run(["hadoop", "fs", "-chmod", f"{mode:o}", uri], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StorageError(f"chmod {mode:o} {uri} failed: {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def permission(uri: str) -> int:
+    """A file's or folder's permission bits."""
+    fs, path = resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        return os.stat(path).st_mode & 0o7777
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, WebHdfsHandler):
+        return handler.permission(path)
+    raise StorageError(f"{uri}: reading permissions needs WebHDFS or a local path")
+
+
 @functools.lru_cache(maxsize=16)
-def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
+def _hadoop(host: str, port: int, user: Optional[str], umask: int = 0o027) -> pafs.FileSystem:
     try:
-        return pafs.HadoopFileSystem(host or "default", port, user=user)
+        return pafs.HadoopFileSystem(host or "default", port, user=user,
+                                     extra_conf={"fs.permissions.umask-mode": f"{umask:03o}"})
     except (OSError, pa.ArrowException) as exc:
         raise EnvironmentProblem(
             f"cannot connect to HDFS at {host or 'default'}:{port} ({exc}); check HADOOP_HOME, "
@@ -135,10 +187,12 @@ def _hadoop(host: str, port: int, user: Optional[str]) -> pafs.FileSystem:
 
 
 @functools.lru_cache(maxsize=16)
-def _webhdfs(netloc: str, user: Optional[str], tls: bool = False, token: Optional[str] = None) -> pafs.FileSystem:
+def _webhdfs(netloc: str, user: Optional[str], tls: bool = False, token: Optional[str] = None,
+             umask: int = 0o027) -> pafs.FileSystem:
     """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``); with a
-    delegation token on a Kerberos cluster."""
-    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user, token=token))
+    delegation token on a Kerberos cluster; creating with ``umask``."""
+    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user, token=token,
+                                            umask=umask))
 
 
 def _token(netloc: str) -> Optional[str]:
@@ -200,12 +254,12 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         web = None if libhdfs_dir(os.environ) else _namenode_web(_netloc(parsed))
         if web:
             token = _token(_netloc(parsed))
-            return _webhdfs(web, None if token else user, token=token), parsed.path
-        return _hadoop(parsed.hostname or "", parsed.port or 0, user), parsed.path
+            return _webhdfs(web, None if token else user, token=token, umask=hdfs_umask()), parsed.path
+        return _hadoop(parsed.hostname or "", parsed.port or 0, user, hdfs_umask()), parsed.path
     if parsed.scheme in ("webhdfs", "swebhdfs"):
         tls = parsed.scheme == "swebhdfs"
         netloc = f"{parsed.hostname}:{parsed.port or (9871 if tls else 9870)}"
-        return _webhdfs(netloc, user, tls), parsed.path
+        return _webhdfs(netloc, user, tls, umask=hdfs_umask()), parsed.path
     raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs://, webhdfs:// or "
                     "swebhdfs:// (WebHDFS over TLS)")
 

@@ -47,7 +47,7 @@ def _builtin_errors(method):
 class WebHdfsHandler(pafs.FileSystemHandler):
     """A pyarrow ``FileSystemHandler`` backed by ``hdfs.Client``."""
 
-    def __init__(self, url: str, user: Optional[str] = None, token: Optional[str] = None):
+    def __init__(self, url: str, user: Optional[str] = None, token: Optional[str] = None, umask: int = 0o027):
         import hdfs
 
         if token is not None:  # a Kerberos cluster: a delegation token (hvdtrain.hadoop.hadoop_tokens)
@@ -58,10 +58,13 @@ class WebHdfsHandler(pafs.FileSystemHandler):
             self.client = KerberosClient(url)
         else:
             self.client = hdfs.InsecureClient(url, user=user)
-        self.url, self.user = url, user
+        self.url, self.user, self.umask = url, user, umask
+        # WebHDFS creates with 644/755 unless told: every file and folder is created with these instead.
+        self.file_mode, self.dir_mode = f"{0o666 & ~umask:03o}", f"{0o777 & ~umask:03o}"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, WebHdfsHandler) and (self.url, self.user) == (other.url, other.user)
+        return isinstance(other, WebHdfsHandler) and (self.url, self.user, self.umask) == (
+            other.url, other.user, other.umask)
 
     def __ne__(self, other: object) -> bool:
         return not self == other
@@ -104,7 +107,7 @@ class WebHdfsHandler(pafs.FileSystemHandler):
 
     @_builtin_errors
     def create_dir(self, path: str, recursive: bool) -> None:
-        self.client.makedirs(path)
+        self.client.makedirs(path, permission=self.dir_mode)
 
     @_builtin_errors
     def delete_dir(self, path: str) -> None:
@@ -140,7 +143,7 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         from hdfs.util import HdfsError
 
         try:
-            self.client.write(path, data, overwrite=False)
+            self.client.write(path, data, overwrite=False, permission=self.file_mode)
         except HdfsError as exc:
             if getattr(exc, "exception", None) == "FileAlreadyExistsException":
                 return False
@@ -150,7 +153,17 @@ class WebHdfsHandler(pafs.FileSystemHandler):
     @_builtin_errors
     def copy_file(self, src: str, dest: str) -> None:
         with self.client.read(src) as reader:
-            self.client.write(dest, reader, overwrite=True)
+            self.client.write(dest, reader, overwrite=True, permission=self.file_mode)
+
+    @_builtin_errors
+    def set_permission(self, path: str, mode: int) -> None:
+        """WebHDFS SETPERMISSION; not part of pyarrow's API."""
+        self.client.set_permission(path, f"{mode:03o}")
+
+    @_builtin_errors
+    def permission(self, path: str) -> int:
+        """A file's or folder's permission bits (GETFILESTATUS); not part of pyarrow's API."""
+        return int(self.client.status(path)["permission"], 8)
 
     @_builtin_errors
     def checksum(self, path: str) -> str:
@@ -171,7 +184,7 @@ class WebHdfsHandler(pafs.FileSystemHandler):
 
     @_builtin_errors
     def open_output_stream(self, path: str, metadata: Optional[dict] = None) -> pa.PythonFile:
-        return pa.PythonFile(_Upload(self.client, path), mode="w")
+        return pa.PythonFile(_Upload(self.client, path, self.file_mode), mode="w")
 
     def open_append_stream(self, path: str, metadata: Optional[dict] = None) -> pa.PythonFile:
         raise pa.ArrowNotImplementedError("append is not supported over WebHDFS")
@@ -204,10 +217,10 @@ class _Download(io.RawIOBase):
 class _Upload(io.RawIOBase):
     """Buffers to a local spool file and uploads on close (WebHDFS CREATE is one request)."""
 
-    def __init__(self, client, path: str):
+    def __init__(self, client, path: str, permission: str):
         import tempfile
 
-        self._client, self._path = client, path
+        self._client, self._path, self._permission = client, path, permission
         self._spool = tempfile.TemporaryFile()
 
     def writable(self) -> bool:
@@ -221,7 +234,7 @@ class _Upload(io.RawIOBase):
             try:
                 self._spool.seek(0)
                 with _remote_errors(self._path):
-                    self._client.write(self._path, self._spool, overwrite=True)
+                    self._client.write(self._path, self._spool, overwrite=True, permission=self._permission)
             finally:
                 self._spool.close()
                 super().close()

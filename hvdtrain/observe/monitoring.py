@@ -78,6 +78,8 @@ SPECS = (
 )
 
 
+METRICS_FILE_MODE = 0o644  # the .prom files: node_exporter reads them as another user
+
 def base_name(spec: MetricSpec) -> str:
     """The name prometheus_client takes (it appends ``_total`` to counters itself) (pure)."""
     return spec.name[:-len("_total")] if spec.kind == "counter" else spec.name
@@ -164,7 +166,10 @@ class Exporter:
         self._warned = False
 
     def start(self) -> "Exporter":
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        folder = os.path.dirname(self.path) or "."
+        if not os.path.isdir(folder):  # one hvdtrain creates: the collector must be able to look in
+            os.makedirs(folder, exist_ok=True)
+            os.chmod(folder, 0o755)
         if self.port is not None:
             from prometheus_client import start_http_server
 
@@ -184,12 +189,18 @@ class Exporter:
             self.write()
 
     def write(self) -> None:
-        """One atomic write of the textfile (temp file, then rename)."""
-        from prometheus_client import write_to_textfile
+        """One atomic write of the textfile (temp file, then rename), readable by every user: node_exporter's
+        textfile collector runs as its own user, and the ranks' umask (077) would keep it out."""
+        from prometheus_client import generate_latest
 
         try:
             self._before_write()
-            write_to_textfile(self.path, self.metrics.registry)
+            text = generate_latest(self.metrics.registry)
+            tmp = f"{self.path}.{os.getpid()}.tmp"  # never *.prom: the collector reads only those
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, METRICS_FILE_MODE), "wb") as fh:
+                os.fchmod(fh.fileno(), METRICS_FILE_MODE)  # whatever the umask
+                fh.write(text)
+            os.replace(tmp, self.path)
             self.writes += 1
         except ANY_ERROR as exc:  # monitoring never stops training
             if not self._warned:

@@ -198,6 +198,7 @@ def test_bad_rows_are_quarantined_with_rule_and_value(spark, hive_cfg, tmp_path)
     assert report["duplicates_dropped"] == 1 and report["rows_written"] == 60
     assert report["rows_in"] == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
     rejects = spark.read.parquet(os.path.join(data["etl"]["output"], "rejects")).collect()
+    assert os.stat(os.path.join(data["etl"]["output"], "rejects")).st_mode & 0o777 == 0o700  # raw rows (#54)
     assert sorted((r.rule, r.value) for r in rejects) == sorted([
         ("key_null", None), ("text_null", None), ("text_empty", "   "), ("label_null", None),
         ("label_unknown", "zzz"), ("duplicate_key", "ok1")])

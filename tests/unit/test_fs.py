@@ -2,8 +2,9 @@ import random
 
 import pytest
 
-from hvdtrain.core.errors import DataError
+from hvdtrain.core.errors import ConfigError, DataError
 from hvdtrain.hadoop import fs
+from hvdtrain.hadoop.webhdfs import WebHdfsHandler
 
 
 def test_local_paths_and_file_uris_round_trip(tmp_path):
@@ -91,3 +92,32 @@ def test_gz_names_are_copied_as_stored_bytes_never_recompressed(tmp_path):
         assert fh.read() == payload
     assert fs.copy_to_local(uri, str(tmp_path / "copy.gz")) == len(payload)
     assert (tmp_path / "copy.gz").read_bytes() == payload
+
+
+# -- permissions (#54): hvdtrain's HDFS writes withhold HVDTRAIN_HDFS_UMASK, not the cluster's 022 ------------
+
+@pytest.mark.parametrize("raw, umask", [(None, 0o027), ("", 0o027), ("077", 0o077), ("0022", 0o022)])
+def test_the_hdfs_umask_comes_from_the_environment_with_a_group_only_default(raw, umask):
+    assert fs.hdfs_umask({} if raw is None else {fs.UMASK_ENV: raw}) == umask
+
+
+@pytest.mark.parametrize("raw", ["27", "0o27", "888", "rwx", "00277"])
+def test_a_bad_hdfs_umask_is_one_line_naming_the_variable_and_value(raw):
+    with pytest.raises(ConfigError) as err:
+        fs.hdfs_umask({fs.UMASK_ENV: raw})
+    assert fs.UMASK_ENV in str(err.value) and repr(raw) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_webhdfs_creates_files_and_folders_with_the_umask_applied():
+    handler = WebHdfsHandler("http://nn:9870", user="u", umask=0o027)
+    assert (handler.file_mode, handler.dir_mode) == ("640", "750")
+    assert WebHdfsHandler("http://nn:9870", umask=0o077).file_mode == "600"
+    assert handler != WebHdfsHandler("http://nn:9870", user="u", umask=0o022)  # pyarrow caches by equality
+    conf = fs.spark_umask_conf({fs.UMASK_ENV: "077"})
+    assert conf["spark.hadoop.fs.permissions.umask-mode"] == "077" and conf[f"spark.executorEnv.{fs.UMASK_ENV}"] == "077"
+
+
+def test_set_permission_on_a_local_path(tmp_path):
+    (tmp_path / "d").mkdir()
+    fs.set_permission(str(tmp_path / "d"), fs.PRIVATE_DIR)
+    assert fs.permission(str(tmp_path / "d")) == 0o700

@@ -134,6 +134,18 @@ def test_the_exporter_writes_atomically_and_periodically(tmp_path: Path) -> None
     assert os.listdir(tmp_path / "m") == ["hvdtrain_j_rank1.prom"]  # no temp file left behind
 
 
+def test_the_metrics_files_are_readable_by_node_exporter_under_the_ranks_private_umask(tmp_path: Path) -> None:
+    """#54: ranks create files with umask 077 (their outputs are the user's only); node_exporter's textfile
+    collector runs as another user, and a 0600 .prom file made the metrics vanish without a word."""
+    old = os.umask(0o077)
+    try:
+        path = tmp_path / "textfiles" / "hvdtrain_j_rank0.prom"
+        monitoring.Exporter(monitoring.Metrics("j", "r", 0, "h"), str(path), 60).start().stop()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644 and path.parent.stat().st_mode & 0o777 == 0o755
+
+
 def test_a_write_failure_warns_once_and_training_goes_on(tmp_path: Path, caplog) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")

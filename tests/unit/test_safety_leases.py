@@ -171,7 +171,7 @@ def test_a_second_etl_started_mid_write_is_refused_in_one_line_and_the_first_kee
         def __getattr__(self, name: str):  # the first run is mid-write: its staging holds a shard
             entry = next(e for e in ledger.read(str(out)).entries if e.startswith("_staging/"))
             staging = out / entry.removesuffix("/*")  # recorded before anything was staged
-            staging.mkdir(parents=True)
+            staging.mkdir(parents=True, exist_ok=True)  # the run made it (private) before staging anything
             (staging / "part-0.tf").write_bytes(b"half a shard")
             mid_write.set()
             assert finish.wait(120)
