@@ -187,12 +187,11 @@ def _hadoop(host: str, port: int, user: Optional[str], umask: int = 0o027) -> pa
 
 
 @functools.lru_cache(maxsize=16)
-def _webhdfs(netloc: str, user: Optional[str], tls: bool = False, token: Optional[str] = None,
-             umask: int = 0o027) -> pafs.FileSystem:
-    """WebHDFS over HTTP, or over verified TLS for ``swebhdfs://`` (CA bundle: ``REQUESTS_CA_BUNDLE``); with a
-    delegation token on a Kerberos cluster; creating with ``umask``."""
-    return pafs.PyFileSystem(WebHdfsHandler(f"{'https' if tls else 'http'}://{netloc}", user=user, token=token,
-                                            umask=umask))
+def _webhdfs(url: str, user: Optional[str], token: Optional[str] = None, umask: int = 0o027) -> pafs.FileSystem:
+    """WebHDFS at ``url`` (``http(s)://host:port``; NameNodes of an HA pair joined by ``;``, tried in turn past a
+    standby), over verified TLS for ``https`` (CA bundle: ``REQUESTS_CA_BUNDLE``); with a delegation token on a
+    Kerberos cluster; creating with ``umask``."""
+    return pafs.PyFileSystem(WebHdfsHandler(url, user=user, token=token, umask=umask))
 
 
 def _token(netloc: str) -> Optional[str]:
@@ -223,9 +222,11 @@ def _hadoop_props(conf_dir: Optional[str]) -> dict[str, str]:
 
 
 def _namenode_web(netloc: str) -> Optional[str]:
-    """The WebHDFS host:port $HADOOP_CONF_DIR names for the NameNode ``netloc`` (None: not configured)."""
+    """The WebHDFS URL(s) $HADOOP_CONF_DIR names for the NameNode ``netloc``, ``;``-joined for an HA pair (None:
+    not configured)."""
     conf_dir = os.environ.get("HADOOP_CONF_DIR")
-    return hadoop_conf.webhdfs_netloc(netloc, _hadoop_props(conf_dir)) if conf_dir else None
+    urls = hadoop_conf.webhdfs_urls(netloc, _hadoop_props(conf_dir)) if conf_dir else []
+    return ";".join(urls) or None
 
 
 # Extra schemes: name -> factory(netloc) returning a pyarrow FileSystem (tests use it to inject faults).
@@ -258,8 +259,8 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         return _hadoop(parsed.hostname or "", parsed.port or 0, user, hdfs_umask()), parsed.path
     if parsed.scheme in ("webhdfs", "swebhdfs"):
         tls = parsed.scheme == "swebhdfs"
-        netloc = f"{parsed.hostname}:{parsed.port or (9871 if tls else 9870)}"
-        return _webhdfs(netloc, user, tls, umask=hdfs_umask()), parsed.path
+        url = f"{'https' if tls else 'http'}://{parsed.hostname}:{parsed.port or (9871 if tls else 9870)}"
+        return _webhdfs(url, user, umask=hdfs_umask()), parsed.path
     raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs://, webhdfs:// or "
                     "swebhdfs:// (WebHDFS over TLS)")
 

@@ -4,8 +4,9 @@ where the ResourceManager listens.
 Python reaches HDFS through WebHDFS (the ``hdfs`` package) unless this host has
 libhdfs (pyarrow's ``hdfs://``; it ships only in Hadoop's binary release, in no
 package registry). So that one ``hdfs://namenode:8020/path`` works from Spark
-(the JVM's own client) and from Python alike, :func:`webhdfs_netloc` maps the
-NameNode's RPC address to its HTTP address as ``hdfs-site.xml`` declares them.
+(the JVM's own client) and from Python alike, :func:`webhdfs_urls` maps the
+NameNode's RPC address to its HTTP(S) address as ``hdfs-site.xml`` declares them (every NameNode of an
+HA nameservice).
 Pure functions over the parsed properties, plus :func:`load` to read the files.
 """
 from __future__ import annotations
@@ -51,26 +52,34 @@ def _split(address: str) -> tuple[str, int]:
     return (host, int(port)) if host and port.isdigit() else (address, DEFAULT_RPC_PORT)
 
 
-def webhdfs_netloc(netloc: str, props: Mapping[str, str]) -> Optional[str]:
-    """``host:port`` of the NameNode HTTP server (WebHDFS) for the NameNode ``netloc`` of an ``hdfs://`` URI
-    (pure). An empty netloc means ``fs.defaultFS``; a nameservice id (HA) maps to its first NameNode.
-    None when the configuration does not name that NameNode."""
+def webhdfs_urls(netloc: str, props: Mapping[str, str]) -> list[str]:
+    """The WebHDFS base URLs (``http(s)://host:port``) for the NameNode ``netloc`` of an ``hdfs://`` URI (pure).
+
+    An empty netloc means ``fs.defaultFS``. A nameservice id (HA) maps to every one of its NameNodes in
+    ``dfs.ha.namenodes.<id>`` order: the WebHDFS client tries the next one when one is the standby
+    (StandbyException) or down, as Hadoop's own failover proxy does. ``dfs.http.policy=HTTPS_ONLY`` gives the
+    ``https-address`` of each (the delegation token then never travels in clear). [] when the configuration
+    does not name that NameNode."""
+    https = props.get("dfs.http.policy", "HTTP_ONLY").upper() == "HTTPS_ONLY"
+    web_key, scheme = ("https-address", "https") if https else ("http-address", "http")
     if not netloc:
         default = props.get("fs.defaultFS", "")
         if not default.startswith("hdfs://"):
-            return None
+            return []
         netloc = default[len("hdfs://"):].split("/", 1)[0]
+    namenodes = props.get(f"dfs.ha.namenodes.{netloc}")
+    if namenodes:
+        found = (props.get(f"dfs.namenode.{web_key}.{netloc}.{nn.strip()}") for nn in namenodes.split(","))
+        return [f"{scheme}://{address}" for address in found if address]
     host, port = _split(netloc)
     for key, value in props.items():
         if not key.startswith("dfs.namenode.rpc-address"):
             continue
         rpc_host, rpc_port = _split(value)
         if _same_host(rpc_host, host) and rpc_port == port:
-            return props.get(key.replace("rpc-address", "http-address", 1))
-    namenodes = props.get(f"dfs.ha.namenodes.{netloc}")
-    if namenodes:
-        return props.get(f"dfs.namenode.http-address.{netloc}.{namenodes.split(',')[0].strip()}")
-    return None
+            address = props.get(key.replace("rpc-address", web_key, 1))
+            return [f"{scheme}://{address}"] if address else []
+    return []
 
 
 def resourcemanager_address(props: Mapping[str, str]) -> Optional[str]:

@@ -9,7 +9,8 @@ It stands in for the cluster only: hvdtrain's handler, the ``hdfs`` client
 and every request are real. ``fail_next(n)`` answers the next ``n`` requests
 with HTTP 503 ``RetriableException``, as a NameNode in safe mode does;
 ``lose_response(op)`` carries out the next ``op`` request and then drops the
-connection without answering (the client sees a reset, the change happened).
+connection without answering (the client sees a reset, the change happened);
+``standby = True`` answers as the standby NameNode of an HA pair (403 StandbyException).
 RENAME with ``renameoptions=OVERWRITE`` is the NameNode's rename2: it replaces
 an existing file atomically and answers with an empty body.
 """
@@ -37,6 +38,7 @@ class WebHdfsServer:
         self._failures = 0
         self.denied: list[str] = []  # path prefixes answered with AccessControlException (see deny())
         self.lost: dict[str, int] = {}  # op -> how many more of its answers to drop (see lose_response())
+        self.standby = False  # answer every NameNode request as the standby NameNode of an HA pair does
         self._lock = threading.Lock()
         server = self
 
@@ -166,6 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method in ("PUT", "POST") else b""
         if self.owner.take_failure():
             return self._error(503, "ipc.RetriableException", "Name node is in safe mode.")
+        if self.owner.standby and not op.startswith("dn:"):
+            return self._error(403, "ipc.StandbyException", "Operation category READ is not supported in state "
+                                                            "standby. Visit https://s.apache.org/sbnn-error")
         if any(path.startswith(p) for p in self.owner.denied):
             return self._error(403, "security.AccessControlException",
                                f"Permission denied: user=dr.who, access={'READ' if method == 'GET' else 'WRITE'}, "

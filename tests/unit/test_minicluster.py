@@ -16,6 +16,8 @@ HDFS_SITE = """<?xml version="1.0"?><configuration>
 <property><name>dfs.ha.namenodes.prod</name><value>nn1,nn2</value></property>
 <property><name>dfs.namenode.rpc-address.prod.nn1</name><value>nn1.example:8020</value></property>
 <property><name>dfs.namenode.http-address.prod.nn1</name><value>nn1.example:9870</value></property>
+<property><name>dfs.namenode.rpc-address.prod.nn2</name><value>nn2.example:8020</value></property>
+<property><name>dfs.namenode.http-address.prod.nn2</name><value>nn2.example:9870</value></property>
 </configuration>"""
 CORE_SITE = """<configuration><property><name>fs.defaultFS</name><value>hdfs://localhost:41000</value></property>
 </configuration>"""
@@ -111,12 +113,16 @@ def test_secure_mode_plans_kerberos_for_every_daemon_and_plain_mode_none(tmp_pat
 
 def test_hdfs_uri_maps_to_the_namenodes_webhdfs_address():
     props = {**hadoop_conf.parse_site(HDFS_SITE), **hadoop_conf.parse_site(CORE_SITE)}
-    assert hadoop_conf.webhdfs_netloc("localhost:41000", props) == "localhost:41001"
-    assert hadoop_conf.webhdfs_netloc("127.0.0.1:41000", props) == "localhost:41001"  # loopback names agree
-    assert hadoop_conf.webhdfs_netloc("", props) == "localhost:41001"  # hdfs:///path: fs.defaultFS
-    assert hadoop_conf.webhdfs_netloc("prod", props) == "nn1.example:9870"  # an HA nameservice
-    assert hadoop_conf.webhdfs_netloc("nn1.example:8020", props) == "nn1.example:9870"
-    assert hadoop_conf.webhdfs_netloc("other:8020", props) is None
+    assert hadoop_conf.webhdfs_urls("localhost:41000", props) == ["http://localhost:41001"]
+    assert hadoop_conf.webhdfs_urls("127.0.0.1:41000", props) == ["http://localhost:41001"]  # loopback names agree
+    assert hadoop_conf.webhdfs_urls("", props) == ["http://localhost:41001"]  # hdfs:///path: fs.defaultFS
+    # an HA nameservice: every NameNode, in its order (the client goes past a standby)
+    assert hadoop_conf.webhdfs_urls("prod", props) == ["http://nn1.example:9870", "http://nn2.example:9870"]
+    assert hadoop_conf.webhdfs_urls("nn1.example:8020", props) == ["http://nn1.example:9870"]
+    assert hadoop_conf.webhdfs_urls("other:8020", props) == []
+    tls = {**props, "dfs.http.policy": "HTTPS_ONLY", "dfs.namenode.https-address.prod.nn1": "nn1.example:9871",
+           "dfs.namenode.https-address.prod.nn2": "nn2.example:9871"}
+    assert hadoop_conf.webhdfs_urls("prod", tls) == ["https://nn1.example:9871", "https://nn2.example:9871"]
 
 
 def test_resolve_sends_hdfs_to_webhdfs_without_libhdfs(tmp_path, monkeypatch):
@@ -129,6 +135,29 @@ def test_resolve_sends_hdfs_to_webhdfs_without_libhdfs(tmp_path, monkeypatch):
     assert filesystem.handler.url == "http://localhost:41001"
     assert fs.libhdfs_dir({"ARROW_LIBHDFS_DIR": "/opt/h"}, lambda p: p == "/opt/h/libhdfs.so") == "/opt/h"
     assert fs.libhdfs_dir({"HADOOP_HOME": "/opt/hadoop"}, lambda p: False) is None
+
+
+def test_an_ha_nameservice_goes_past_its_standby_namenode_to_the_active_one(tmp_path, monkeypatch):
+    """#56: ``hdfs://prod`` used to map to the first NameNode only, and a StandbyException was retried against it
+    until the restart loop gave up. Two loopback NameNodes (tests/support/webhdfs_server.py), the first the
+    standby: every call reaches the active one, whatever order the client tries them in."""
+    from tests.support.webhdfs_server import WebHdfsServer
+
+    (tmp_path / "standby").mkdir()
+    (tmp_path / "active").mkdir()
+    with WebHdfsServer(str(tmp_path / "standby")) as standby, WebHdfsServer(str(tmp_path / "active")) as active:
+        standby.standby = True
+        conf = tmp_path / "conf"
+        conf.mkdir()
+        (conf / "hdfs-site.xml").write_text(HDFS_SITE.replace("nn1.example:9870", standby.netloc)
+                                            .replace("nn2.example:9870", active.netloc))
+        monkeypatch.setenv("HADOOP_CONF_DIR", str(conf))
+        for name in ("ARROW_LIBHDFS_DIR", "HADOOP_HOME", "HADOOP_COMMON_HOME"):
+            monkeypatch.delenv(name, raising=False)
+        fs.write_bytes_atomic("hdfs://prod/data/x.json", b"{}")
+        assert fs.read_bytes("hdfs://prod/data/x.json") == b"{}" and fs.listdir("hdfs://prod/data") == ["x.json"]
+        assert (tmp_path / "active" / "data" / "x.json").read_bytes() == b"{}"
+        assert standby.requests and not any((tmp_path / "standby").iterdir())  # asked first, changed nothing
 
 
 class SafeMode(Exception):
