@@ -136,6 +136,7 @@ class Inputs:
     archive_uri: Optional[str]  # the packed env (None for local masters and yarn.python)
     build: HorovodBuild
     cluster_python: str = SHIPPED_PYTHON  # what executors run on a cluster: the shipped env's, or yarn.python
+    umask: str = fs.DEFAULT_UMASK  # HVDTRAIN_HDFS_UMASK on this host: the containers' HDFS writes withhold it too
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,10 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
         # processes Horovod starts import the code from it (relative: the executor's folder holds the zip).
         conf.append(("spark.executorEnv.PYTHONPATH", CODE_ZIP))
     env, own = dict(y.env), dict(y.spark_conf)
+    if inputs.umask != fs.DEFAULT_UMASK and not is_local_master(master):  # the containers write as this host does
+        env.setdefault(fs.UMASK_ENV, inputs.umask)
+        if deploy_mode == "cluster":
+            conf.append((f"spark.yarn.appMasterEnv.{fs.UMASK_ENV}", env[fs.UMASK_ENV]))
     if not is_local_master(master):  # local executors are threads of the driver's JVM (the plan's env)
         env[JVM_OPTIONS_ENV] = carrier_jvm_options(y.env.get(JVM_OPTIONS_ENV))
         if not is_standalone_master(master):  # the application master (the driver too, in cluster mode)
@@ -767,7 +772,7 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
         yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
-                     archive, build, cfg.yarn.python or SHIPPED_PYTHON)
+                     archive, build, cfg.yarn.python or SHIPPED_PYTHON, f"{fs.hdfs_umask():03o}")
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)

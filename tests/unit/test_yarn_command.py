@@ -188,6 +188,18 @@ def test_a_shared_interpreter_ships_no_env() -> None:
         job(python="env/bin/python")
 
 
+def test_the_submitting_hosts_hdfs_umask_reaches_the_containers_unless_yarn_env_sets_one() -> None:
+    """#54: what the ranks and executors write to HDFS withholds the submitter's HVDTRAIN_HDFS_UMASK."""
+    private = submit.Inputs(SPARK_SUBMIT, PYTHON, ZIP, YAML, ENV, CPU_BUILD, umask="077")
+    for mode in ("client", "cluster"):
+        conf = dict(submit.spark_conf(job(), "yarn", mode, private))
+        assert conf[f"spark.executorEnv.{fs.UMASK_ENV}"] == "077"
+        assert conf.get(f"spark.yarn.appMasterEnv.{fs.UMASK_ENV}") == ("077" if mode == "cluster" else None)
+    assert dict(submit.spark_conf(job(env={fs.UMASK_ENV: "007"}), "yarn", "client", private))[
+        f"spark.executorEnv.{fs.UMASK_ENV}"] == "007"  # yarn.env wins
+    assert not any(fs.UMASK_ENV in k for k, _ in submit.spark_conf(job(), "yarn", "client", inputs()))  # the default
+
+
 def test_yarn_env_reaches_executors_and_rank_processes() -> None:
     cfg = job(env={"GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"})
     assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])
