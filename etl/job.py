@@ -88,12 +88,12 @@ def check_output(etl: EtlConfig) -> bool:
 def run(spark: Any, cfg: JobConfig) -> dict[str, Any]:
     """Run the ETL on a SparkSession; returns the report (also written as etl_report.json)."""
     fs.prepare_hdfs_client(cfg.etl.output, cfg.etl.vocab_file)  # the driver publishes (write tasks: their own)
-    with lease.acquire(cfg.etl.output, f"etl.output {cfg.etl.output}"):  # one writer at a time, from the check on
-        return _run_leased(spark, cfg)
+    with lease.acquire(cfg.etl.output, f"etl.output {cfg.etl.output}") as held:  # one writer, from the check on
+        return _run_leased(spark, cfg, held)
 
 
-def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
-    """:func:`run` while this job holds etl.output's lease."""
+def _run_leased(spark: Any, cfg: JobConfig, held: lease.Lease) -> dict[str, Any]:
+    """:func:`run` while this job holds etl.output's lease (checked again right before publishing)."""
     from pyspark import StorageLevel
 
     timer = StageTimer()
@@ -140,6 +140,7 @@ def _run_leased(spark: Any, cfg: JobConfig) -> dict[str, Any]:
             results = _write_shards(rows, fitted, plan, staging, cfg, fault)
         rows.unpersist()
         with timer.stage("publish"):
+            held.check()  # a lease broken while this run could not renew it: another run may be publishing
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
                                      created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                      generation=f"v-{run_id}" if replacing else "")

@@ -338,7 +338,7 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
     part_root = f"{table_root.rstrip('/')}/{target.folder()}"
     # One scoring job per partition, from its run folder's write to the old one's deletion (#54): two runs
     # publishing the same partition would each delete the folder the other just published.
-    with lease.acquire(fs_uri(part_root), f"partition ({target.spec()}) of {target.table}"):
+    with lease.acquire(fs_uri(part_root), f"partition ({target.spec()}) of {target.table}") as held:
         if exists[0]:  # again, now that no other run can publish it: one may have, since the first check
             refuse_occupied(spark, target.table, target)
         run_dir = f"{part_root}/run-{_run_id()}"
@@ -353,6 +353,7 @@ def run(spark: Any, cfg: JobConfig, model: str, target: Target, split: Optional[
             scored.select("*", outcome).write.partitionBy("outcome").mode("errorifexists").parquet(run_dir)
             counts = verify_counts(spark, run_dir, counters.values())
             check_volume(counts, cfg.score.min_rows, cfg.score.max_reject_fraction, target)
+            held.check()  # still this run's: a broken lease means another run may be publishing the partition
             olds = publish_partitions(spark, target, run_dir)
         except PublishRolledBackFailed:
             raise  # a partition may point into run_dir: keep it

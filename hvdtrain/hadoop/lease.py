@@ -38,6 +38,10 @@ class LeaseHeld(DataError):
     """Another writer holds the output's lease (exit 3, like any refusal to touch data)."""
 
 
+class LeaseLost(DataError):
+    """This job's lease was broken or removed while it ran: it must not publish (exit 3)."""
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lease, and until when (seconds since the epoch)."""
@@ -144,6 +148,10 @@ class Lease:
             except ANY_ERROR as exc:  # the next try may reach the storage; the lease holds until it expires
                 log.warning("could not renew the lease %s (%s: %s)", self.uri, type(exc).__name__, exc)
 
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless the lease is still this holder's: called right before publishing."""
+        verify(self.uri, self.holder.token, self.holder.what)
+
     def release(self) -> None:
         """Stop renewing and delete the lease file while it is still this holder's."""
         self._stop.set()
@@ -188,6 +196,18 @@ def acquire(folder: str, what: str, ttl: float = TTL_SECONDS, clock: Callable[[]
         _break(uri, current)
     raise LeaseHeld(f"{what}: the lease {uri} changed hands three times while this job tried to take it: "
                     "another writer is starting; wait for it, then rerun")
+
+
+def verify(uri: str, token: str, what: str) -> None:
+    """Raise :class:`LeaseLost` unless the lease file ``uri`` is still the one with ``token``: a job whose lease was
+    broken (it could not renew it for a whole ``ttl``, e.g. through a storage outage, and another job took the
+    output) or removed by hand must not publish over what the other writes."""
+    current = _read(uri)
+    if current is not None and current.token == token:
+        return
+    how = "removed" if current is None else f"taken by {current.user}@{current.host} pid {current.pid}"
+    raise LeaseLost(f"{what}: this job's lease {uri} was {how} while it ran, so another job may be writing there; "
+                    "nothing was published: make sure no other job writes there, then rerun")
 
 
 def _user() -> str:

@@ -39,6 +39,13 @@ def targets(output: str, checkpoint_dir: Optional[str]) -> list[tuple[str, str, 
     return out
 
 
+class Held:
+    """What a rank knows of the run's leases: :meth:`check` before publishing train.output."""
+
+    def __init__(self, check: Callable[[], None] = lambda: None):
+        self.check = check
+
+
 @contextlib.contextmanager
 def hold(output: str, checkpoint_dir: Optional[str]) -> Iterator[dict[str, str]]:
     """Hold the run's leases (``checkpoint_dir`` None: checkpoints off) until the block ends; yields the
@@ -52,18 +59,23 @@ def hold(output: str, checkpoint_dir: Optional[str]) -> Iterator[dict[str, str]]
 
 @contextlib.contextmanager
 def for_ranks(output: str, checkpoint_dir: Optional[str], is_chief: bool,
-              broadcast: Callable[[Any], Any], env: Mapping[str, str] = os.environ) -> Iterator[None]:
+              broadcast: Callable[[Any], Any], env: Mapping[str, str] = os.environ) -> Iterator[Held]:
     """Inside the ranks: nothing when the launcher holds the leases (:data:`HELD_ENV`); else rank 0 holds them
     until the block ends, and every rank raises the same refusal when it could not (``broadcast``: rank 0's
-    object on every rank, a collective every rank calls)."""
+    object on every rank, a collective every rank calls). Yields rank 0's :class:`Held`, whose ``check`` raises
+    :class:`hvdtrain.hadoop.lease.LeaseLost` when train.output's lease is no longer this run's."""
     if env.get(HELD_ENV):
-        yield
+        token = env[HELD_ENV].split(",")[0]  # train.output's (targets() order)
+        what = f"train.output {output}"
+        yield Held(lambda: lease.verify(output_lease(output), token, what) if is_chief else None)
         return
     with contextlib.ExitStack() as stack:
         refused: Optional[tuple[bool, str]] = None  # (held by another job, the line); any failure is shared
+        held = Held()
         if is_chief:
             try:
-                stack.enter_context(hold(output, checkpoint_dir))
+                tokens = stack.enter_context(hold(output, checkpoint_dir))[HELD_ENV].split(",")
+                held = Held(lambda: lease.verify(output_lease(output), tokens[0], f"train.output {output}"))
             except lease.LeaseHeld as exc:
                 refused = (True, str(exc))
             except ANY_ERROR as exc:  # the storage: the other ranks must not wait for rank 0 in vain
@@ -72,4 +84,4 @@ def for_ranks(output: str, checkpoint_dir: Optional[str], is_chief: bool,
         refused = broadcast(refused)
         if refused is not None:
             raise (lease.LeaseHeld if refused[0] else StorageError)(refused[1])
-        yield
+        yield held

@@ -33,9 +33,10 @@ WRITER = "hvdtrain train"  # the writer named in train.output's ledger (hvdtrain
 
 
 def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any],
-            extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            extra: Optional[dict[str, Any]] = None, before_replace: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Write report, chart, exports and result to ``train.output`` and log them to MLflow; ``extra`` joins the
-    result record (an elastic job's sizes and steps)."""
+    result record (an elastic job's sizes and steps); ``before_replace`` runs right before the new outputs
+    take ``train.output``'s place (the lease check, :mod:`hvdtrain.training.leases`)."""
     output, tracker = ctx.cfg.train.output, ctx.tracker
     model = heads.serving_model(model, task_head(ctx))  # a regression's outputs in the target's units
     with tempfile.TemporaryDirectory(prefix="hvdtrain-out-") as local:
@@ -58,7 +59,7 @@ def publish(ctx: TrainContext, model: keras.Model, report: dict[str, Any],
                                                             if tracker.tracking_uri else None)), "tracking": tracker.summary(),
                   **(extra or {})}
         _dump_json(os.path.join(local, RESULT_NAME), result)
-        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout))
+        upload_dir(local, output, lambda what: ctx.phase(what, ctx.cfg.fault.checkpoint_timeout), before_replace)
     return result
 
 
@@ -122,7 +123,8 @@ def _log_run_end(ctx: TrainContext, model: keras.Model, report: dict[str, Any], 
                                    ctx.cfg.tracking.registered_model_name)
 
 
-def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None) -> None:
+def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda what: None,
+               before_replace: Callable[[], None] = lambda: None) -> None:
     """Replace ``output``'s files with a local folder's, leaving the previous outputs whole on failure.
 
     Files go to a sibling folder first (``progress`` hears each one, so a slow
@@ -130,7 +132,8 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
     with a ledger naming each of them; only when every file is there does that
     folder take ``output``'s place. The previous folder, moved aside, loses
     exactly the files its ledger names (:func:`_retire`). A failed upload
-    names the file, and ``output`` is as it was.
+    names the file, and ``output`` is as it was. ``before_replace`` may refuse the swap (a DataError: the new
+    outputs are kept in their folder, named).
     """
     files = sorted(os.path.relpath(os.path.join(root, name), local).replace(os.sep, "/")
                    for root, _, names in os.walk(local) for name in names)
@@ -151,6 +154,7 @@ def upload_dir(local: str, output: str, progress: Callable[[str], None] = lambda
     ledger.write(incoming, ledger.Ledger(WRITER, (*(ledger.exact(rel) for rel in files), *WRITTEN_LATER)))
     progress(f"replacing {output} with the new outputs")
     try:
+        before_replace()  # e.g. this run's lease on train.output is still its own
         owns = check_replaceable(output)  # again: something may have been put there while training ran
     except DataError as exc:  # the trained model is not thrown away over it
         raise DataError(f"{exc} (this run's outputs are kept in {incoming})") from None

@@ -101,7 +101,7 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
     threads = runtime.configure_tf(rank, cfg.train)
     with guard(cfg, rank) as dog, leases.for_ranks(
             cfg.train.output, cfg.checkpoint.dir if cfg.checkpoint.enabled else None, rank.is_chief,
-            lambda obj: distributed.broadcast_object(obj, name="hvdtrain.leases")):
+            lambda obj: distributed.broadcast_object(obj, name="hvdtrain.leases")) as held:
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
@@ -138,7 +138,7 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
             # Export, the MLflow upload and the output upload can take long on slow storage: they run under
             # fault.checkpoint_timeout, and each file restarts the clock (no "stall" after training finished).
             dog.phase("exporting the model and logging it to MLflow", cfg.fault.checkpoint_timeout)
-            result = publish(ctx, model, report)
+            result = publish(ctx, model, report, before_replace=held.check)
     test = evaluated["test"]
     log.info("test %s; outputs in %s", ", ".join(f"{k} {test[k]:.4f}" for k in tasks_lib.HEADLINE[test["task"]]
                                                  if test.get(k) is not None), cfg.train.output)

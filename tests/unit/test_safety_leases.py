@@ -6,6 +6,7 @@ another writer. Overlap is arranged with events and barriers, never with sleeps:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -294,3 +295,45 @@ def test_a_lease_left_by_a_crash_on_this_host_is_broken_at_once_not_after_its_ex
     (tmp_path / lease.NAME).write_bytes(_holder(pid=dead.pid, expires=9e9, pidns=lease.pid_namespace()).to_json())
     with lease.acquire(str(tmp_path), "the output") as held:  # a rerun right after the crash proceeds
         assert held.holder.pid == os.getpid()
+
+
+# -- a lease broken while its job ran: that job must not publish -------------------------------------------------
+
+def _taken_over(uri: Path) -> None:
+    uri.write_bytes(lease.Holder("the output", "bob", "elsewhere", 7, 1.0, 9e9, "theirs").to_json())
+
+
+def test_a_job_whose_lease_was_taken_over_or_removed_is_told_before_it_publishes(tmp_path: Path) -> None:
+    with lease.acquire(str(tmp_path), "etl.output /d") as held:
+        held.check()  # still its own
+        _taken_over(tmp_path / lease.NAME)
+        with pytest.raises(lease.LeaseLost) as err:
+            held.check()
+        assert str(err.value).startswith(f"etl.output /d: this job's lease {tmp_path / lease.NAME} was taken by "
+                                         "bob@elsewhere pid 7 while it ran") and "nothing was published" in str(err.value)
+        (tmp_path / lease.NAME).unlink()
+        with pytest.raises(lease.LeaseLost, match="was removed while it ran"):
+            held.check()
+
+
+@pytest.mark.parametrize("launcher", [True, False])
+def test_rank_0_checks_train_outputs_lease_before_replacing_it_and_keeps_the_new_outputs(
+        tmp_path: Path, launcher: bool) -> None:
+    out = tmp_path / "runs" / "a"
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "result.json").write_text('{"new": 1}')
+    publish.upload_dir(str(local), str(out))  # the previous outputs
+    before = sorted(p.name for p in out.iterdir())
+    with contextlib.ExitStack() as stack:
+        env = stack.enter_context(leases.hold(str(out), None)) if launcher else {}
+        held = stack.enter_context(leases.for_ranks(str(out), None, True, lambda obj: obj, env=env))
+        publish.upload_dir(str(local), str(out), before_replace=held.check)  # its own: replaced
+        _taken_over(Path(leases.output_lease(str(out))))
+        with pytest.raises(DataError) as err:
+            publish.upload_dir(str(local), str(out), before_replace=held.check)
+        assert "was taken by bob@elsewhere pid 7" in str(err.value) and "this run's outputs are kept in" in str(err.value)
+        Path(leases.output_lease(str(out))).unlink()  # the other job's, gone: nothing for this one to release
+    assert sorted(p.name for p in out.iterdir()) == before
+    kept = [p for p in (tmp_path / "runs").iterdir() if ".incoming-" in p.name]
+    assert len(kept) == 1 and (kept[0] / "result.json").read_text() == '{"new": 1}'
