@@ -240,8 +240,7 @@ def _is_etl_report(out: str, files: list[str]) -> bool:
 def _ours_now(rel: str) -> bool:
     """The ledger itself, the running job's lease (with the temporary file of its atomic renewal and a broken
     stale lease moved aside) and etl.job's staging: never deleted by a publish, never taken for a user's file."""
-    return (rel in (ledger.NAME, lease.NAME) or rel.startswith((lease.NAME + ".tmp-", lease.NAME + ".broken-"))
-            or rel.startswith(STAGING + "/"))
+    return rel == ledger.NAME or lease.is_lease_file(rel) or rel.startswith(STAGING + "/")
 
 
 def _new_entries(plan: PublishPlan) -> list[str]:

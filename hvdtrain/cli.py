@@ -243,10 +243,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         demo.check(cfg.checkpoint.dir)
     _step(etl_command(args.config, args.overrides, cfg.spark.master, overwrite=True, create_sample_table=True,
                       verbose=args.verbose), "the ETL", console.spark_log_file(cfg.workdir, "etl"))
-    if cfg.checkpoint.enabled:  # new data: a new run, not a resume; only what a demo run recorded goes
-        if demo.reset(cfg.checkpoint.dir):
-            print(f"demo: removed the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
-    _step(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training")
+    # The training's leases are taken before the previous run's checkpoints go: never from under a running job.
+    with leases.hold(cfg.train.output, cfg.checkpoint.dir if cfg.checkpoint.enabled else None) as held:
+        if cfg.checkpoint.enabled:  # new data: a new run, not a resume; only what a demo run recorded goes
+            if demo.reset(cfg.checkpoint.dir):
+                print(f"demo: removed the previous demo run's checkpoints in {cfg.checkpoint.dir}", flush=True)
+        _step(train_command(args.config, args.overrides, args.np, cfg.fault.start_timeout), "training",
+              extra_env=held)
     print(demo_summary(cfg))
     flags = score_flags(cfg.train.output, DEMO_PREDICTIONS, master=cfg.spark.master, overwrite=True, split="test",
                         evaluate=True)

@@ -105,6 +105,12 @@ def refusal(holder: Holder, uri: str) -> str:
             f"wait for that job to end, or, if that process is gone, remove {uri} and rerun")
 
 
+def is_lease_file(rel: str) -> bool:
+    """Whether a file name in a guarded folder is a lease's: the lease, the temporary file of its atomic renewal,
+    or a broken stale lease moved aside (pure). Such files are the running job's, never a user's."""
+    return rel == NAME or rel.startswith((NAME + ".tmp-", NAME + ".broken-"))
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid runs on this host (one owned by another user counts)."""
     try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from hvdtrain.core.errors import DataError
-from hvdtrain.hadoop import fs, ledger
+from hvdtrain.hadoop import fs, lease, ledger
 
 WRITER = "hvdtrain demo"
 # What training writes into checkpoint.dir (hvdtrain.training.checkpoint): ckpt-<10 digits>/ and local .staging-<step>-*/.
@@ -53,7 +53,8 @@ def plan_reset(folder: str, files: Sequence[str], recorded: Optional[ledger.Ledg
 
 def _plan(folder: str) -> Reset:
     exists = fs.exists(folder)
-    return plan_reset(folder, fs.walk(folder) if exists else [], ledger.read(folder) if exists else None)
+    files = [f for f in fs.walk(folder) if not lease.is_lease_file(f)] if exists else []  # this run's own lease
+    return plan_reset(folder, files, ledger.read(folder) if exists else None)
 
 
 def check(folder: str) -> None:

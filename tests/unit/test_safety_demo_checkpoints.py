@@ -8,8 +8,8 @@ import pytest
 
 from hvdtrain import cli
 from hvdtrain.core.errors import DataError
-from hvdtrain.hadoop import ledger
-from hvdtrain.training import demo
+from hvdtrain.hadoop import lease, ledger
+from hvdtrain.training import demo, leases
 
 DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
 
@@ -18,7 +18,12 @@ DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
 def run_demo(tmp_path, monkeypatch):
     """``cmd_demo`` with its steps (ETL, training, scoring) and summary faked: what it deletes is real."""
     steps: list[str] = []
-    monkeypatch.setattr(cli, "_step", lambda cmd, what, spark_log=None: steps.append(what))
+    def step(cmd, what, spark_log=None, extra_env=None):
+        steps.append(what)
+        if what == "training":  # the demo holds the leases for its ranks, taken before it cleared anything
+            assert set(extra_env or {}) == {leases.HELD_ENV}
+
+    monkeypatch.setattr(cli, "_step", step)
     monkeypatch.setattr(cli, "demo_summary", lambda cfg: "")
 
     def run(folder: Path) -> list[str]:
@@ -63,3 +68,14 @@ def test_plan_reset_is_pure():
         demo.plan_reset("/c", ["ckpt-0000000040/state.bin"], None)
     with pytest.raises(DataError, match="hvdtrain etl"):
         demo.plan_reset("/c", [ledger.NAME], ledger.Ledger("hvdtrain etl", ("*",)))
+
+
+def test_a_demo_never_clears_checkpoints_from_under_a_job_that_holds_them(tmp_path, run_demo):
+    folder = tmp_path / "ckpt"
+    run_demo(folder)
+    (folder / "ckpt-0000000040").mkdir()
+    (folder / "ckpt-0000000040" / "state.bin").write_bytes(b"x")
+    with lease.acquire(str(folder), f"checkpoint.dir {folder}"):  # the previous demo's training still runs
+        with pytest.raises(lease.LeaseHeld, match=f"checkpoint.dir {folder} is being written by"):
+            run_demo(folder)
+        assert (folder / "ckpt-0000000040" / "state.bin").read_bytes() == b"x"
