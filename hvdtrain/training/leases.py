@@ -1,7 +1,7 @@
 """One training job per output: the leases on ``train.output`` and ``checkpoint.dir`` (:mod:`hvdtrain.hadoop.lease`).
 
-Whoever supervises the ranks holds them, across every restart: ``hvdtrain train`` and the YARN driver
-(:func:`hold`), which tell their ranks so through :data:`HELD_ENV`. Ranks started some other way (the demo, a
+Whoever supervises the ranks holds them, across every restart: ``hvdtrain train``, ``hvdtrain demo`` and the
+YARN driver (:func:`hold`), which tell their ranks so through :data:`HELD_ENV`. Ranks started some other way (a
 tuning trial, a user's own ``horovodrun``) take them on rank 0 (:func:`for_ranks`), and every rank fails with
 the same one-line refusal when another job holds one.
 
