@@ -38,7 +38,7 @@ from etl.accounting import RowCounts
 from etl.fitted import Fitted
 from hvdtrain.core import tasks
 from hvdtrain.core.config import SPLITS, EtlConfig, JobConfig, SourceConfig
-from hvdtrain.core.errors import ANY_ERROR, DataError
+from hvdtrain.core.errors import ANY_ERROR, AccessDenied, DataError
 from hvdtrain.data import manifest
 from hvdtrain.data.contract import WEIGHT_FEATURE
 from hvdtrain.hadoop import fs, lease, ledger
@@ -216,6 +216,8 @@ def _previous_owner(out: str, files: list[str]) -> Callable[[str], bool]:
         named.add(name)
         try:
             old = manifest.Manifest.from_dict(json.loads(fs.read_bytes(fs.join(out, name))), name)
+        except AccessDenied:  # hvdtrain's or not, this user may not read it: say so, never guess
+            raise
         except (ValueError, DataError):  # not a manifest hvdtrain can read: it names nothing
             continue
         named |= {shard.path for split in old.splits.values() for shard in split.shards}

@@ -99,6 +99,11 @@ class StorageError(DataError):
     exit_code = 74  # EX_IOERR: hvdtrain.runtime.supervise relaunches the job
 
 
+class AccessDenied(DataError, PermissionError):
+    """The storage refused this user a path (HDFS permissions, a local folder's mode): not retried, since only a
+    change of rights or of user can help. Still a ``PermissionError``, for code that handles the storage's own."""
+
+
 class EnvironmentProblem(HvdtrainError):
     """The machine lacks something a step needs (Java, libhdfs, Horovod build...)."""
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from hvdtrain.core import secrets
-from hvdtrain.core.errors import ANY_ERROR, ConfigError, DataError, EnvironmentProblem, StorageError
+from hvdtrain.core.errors import ANY_ERROR, AccessDenied, ConfigError, DataError, EnvironmentProblem, StorageError
 from hvdtrain.hadoop import hadoop_conf, hadoop_tokens
 from hvdtrain.hadoop.webhdfs import WebHdfsHandler
 
@@ -64,9 +64,26 @@ TRANSIENT = (ConnectionError, TimeoutError)
 REMOTE_TRANSIENT = ("RetriableException", "StandbyException", "SafeModeException")
 
 
+def is_denied(exc: BaseException) -> bool:
+    """The storage refused this user: a local EACCES, WebHDFS's or libhdfs's AccessControlException."""
+    return isinstance(exc, PermissionError) or "AccessControlException" in str(exc)
+
+
+def denied(what: str, exc: BaseException) -> AccessDenied:
+    """One line for a refused path: what was tried, the storage's own words (HDFS names the user, the access and
+    the path's owner, group and mode), and what to do."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = next((line for line in lines if "denied" in line.lower()), lines[0] if lines else type(exc).__name__)
+    detail = detail.split("AccessControlException: ", 1)[-1]
+    fix = ("ask the owner of the path for access (hdfs dfs -chmod or -setfacl), or run as a user who has it "
+           "(kinit as that user; HADOOP_USER_NAME where HDFS has no Kerberos)" if "user=" in detail else
+           "ask the owner of the path for access (chmod, chown), or run as a user who has it")
+    return AccessDenied(f"{what}: {secrets.redact_text(detail)}; {fix}")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: network trouble, not a missing file or a denied write."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) or is_denied(exc):
         return False
     if isinstance(exc, TRANSIENT):
         return True
@@ -101,6 +118,8 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
                     continue
                 raise StorageError(f"{what}: the NameNode stayed in safe mode for {policy.safe_mode_wait:.0f}s; "
                                    "ask its admin (hdfs dfsadmin -safemode get), then rerun") from exc
+            if is_denied(exc) and not isinstance(exc, AccessDenied):
+                raise denied(what, exc) from exc
             if not is_transient(exc) or attempt == policy.attempts:
                 if is_transient(exc):
                     raise StorageError(f"{what}: failed after {attempt} attempts; last error: "

@@ -150,8 +150,8 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
 
     Reads cfg.train, cfg.etl (the dataset), cfg.model and cfg.task (what they need of the dataset).
     """
+    manifest = manifest_lib.read(cfg.etl.output)  # first: a dataset this user may not read leaves nothing behind
     claim_output(cfg.train.output, write=rank.is_chief)  # before any training: a refused output would waste it all
-    manifest = manifest_lib.read(cfg.etl.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     heads.target_transform(cfg.task.kind, cfg.task.target_transform, manifest.preprocessing.get("target"))
     heads.class_weight_vector(cfg.task.class_weights, manifest.labels, {})  # a label the dataset lacks: one line

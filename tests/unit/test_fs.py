@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from hvdtrain.core.errors import ConfigError, DataError
+from hvdtrain.core.errors import AccessDenied, ConfigError, DataError
 from hvdtrain.hadoop import fs
 from hvdtrain.hadoop.webhdfs import WebHdfsHandler
 
@@ -78,6 +78,31 @@ def test_permanent_errors_fail_at_once():
     with pytest.raises(FileNotFoundError):
         fs.with_retries(fn, "read x", sleep=lambda s: None)
     assert fn.calls == 1
+
+
+HDFS_DENIAL = ('/user/a/data/manifest.json: Permission denied: user=mallory, access=READ, '
+               'inode="/user/a/data/manifest.json":alice:supergroup:-rw-r-----')
+
+
+@pytest.mark.parametrize("exc, hint", [
+    (PermissionError(HDFS_DENIAL), "hdfs dfs -chmod or -setfacl"),  # WebHDFS (hvdtrain.hadoop.webhdfs)
+    (OSError("HDFS open failed\norg.apache.hadoop.security.AccessControlException: " + HDFS_DENIAL.split(": ", 1)[1]
+             + "\n\tat org.apache.hadoop.hdfs.server.namenode.FSPermissionChecker.check"), "-setfacl"),  # libhdfs
+    (PermissionError(13, "Permission denied", "/data/x"), "(chmod, chown)"),  # a local folder
+])
+def test_a_denied_path_is_one_line_naming_it_at_once_never_retried(exc, hint):
+    """#56 item 2: a refused user gets one line (what was tried, the storage's words: user, access, the path's
+    owner and mode) and a fix, at the first refusal: a permission does not come back by retrying."""
+    fn = Flaky(5, exc)
+    with pytest.raises(AccessDenied) as info:
+        fs.with_retries(fn, "read hdfs://nn/user/a/data/manifest.json", sleep=lambda s: None)
+    message = str(info.value)
+    assert fn.calls == 1 and "\n" not in message and hint in message
+    assert message.startswith("read hdfs://nn/user/a/data/manifest.json: ")
+    assert isinstance(info.value, DataError) and isinstance(info.value, PermissionError)  # exit 3; still an OSError
+    if "user=" in str(exc):
+        assert 'Permission denied: user=mallory, access=READ, inode="/user/a/data/manifest.json":alice:supergroup:' \
+               '-rw-r-----; ask the owner' in message and "FSPermissionChecker" not in message
 
 
 def test_gz_names_are_copied_as_stored_bytes_never_recompressed(tmp_path):
