@@ -92,6 +92,9 @@ def spark_conf(cfg: JobConfig, master: str | None = None, log_config: Optional[s
                 f"jdbc:derby:;databaseName={metastore}/metastore_db;create=true",
             "spark.hadoop.hive.metastore.schema.verification": "false",
             "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+            # Embedded means embedded: a hive-site.xml on the classpath (a gateway's, `hvdtrain cluster up
+            # --hive`'s) naming a metastore service would otherwise take this job's tables there.
+            "spark.hadoop.hive.metastore.uris": "",
         })
         java_options.append(f"-Dderby.system.home={metastore}")
     if java_options:

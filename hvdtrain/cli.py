@@ -362,7 +362,7 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """``hvdtrain cluster up|status|down|fetch``: the one-machine Hadoop (hvdtrain/hadoop/minicluster)."""
     spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
-                                   secure=args.secure,
+                                   secure=args.secure, hive=args.hive,
                                    ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())
     return minicluster.main(args.action, spec, args.json)
 
@@ -470,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--json", action="store_true", help="print the cluster's details as JSON")
     cl.add_argument("--secure", action="store_true", help="up: Kerberos on every daemon, with a MiniKdc and a keytab "
                     "for the user hvdtrain@EXAMPLE.COM (submit with --principal/--keytab)")
+    cl.add_argument("--hive", action="store_true", help="up: a Hive metastore service too (Hive's Thrift server, "
+                    "warehouse on HDFS), named by conf/hive-site.xml: jobs with hive.embedded=false use it")
     cl.add_argument("--timeout", type=float, default=300.0, help="seconds `up` waits for the cluster (default 300)")
     cl.add_argument("--standard-ports", action="store_true", help="Hadoop's usual ports (NameNode 8020 and 9870, "
                     "ResourceManager 8032 and 8088, ...) instead of free ones")

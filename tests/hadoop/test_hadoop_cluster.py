@@ -5,14 +5,16 @@ DataNode, ResourceManager and two NodeManagers: the cluster on loopback with two
 Python, safe mode during a checkpoint write (waited out), an unreachable ResourceManager and an oversized
 container request (refused in seconds, naming why), and four YARN applications, each a step of a team's loop:
 
-1. ``hvdtrain yarn etl --master yarn``: a Hive table whose warehouse is on HDFS to TFRecords published on HDFS;
+1. ``hvdtrain yarn etl --master yarn``: a Hive table, in the cluster's Hive metastore service (``cluster up
+   --hive``) with its warehouse on HDFS, to TFRecords published on HDFS;
    the first job, so it packs the env archive, uploads it to the env cache on HDFS, and the NodeManagers
    localize it;
 2. ``hvdtrain yarn submit --num-workers 2`` on that dataset: the archive reused (no second upload), two
    executors on two NodeManagers, one executor's container killed mid-training and the job resumed exactly from
    its HDFS checkpoint, the export on HDFS; then every rank's log, the killed container's included, read back
    with ``yarn logs -applicationId`` from the cluster's aggregated logs;
-3. ``hvdtrain yarn score --master yarn`` with that export, its predictions table's warehouse on HDFS;
+3. ``hvdtrain yarn score --master yarn`` with that export: the ETL's table read, and the predictions table
+   written, through the same metastore service (two jobs share it; neither has a metastore of its own);
 4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left.
 """
 from __future__ import annotations
@@ -269,13 +271,13 @@ def test_a_gateway_without_nccl_submits_gpu_jobs_by_the_archive_it_ships(hadoop_
 
 @pytest.fixture(scope="module")
 def etl_job(hadoop_cluster: dict, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ETL's config: a Hive table whose warehouse is on HDFS (Derby metastore on this host), output on HDFS."""
+    """The ETL's config: the cluster's Hive metastore service (hive.embedded: false; hive-site.xml in
+    HADOOP_CONF_DIR names it, as on a gateway), whose warehouse is on HDFS; output on HDFS."""
     folder = tmp_path_factory.mktemp("hadoop-etl")
     cfg = config.from_dict({
         "name": "clusteretl", "workdir": str(folder),
         "source": {"table": "hvdtrain_test.reviews", "sample": SAMPLE},
-        "hive": {"embedded": True, "metastore_dir": str(folder / "metastore"),
-                 "warehouse_dir": f"{hdfs_root}/warehouse"},
+        "hive": {"embedded": False},
         "etl": {"output": f"{hdfs_root}/data", "max_length": 32, "vocab_size": 600, "min_shards_per_split": 2,
                 "min_shard_mb": 0},
         "yarn": yarn_block(hdfs_root),
@@ -300,7 +302,7 @@ def hdfs_dataset(hadoop_cluster: dict, etl_job: Path) -> str:
 
 
 @pytest.mark.timeout(1800)
-def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str) -> None:
+def test_yarn_etl_publishes_a_dataset_on_hdfs(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str) -> None:
     queues = {queue for name, queue in _applications().values() if name == "hvdtrain-etl-clusteretl"}
     assert queues and queues <= {"ml", "root.ml"}, _applications()  # it ran in the queue it asked for
     m = manifest.read(hdfs_dataset)
@@ -308,7 +310,7 @@ def test_yarn_etl_publishes_a_dataset_on_hdfs(hdfs_dataset: str, hdfs_root: str)
     assert all(len(m.split(s).shards) >= 2 for s in m.splits)
     assert fs.exists(m.shard_uri(m.split("train").shards[0]))
     assert any(n.endswith(".tar.gz") for n in fs.listdir(f"{hdfs_root}/envs"))
-    table = f"{hdfs_root}/warehouse/hvdtrain_test.db/reviews"
+    table = f"{hadoop_cluster['hive_warehouse']}/hvdtrain_test.db/reviews"
     assert fs.listdir(table)  # the Hive table's files, on HDFS
     # #54: what hvdtrain writes withholds HVDTRAIN_HDFS_UMASK (027), not the cluster's 022: shards by the
     # executors' Python, the manifest by the driver's, the Hive table by Spark's JVM; rejected raw rows: 700.
@@ -514,12 +516,45 @@ def _wait_for_state(app_id: str, states: set[str], timeout: float) -> str:
 
 
 @pytest.mark.timeout(1800)
-def test_yarn_score_writes_predictions_with_the_warehouse_on_hdfs(killed: dict[str, Any], etl_job: Path,
-                                                                  hdfs_root: str) -> None:
-    """``hvdtrain yarn score --master yarn`` with the model the killed-and-resumed job exported."""
+def test_yarn_score_writes_predictions_through_the_shared_metastore(hadoop_cluster: dict, killed: dict[str, Any],
+                                                                   etl_job: Path) -> None:
+    """``hvdtrain yarn score --master yarn`` with the model the killed-and-resumed job exported. #56 item 7: the
+    ETL made its table, and scoring reads it and makes its predictions table, through the cluster's metastore
+    service: its own audit log names each call."""
     run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "score", str(etl_job), "--model", killed["output"],
                 "--output-table", "hvdtrain_test.preds", "--partition", "ds=1"], timeout=1500)
-    assert fs.listdir(f"{hdfs_root}/warehouse/hvdtrain_test.db/preds/ds=1")
+    assert fs.listdir(f"{hadoop_cluster['hive_warehouse']}/hvdtrain_test.db/preds/ds=1")
+    audit = Path(hadoop_cluster["home"], "hive-metastore.log").read_text(errors="replace")
+    calls = {(m.group(1), m.group(2) or m.group(3)) for m in re.finditer(
+        r"cmd=source:\S+ (\w+)\s*: (?:db=hvdtrain_test tbl=(\w+)|Table\(tableName:(\w+), dbName:hvdtrain_test)", audit)}
+    assert {("create_table", "reviews"), ("get_table", "reviews"), ("create_table", "preds")} <= calls, \
+        sorted(calls)
+    assert not list(etl_job.parent.rglob("metastore_db"))  # no Derby of the job's own
+
+
+def test_a_user_the_permissions_refuse_gets_one_line_naming_the_path_the_user_and_the_mode(
+        killed: dict[str, Any], hdfs_dataset: str, tmp_path: Path) -> None:
+    """#56 item 2: HDFS checks permissions (dfs.permissions.enabled, as on every production cluster) and what
+    hvdtrain writes withholds 027 from other users, so a second user (mallory; no Kerberos here, so
+    HADOOP_USER_NAME) may read neither the ETL's dataset nor the killed job's checkpoints. Each refusal is one
+    line with the NameNode's own words (the user, the access, the path's owner and mode) and the fix, exit 3,
+    never a traceback; training never starts a step."""
+    env = submit_env(HADOOP_USER_NAME="mallory")
+    job = write_job(tmp_path, "mallory", hdfs_dataset, str(tmp_path / "out"))
+    attempts = {
+        "dataset": [sys.executable, "-m", "hvdtrain.cli", "train", str(job), "--np", "1", "--max-restarts", "0"],
+        "checkpoints": [sys.executable, "-m", "hvdtrain.cli", "checkpoints", "list", f"{killed['output']}-checkpoints"],
+    }
+    for what, cmd in attempts.items():
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 3, f"{what}: {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        assert "Traceback" not in proc.stderr, f"{what}: {proc.stderr[-4000:]}"
+        assert re.search(r'Permission denied: user=mallory, access=\w+, inode="/user/hvdtrain-test[^"]*":root:'
+                         r'supergroup:d?[-rwx]{3}r-x---; ask the owner of the path for access', lines[-1]), \
+            f"{what}: {lines[-1]}"
+        written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+        assert written == [job.name], f"{what}: {written}"  # no output claimed, no lease left behind
 
 
 @pytest.mark.timeout(1800)

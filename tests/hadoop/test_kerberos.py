@@ -84,7 +84,7 @@ def test_without_a_ticket_hadoop_refuses_and_hvdtrain_says_so_in_one_line(secure
         with pytest.raises(Exception, match="uses Kerberos .* there is no Kerberos credential cache"):
             fs.exists(f"{secure_cluster['fs_default']}/tmp")
         job = write_job(tmp_path, "noticket", f"{secure_cluster['fs_default']}/none", f"{tmp_path}/out",
-                        yarn=cluster.yarn_settings(f"{secure_cluster['fs_default']}/envs",
+                        yarn=cluster.yarn_settings(f"{secure_cluster['fs_default']}/user/hvdtrain/envs",
                                                    cluster.pyspark_jars_dir()))
         start = time.monotonic()
         proc = subprocess.run(submit_command(job, "--num-workers", "2"), cwd=REPO, capture_output=True, text=True,
@@ -124,7 +124,7 @@ def test_keytab_submission_trains_on_hdfs_through_ticket_expiry_and_token_renewa
     root = secure_cluster["fs_default"]
     output = f"{root}/user/hvdtrain/train"
     job = write_job(tmp_path, "kerberostrain", secure_dataset, output, epochs=EPOCHS,
-                    yarn=cluster.yarn_settings(f"{root}/envs", cluster.pyspark_jars_dir()))
+                    yarn=cluster.yarn_settings(f"{root}/user/hvdtrain/envs", cluster.pyspark_jars_dir()))  # its home
     doc: dict[str, Any] = yaml.safe_load(job.read_text())
     doc["checkpoint"].update({"dir": f"{output}-checkpoints", "every_steps": 15, "keep_last": 2})
     job.write_text(yaml.safe_dump(doc, sort_keys=False))

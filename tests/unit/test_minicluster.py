@@ -1,6 +1,7 @@
 """The one-machine Hadoop's plan (hvdtrain/hadoop/minicluster) and the hdfs:// -> WebHDFS mapping (pure parts)."""
 from __future__ import annotations
 
+import os
 import socket
 
 import pyarrow.fs as pafs
@@ -81,7 +82,7 @@ def test_missing_tools_and_taken_ports_are_one_line():
         with pytest.raises(EnvironmentProblem, match=f"port 127.0.0.1:{taken} \\(the namenode http\\) is taken"):
             cluster.choose_ports(cluster.Ports(namenode_http=taken))
     chosen = cluster.choose_ports(cluster.Ports(namenode=0))
-    assert len(set(vars(chosen).values())) == 7 and 0 not in vars(chosen).values()
+    assert len(set(vars(chosen).values())) == len(vars(chosen)) == 8 and 0 not in vars(chosen).values()
 
 
 def test_maven_error_quotes_mavens_own_lines():
@@ -183,3 +184,23 @@ def test_safe_mode_is_waited_out_then_named():
     with pytest.raises(StorageError, match="write x: the NameNode stayed in safe mode for 30s"):
         fs.with_retries(lambda: (_ for _ in ()).throw(SafeMode("safe mode")), "write x", policy, sleep=sleep,
                         clock=lambda: now[0])
+
+
+def test_a_hive_metastore_service_is_planned_only_on_request_and_never_with_kerberos(tmp_path):
+    """#56 item 7: ``up --hive`` gives the launcher the metastore's settings (loopback, its own port, Derby under
+    the home's reset data/ folder, the warehouse on HDFS, pyspark's Hive jars: the version Spark's client
+    speaks); without it none; with --secure one line, before anything starts."""
+    ports = cluster.Ports(1, 2, 3, 4, 5, 6, 7, 8)
+    assert not any(k.startswith("hvdtrain.hive.") for k in cluster.hadoop_settings(
+        cluster.ClusterSpec(home=str(tmp_path)), ports))
+    hive = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path), hive=True), ports)
+    assert hive["hvdtrain.hive.host"] == "127.0.0.1" and hive["hvdtrain.hive.port"] == "8"
+    assert hive["hvdtrain.hive.db"] == str(tmp_path / "data" / "hive")
+    assert hive["hvdtrain.hive.warehouse"] == "/user/hive/warehouse"
+    assert hive["hvdtrain.hive.classpath"] == os.path.join(cluster.pyspark_jars_dir(), "*")
+    assert any(n.startswith("hive-metastore-") for n in os.listdir(cluster.pyspark_jars_dir()))
+    assert {"hive-metastore.log", "hive-metastore.log.out"} <= set(cluster.HOME_FILES)  # a later `up` may replace
+    with pytest.raises(EnvironmentProblem, match="--hive --secure: the metastore service does not speak Kerberos"):
+        cluster.up(cluster.ClusterSpec(home=str(tmp_path / "new"), hive=True, secure=True))
+    assert not (tmp_path / "new").exists()
+    assert cluster.STANDARD_PORTS.hive_metastore == 9083

@@ -45,3 +45,15 @@ def test_the_users_spark_conf_still_wins(tmp_path: Path) -> None:
     cfg = _job(tmp_path, event_log_dir="hdfs://nn:8020/spark-history",
                conf={"spark.eventLog.compress": "false"})
     assert session.spark_conf(cfg, "local[2]")["spark.eventLog.compress"] == "false"
+
+
+def test_an_embedded_metastore_stays_embedded_beside_a_hive_site_xml(tmp_path: Path) -> None:
+    """#56 item 7: a hive-site.xml on the classpath (a gateway's, `hvdtrain cluster up --hive`'s) names a
+    metastore service; hive.embedded: true overrides its hive.metastore.uris, hive.embedded: false leaves the
+    cluster's settings to Spark."""
+    embedded = session.spark_conf(_job(tmp_path), "local[2]")
+    assert embedded["spark.hadoop.hive.metastore.uris"] == "" and "metastore_db" in \
+        embedded["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    shared = session.spark_conf(config.from_dict({"name": "j", "workdir": str(tmp_path), "hive": {"embedded": False}}),
+                                "local[2]")
+    assert not any(k.startswith(("spark.hadoop.hive.", "spark.hadoop.javax.jdo", "spark.sql.warehouse")) for k in shared)

@@ -10,6 +10,10 @@ import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 
@@ -43,6 +47,11 @@ import org.apache.hadoop.yarn.webapp.WebApp;
  * The NodeManagers' local filesystem sets permissions through java.nio (NioLocalFs below), as a production
  * NodeManager does through libhadoop's native chmod: without that library Hadoop forks `chmod` once per file,
  * and localizing a 45,000-file Python environment took 100 s per NodeManager instead of about 15.
+ *
+ * With a Hive metastore (`hvdtrain cluster up --hive`, settings under hvdtrain.hive.*): once HDFS serves, a child
+ * JVM runs Hive's own metastore Thrift service (HiveMetaStore, from the Hive jars pyspark ships: the version
+ * Spark's client speaks), its Derby database on this host and its warehouse on HDFS; CONF_DIR/hive-site.xml
+ * names it. The shutdown hook stops it first.
  *
  * Secure mode (`hvdtrain cluster up --secure`, settings under hvdtrain.kdc.*): a MiniKdc (Apache Kerby) starts
  * first and writes the principals' keytabs; every daemon then runs with Kerberos as cluster.py configured it.
@@ -81,9 +90,11 @@ public final class HvdtrainMiniCluster {
         .format(true).build();
     int nodeManagers = Integer.parseInt(args[5]);
     MiniYARNCluster yarn = new MiniYARNCluster("hvdtrain", nodeManagers, 1, 1);
+    Process[] metastore = new Process[1];
     boolean aggregation = conf.getBoolean(YarnConfiguration.LOG_AGGREGATION_ENABLED, false);
     AggregatedLogDeletionService logDeletion = new AggregatedLogDeletionService();
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      stopMetastore(metastore[0]);
       logDeletion.stop();  // a no-op when it never started
       stopNodeManagersTogether(yarn, nodeManagers);
       yarn.stop();
@@ -97,6 +108,7 @@ public final class HvdtrainMiniCluster {
     if (aggregation) {
       createAppLogRoot(dfs.getFileSystem(), conf.get(YarnConfiguration.NM_REMOTE_APP_LOG_DIR));
     }
+    createHomes(dfs.getFileSystem(), conf.getTrimmedStrings(USERS));
     yarn.init(conf);
     yarn.start();
     if (aggregation) {  // deletes aggregated logs older than yarn.log-aggregation.retain-seconds
@@ -115,6 +127,10 @@ public final class HvdtrainMiniCluster {
     writeSite(all, new File(confDir, "core-site.xml"), "fs.", "hadoop.");
     writeSite(all, new File(confDir, "hdfs-site.xml"), "dfs.");
     writeSite(all, new File(confDir, "yarn-site.xml"), "yarn.");
+    new File(confDir, "hive-site.xml").delete();  // a previous run's names another port
+    if (conf.get(HIVE + "port") != null) {  // after the *-site.xml files: the metastore's classpath reads them
+      metastore[0] = startMetastore(conf, dfs.getFileSystem(), dfs.getURI().toString(), confDir);
+    }
     String json = "{\"pid\": " + ProcessHandle.current().pid()
         + ", \"hadoop_version\": \"" + VersionInfo.getVersion() + "\""
         + ", \"fs_default\": \"" + dfs.getURI() + "\""
@@ -122,6 +138,9 @@ public final class HvdtrainMiniCluster {
         + ", \"resourcemanager\": \"" + all.get("yarn.resourcemanager.address") + "\""
         + ", \"resourcemanager_web\": \"http://" + all.get("yarn.resourcemanager.webapp.address") + "\""
         + ", \"nodemanagers\": " + args[5]
+        + (metastore[0] == null ? "" : ", \"hive_metastore\": \"thrift://" + conf.get(HIVE + "host") + ":"
+            + conf.get(HIVE + "port") + "\", \"hive_warehouse\": \"" + dfs.getURI() + conf.get(HIVE + "warehouse")
+            + "\"")
         + (kdc == null ? "" : ", \"kdc\": \"" + kdc.getHost() + ":" + kdc.getPort() + "\", \"realm\": \""
             + kdc.getRealm() + "\"") + "}\n";
     File tmp = new File(ready.getPath() + ".tmp");
@@ -143,6 +162,108 @@ public final class HvdtrainMiniCluster {
     fs.setPermission(root, new FsPermission((short) 01777));  // mkdirs applies the umask
   }
   private static final String OWNER_PID = "hvdtrain.owner-pid";
+  private static final String USERS = "hvdtrain.hdfs.users";
+  private static final String HIVE = "hvdtrain.hive.";
+
+  /**
+   * Hive's metastore service in a child JVM (so that its jars, pyspark's, never meet the minicluster's): the
+   * warehouse made on HDFS first (1777, shared by every user as /tmp is), then HiveMetaStore on
+   * hvdtrain.hive.host:port with its Derby database in hvdtrain.hive.db, its log in hvdtrain.hive.log. Returns
+   * once the port accepts connections; then CONF_DIR/hive-site.xml names the service and the warehouse.
+   */
+  private static Process startMetastore(Configuration conf, FileSystem fs, String fsUri, File confDir)
+      throws Exception {
+    Path warehouse = new Path(conf.get(HIVE + "warehouse"));
+    fs.mkdirs(warehouse);
+    fs.setPermission(warehouse, new FsPermission((short) 01777));
+    String host = conf.get(HIVE + "host");
+    int port = conf.getInt(HIVE + "port", 9083);
+    String uri = "thrift://" + host + ":" + port;
+    List<String> cmd = new ArrayList<>(List.of(
+        System.getProperty("java.home") + "/bin/java", "-Xmx" + conf.get(HIVE + "heap", "384m"),
+        // Hive's log4j2 setup asks for the LMAX disruptor's async loggers, which pyspark does not ship.
+        "-Dlog4j2.contextSelector=org.apache.logging.log4j.core.selector.ClassLoaderContextSelector",
+        "-Dderby.system.home=" + conf.get(HIVE + "db"),
+        // Hive's log (its audit lines too: one per metastore call, naming the call, the user and the table).
+        "-Dhive.log.dir=" + new File(conf.get(HIVE + "log")).getParent(),
+        "-Dhive.log.file=" + new File(conf.get(HIVE + "log")).getName(),
+
+        "-cp", confDir.getAbsolutePath() + File.pathSeparator + conf.get(HIVE + "classpath"),
+        "org.apache.hadoop.hive.metastore.HiveMetaStore", "-p", String.valueOf(port)));
+    String[][] settings = {
+        {"javax.jdo.option.ConnectionURL", "jdbc:derby:;databaseName=" + conf.get(HIVE + "db")
+            + "/metastore_db;create=true"},
+        {"hive.metastore.warehouse.dir", fsUri + warehouse},
+        {"datanucleus.schema.autoCreateAll", "true"},
+        {"hive.metastore.schema.verification", "false"},
+        {"fs.defaultFS", fsUri}};
+    for (String[] kv : settings) {
+      cmd.add("--hiveconf");
+      cmd.add(kv[0] + "=" + kv[1]);
+    }
+    Process proc = new ProcessBuilder(cmd).redirectErrorStream(true)
+        .redirectOutput(new File(conf.get(HIVE + "log") + ".out")).start();
+    long deadline = System.currentTimeMillis() + conf.getLong(HIVE + "start-ms", 180000);
+    while (true) {
+      try (Socket socket = new Socket()) {
+        socket.connect(new InetSocketAddress(host, port), 1000);
+        break;
+      } catch (IOException e) {
+        if (!proc.isAlive()) {
+          throw new IllegalStateException("the Hive metastore exited (" + proc.exitValue() + ") before it served; "
+              + "its log: " + conf.get(HIVE + "log"));
+        }
+        if (System.currentTimeMillis() > deadline) {
+          proc.destroyForcibly();
+          throw new IllegalStateException("the Hive metastore did not serve on " + uri + " in time; its log: "
+              + conf.get(HIVE + "log"));
+        }
+        Thread.sleep(300);
+      }
+    }
+    Configuration site = new Configuration(false);
+    site.set("hive.metastore.uris", uri);
+    site.set("hive.metastore.warehouse.dir", fsUri + warehouse);
+    try (OutputStream out = new FileOutputStream(new File(confDir, "hive-site.xml"))) {
+      site.writeXml(out);
+    }
+    return proc;
+  }
+
+  private static void stopMetastore(Process proc) {
+    if (proc == null) {
+      return;
+    }
+    proc.destroy();
+    try {
+      if (!proc.waitFor(30, java.util.concurrent.TimeUnit.SECONDS)) {
+        proc.destroyForcibly();
+      }
+    } catch (InterruptedException e) {
+      proc.destroyForcibly();
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  /**
+   * What an operator makes on a new cluster whose permissions are on: /tmp writable by all and sticky (1777),
+   * /user (755) and a home folder for each user (hvdtrain.hdfs.users), owned by that user. The cluster's own
+   * user (this JVM's login) is HDFS's superuser; every other user meets the permission checks.
+   */
+  private static void createHomes(FileSystem fs, String[] users) throws IOException {
+    Path tmp = new Path("/tmp");
+    fs.mkdirs(tmp);
+    fs.setPermission(tmp, new FsPermission((short) 01777));
+    Path home = new Path("/user");
+    fs.mkdirs(home);
+    fs.setPermission(home, new FsPermission((short) 0755));
+    for (String user : users) {
+      Path dir = new Path(home, user);
+      fs.mkdirs(dir);
+      fs.setPermission(dir, new FsPermission((short) 0755));
+      fs.setOwner(dir, user, user);
+    }
+  }
 
   /**
    * With an owner (hvdtrain.owner-pid, a throwaway cluster's test session): once that process is gone, however it

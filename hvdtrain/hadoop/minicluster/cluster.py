@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional, TextIO
 
 from hvdtrain.core.errors import DataError, EnvironmentProblem
@@ -92,11 +92,12 @@ class Ports:
     resource_tracker: int = 0
     rm_admin: int = 0
     resourcemanager_web: int = 0
+    hive_metastore: int = 0  # with ``ClusterSpec.hive`` only
 
 
 # Hadoop's usual ports (`hvdtrain cluster up --standard-ports`), for URLs a newcomer recognizes.
 STANDARD_PORTS = Ports(namenode=8020, namenode_http=9870, resourcemanager=8032, scheduler=8030,
-                       resource_tracker=8031, rm_admin=8033, resourcemanager_web=8088)
+                       resource_tracker=8031, rm_admin=8033, resourcemanager_web=8088, hive_metastore=9083)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,13 @@ class ClusterSpec:
     ticket_seconds: int = 36000  # the KDC's longest ticket (MIT's usual 10 hours)
     token_renew_seconds: int = 86400  # HDFS/YARN delegation tokens: renewal interval and longest life (Hadoop's)
     token_max_seconds: int = 604800
+    # A Hive metastore service (`up --hive`), as a cluster's shared one: Hive's own Thrift server (the Hive jars
+    # pyspark ships, the version Spark's client speaks) in a child JVM of the cluster's, its Derby database on this
+    # host, its warehouse on HDFS (``hive_warehouse``, 1777); conf/hive-site.xml names it (hive.metastore.uris),
+    # so every Spark job whose classpath holds HADOOP_CONF_DIR and whose config says hive.embedded: false uses it.
+    hive: bool = False
+    hive_warehouse: str = "/user/hive/warehouse"
+    hive_heap_mb: int = 384
     # A throwaway cluster's owner (a test session, a benchmark): the cluster JVM stops its daemons and exits once
     # that process is gone, killed or not. None: the cluster runs until ``down`` (``hvdtrain cluster up``).
     owner_pid: Optional[int] = None
@@ -172,7 +180,7 @@ class ClusterSpec:
 HOME_WRITER = "hvdtrain cluster"
 RESET_FOLDERS = ("data", "target")  # the last run's HDFS and NodeManager folders: new on every `up`
 HOME_FOLDERS = (*RESET_FOLDERS, "conf", "bin", "kerberos")
-HOME_FILES = ("cluster.json", "cluster.pid", "cluster.log")
+HOME_FILES = ("cluster.json", "cluster.pid", "cluster.log", "hive-metastore.log", "hive-metastore.log.out")
 
 
 def home_ledger() -> ledger.Ledger:
@@ -298,9 +306,24 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
            **log_settings(spec),
            "dfs.replication": "1",
-           "dfs.permissions.enabled": "false",
+           # Permissions on, as on every production cluster: this JVM's user is HDFS's superuser, spec.user and
+           # every other user meet the checks (hvdtrain.hdfs.users: the homes the launcher makes, as an operator).
+           "dfs.permissions.enabled": "true",
+           "hvdtrain.hdfs.users": spec.user,
            "hadoop.tmp.dir": os.path.join(spec.home, "data", "tmp")}
+    if spec.hive:
+        out.update(hive_settings(spec, ports))
     return {**out, **kerberos_settings(spec)} if spec.secure else out
+
+
+def hive_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
+    """The launcher's ``hvdtrain.hive.*`` settings for the metastore service (pure but for pyspark's location)."""
+    return {"hvdtrain.hive.host": LOOPBACK, "hvdtrain.hive.port": str(ports.hive_metastore),
+            "hvdtrain.hive.classpath": os.path.join(pyspark_jars_dir(), "*"),
+            "hvdtrain.hive.db": os.path.join(spec.home, "data", "hive"),
+            "hvdtrain.hive.log": os.path.join(spec.home, "hive-metastore.log"),
+            "hvdtrain.hive.warehouse": spec.hive_warehouse, "hvdtrain.hive.heap": f"{spec.hive_heap_mb}m",
+            "hvdtrain.hive.start-ms": str(int(spec.start_timeout * 1000))}
 
 
 def log_settings(spec: ClusterSpec) -> dict[str, str]:
@@ -533,13 +556,20 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
             raise EnvironmentProblem(f"a {'secure' if 'kdc' in running else 'plain'} cluster already runs in "
                                      f"{spec.home} (pid {running['pid']}); stop it (hvdtrain cluster down) to start a "
                                      f"{'secure' if spec.secure else 'plain'} one, or use another --home")
+        if spec.hive and "hive_metastore" not in running:
+            raise EnvironmentProblem(f"the cluster running in {spec.home} (pid {running['pid']}) has no Hive "
+                                     "metastore; stop it (hvdtrain cluster down) and start it with --hive, or use "
+                                     "another --home")
         print(f"hvdtrain cluster: already running (pid {running['pid']})", file=out)
         return running
+    if spec.hive and spec.secure:
+        raise EnvironmentProblem("hvdtrain cluster up --hive --secure: the metastore service does not speak Kerberos "
+                                 "(SASL) here yet; start the cluster with one of the two")
     home = plan_home(spec.home, _home_entries(spec.home), _home_ledger(spec.home))  # refused before any change
     down(spec, quiet=True)  # a JVM still starting, or stale files of one that died
     java, javac, mvn = require_tools()
     version, classpath = prepare(mvn, javac)
-    ports = choose_ports(spec.ports)
+    ports = choose_ports(spec.ports if spec.hive else replace(spec.ports, hive_metastore=0))
     os.makedirs(spec.home, exist_ok=True)
     ledger.write(spec.home, home.ledger)  # before anything it names is written
     for folder in home.reset:  # the last run's HDFS and NodeManager folders, which the ledger names
@@ -646,6 +676,9 @@ def describe(details: dict) -> str:
              f"  ResourceManager UI  {details['resourcemanager_web']}",
              f"  NodeManagers   {details['nodemanagers']}",
              f"  log            {details['log']}"]
+    if "hive_metastore" in details:
+        lines += [f"  Hive metastore {details['hive_metastore']}  (warehouse {details['hive_warehouse']}; "
+                  "conf/hive-site.xml: set hive.embedded=false)"]
     if "kdc" in details:
         lines += [f"  Kerberos       realm {details['realm']}, KDC {details['kdc']}",
                   f"  submit with    --principal {details['principal']} --keytab {details['keytab']}"]
