@@ -1,5 +1,5 @@
 # make demo   create the environment if missing, run the main job on embedded defaults
-# make test   create the environment if missing, run every test tier
+# make test   create the environment if missing, run every test tier (the cluster tiers beside the others)
 # make test-quick  the inner loop: unit tests and the core Spark ETL tests, leaving out those marked slow (< 5 min)
 # make lint   ruff (lint + import order) and mypy on hvdtrain, etl, yarn (config in pyproject.toml)
 # make bench  benchmarks (ratios against in-run baselines)
@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) scripts/test_suite.py $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest tests/unit tests/spark/test_etl_spark.py -m "not slow" $(PYTEST_ARGS)
