@@ -173,7 +173,9 @@ def periodic_encoding(numeric: Any, frequencies: int, sigma: float) -> Any:
 
 def _numeric_part(numeric: Any, shape: "InputShape", params: dict[str, Any]) -> Any:
     """The numeric features as the MLP takes them: as they are, or embedded (``model.numeric_embedding``)."""
-    kind = params.get("numeric_embedding", "none")
+    kind = params.get("numeric_embedding", "auto")
+    if kind == "auto":  # the default: ple where the ETL recorded its quantile edges (an older dataset: none)
+        kind = "ple" if shape.ple_edges else "none"
     if kind == "none":
         return numeric
     if kind == "ple":
@@ -185,7 +187,7 @@ def _numeric_part(numeric: Any, shape: "InputShape", params: dict[str, Any]) -> 
     elif kind == "periodic":
         encoded = periodic_encoding(numeric, params["periodic_frequencies"], params["periodic_sigma"])
     else:
-        raise ConfigError("model.numeric_embedding", kind, "must be one of none, ple, periodic")
+        raise ConfigError("model.numeric_embedding", kind, "must be one of auto, none, ple, periodic")
     features = encoded.shape[1]
     # One linear map per feature (kernel [features, encoding, dim], bias [features, dim]), then ReLU.
     embedded = layers.EinsumDense("bkt,ktd->bkd", output_shape=(features, params["numeric_embed_dim"]),

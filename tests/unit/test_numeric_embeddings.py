@@ -95,6 +95,23 @@ def test_periodic_needs_no_edges_and_ple_without_them_is_refused_in_one_line() -
         build_model(ModelConfig(kind="mlp", numeric_embedding="ple"), no_edges)
 
 
+def test_the_default_embeds_by_the_etls_edges_where_the_dataset_has_them_and_reads_values_where_not() -> None:
+    """#53 item 6: the default (auto), chosen by measurement, is ple on a dataset whose manifest holds the ETL's
+    quantile edges (every dataset of this version), and the plain scaled values on an older one, which still
+    trains instead of being refused."""
+    from hvdtrain.model.models import build_model
+
+    with_edges = build_model(ModelConfig(kind="mlp", hidden_units=[8]), _shape())
+    explicit = build_model(ModelConfig(kind="mlp", hidden_units=[8], numeric_embedding="ple"), _shape())
+    assert [w.shape for w in with_edges.weights] == [w.shape for w in explicit.weights]
+    assert with_edges.get_layer("numeric_embedding") is not None
+    older = InputShape(0, 0, 2, "label", kind="mlp", inputs=("numeric",), numeric_features=3)
+    plain = build_model(ModelConfig(kind="mlp", hidden_units=[8]), older)
+    assert "numeric_embedding" not in [layer.name for layer in plain.layers]
+    assert [w.shape for w in plain.weights] == [w.shape for w in build_model(
+        ModelConfig(kind="mlp", hidden_units=[8], numeric_embedding="none"), older).weights]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("embedding", ["ple", "periodic"])
 def test_a_model_with_numeric_embeddings_saves_and_loads_with_plain_keras(tmp_path, embedding) -> None:
@@ -143,8 +160,8 @@ def test_config_takes_auto_and_the_embedding_fields_and_names_bad_values() -> No
     assert cfg.model.categorical_embed_dim == "auto" and cfg.model.numeric_embedding == "ple"
     assert config_lib.from_dict({"name": "t", "model": {"categorical_embed_dim": 4}}).model.categorical_embed_dim == 4
     defaults = ModelConfig()
-    assert (defaults.numeric_embedding, defaults.categorical_embed_dim) == ("none", 8)
-    with pytest.raises(ConfigError, match="model.numeric_embedding must be one of none, ple, periodic"):
+    assert (defaults.numeric_embedding, defaults.categorical_embed_dim) == ("auto", 8)
+    with pytest.raises(ConfigError, match="model.numeric_embedding must be one of auto, none, ple, periodic"):
         config_lib.from_dict({"name": "t", "model": {"numeric_embedding": "splines"}})
     with pytest.raises(ConfigError, match="model.categorical_embed_dim"):
         config_lib.from_dict({"name": "t", "model": {"categorical_embed_dim": "wide"}})
