@@ -80,7 +80,7 @@ from hvdtrain.training.evaluate import evaluate_splits, task_head
 from hvdtrain.observe.events import EpochStats, LoopPlan
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
-from hvdtrain.training.publish import claim_output, publish
+from hvdtrain.training.publish import check_replaceable, claim_output, publish
 from hvdtrain.training.reports import build_report, global_batch_size, rank_digests, result_record
 from hvdtrain.training.state import average_statistics, build_state
 
@@ -150,8 +150,9 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
 
     Reads cfg.train, cfg.etl (the dataset), cfg.model and cfg.task (what they need of the dataset).
     """
-    manifest = manifest_lib.read(cfg.etl.output)  # first: a dataset this user may not read leaves nothing behind
-    claim_output(cfg.train.output, write=rank.is_chief)  # before any training: a refused output would waste it all
+    check_replaceable(cfg.train.output)  # first: a refused output would waste everything after it
+    manifest = manifest_lib.read(cfg.etl.output)  # then the dataset, before anything is written: one this user
+    claim_output(cfg.train.output, write=rank.is_chief)  # may not read leaves no claimed output behind
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     heads.target_transform(cfg.task.kind, cfg.task.target_transform, manifest.preprocessing.get("target"))
     heads.class_weight_vector(cfg.task.class_weights, manifest.labels, {})  # a label the dataset lacks: one line

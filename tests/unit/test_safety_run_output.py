@@ -67,6 +67,19 @@ def test_the_refusal_comes_before_training_starts(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["result.json", "thesis.tex"]
 
 
+def test_a_dataset_that_cannot_be_read_leaves_no_claimed_output(tmp_path: Path) -> None:
+    """The output is checked first, but claimed (its ledger written) only once the dataset is read: a dataset
+    that is missing, or that HDFS refuses this user (#56 item 2), leaves no new output folder behind."""
+    from hvdtrain.training import train
+
+    cfg = config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"},
+                            "train": {"output": str(tmp_path / "new-run")},
+                            "etl": {"output": str(tmp_path / "no-dataset")}}, base_dir=str(tmp_path))
+    with pytest.raises(DataError, match="no dataset at"):
+        train.plan(cfg, distributed.init(use_horovod=False))
+    assert not (tmp_path / "new-run").exists()
+
+
 def test_a_run_records_its_output_before_writing_and_replaces_exactly_that(tmp_path: Path, caplog) -> None:
     from hvdtrain.training import publish
 
