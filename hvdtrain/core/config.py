@@ -327,7 +327,7 @@ class ModelConfig:
     # mlp: how the numeric features enter (Gorishniy et al., NeurIPS 2022): none, ple (needs the ETL's
     # preprocessing.tabular.ple_edges, etl.ple_bins), periodic; then a per-feature Dense(numeric_embed_dim) + ReLU.
     # auto: ple when the manifest has the edges (every dataset of this version's ETL), else none; chosen by
-    # measurement (benchmarks/README.md, "quality": test ROC AUC 0.70 -> 0.77 on flights, MAE -6 % on diamonds).
+    # measurement (benchmarks/README.md, "quality": test ROC AUC 0.70 -> 0.77 on flights, MAE -3.5 % on diamonds).
     numeric_embedding: Literal["auto", "none", "ple", "periodic"] = "auto"
     numeric_embed_dim: int = 24
     periodic_frequencies: int = 48  # periodic: sin/cos pairs per feature

@@ -214,11 +214,16 @@ def claim_output(output: str, write: bool) -> None:
     this run writes is ever mistaken for the user's, and nothing of the user's for this run's."""
     check_replaceable(output)
     if write:
-        found = ledger.read_own(output, WRITER, "train.output")
-        files = [f for f in fs.walk(output) if f != ledger.NAME]
-        claimed = found or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))  # files the check owned
-        fs.makedirs(output)
-        ledger.write(output, claimed.adding(*WRITTEN_LATER))
+        record_claim(output)
+
+
+def record_claim(output: str) -> None:
+    """Rank 0, once :func:`check_replaceable` passed: record in the output's ledger what this run will put there."""
+    found = ledger.read_own(output, WRITER, "train.output")
+    files = [f for f in fs.walk(output) if f != ledger.NAME]
+    claimed = found or ledger.Ledger(WRITER, tuple(ledger.exact(f) for f in files))  # files the check owned
+    fs.makedirs(output)
+    ledger.write(output, claimed.adding(*WRITTEN_LATER))
 
 
 def _retire(previous: str, owns: Callable[[str], bool], output: str) -> None:

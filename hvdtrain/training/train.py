@@ -80,7 +80,7 @@ from hvdtrain.training.evaluate import evaluate_splits, task_head
 from hvdtrain.observe.events import EpochStats, LoopPlan
 from hvdtrain.training.hooks import EarlyStopper
 from hvdtrain.training.loop import fit
-from hvdtrain.training.publish import check_replaceable, claim_output, publish
+from hvdtrain.training.publish import check_replaceable, publish, record_claim
 from hvdtrain.training.reports import build_report, global_batch_size, rank_digests, result_record
 from hvdtrain.training.state import average_statistics, build_state
 
@@ -152,7 +152,8 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     """
     check_replaceable(cfg.train.output)  # first: a refused output would waste everything after it
     manifest = manifest_lib.read(cfg.etl.output)  # then the dataset, before anything is written: one this user
-    claim_output(cfg.train.output, write=rank.is_chief)  # may not read leaves no claimed output behind
+    if rank.is_chief:  # may not read leaves no claimed output behind
+        record_claim(cfg.train.output)
     shape = data.check_manifest(manifest, cfg.model, cfg.task.kind)
     heads.target_transform(cfg.task.kind, cfg.task.target_transform, manifest.preprocessing.get("target"))
     heads.class_weight_vector(cfg.task.class_weights, manifest.labels, {})  # a label the dataset lacks: one line

@@ -157,9 +157,13 @@ public final class HvdtrainMiniCluster {
    * another's.
    */
   private static void createAppLogRoot(FileSystem fs, String dir) throws IOException {
-    Path root = new Path(dir);
-    fs.mkdirs(root);
-    fs.setPermission(root, new FsPermission((short) 01777));  // mkdirs applies the umask
+    makeDir(fs, new Path(dir), (short) 01777);
+  }
+
+  /** A folder with exactly this mode (mkdirs applies the umask, so the mode is set after it). */
+  private static void makeDir(FileSystem fs, Path dir, short mode) throws IOException {
+    fs.mkdirs(dir);
+    fs.setPermission(dir, new FsPermission(mode));
   }
   private static final String OWNER_PID = "hvdtrain.owner-pid";
   private static final String USERS = "hvdtrain.hdfs.users";
@@ -174,8 +178,7 @@ public final class HvdtrainMiniCluster {
   private static Process startMetastore(Configuration conf, FileSystem fs, String fsUri, File confDir)
       throws Exception {
     Path warehouse = new Path(conf.get(HIVE + "warehouse"));
-    fs.mkdirs(warehouse);
-    fs.setPermission(warehouse, new FsPermission((short) 01777));
+    makeDir(fs, warehouse, (short) 01777);
     String host = conf.get(HIVE + "host");
     int port = conf.getInt(HIVE + "port", 9083);
     String uri = "thrift://" + host + ":" + port;
@@ -187,7 +190,6 @@ public final class HvdtrainMiniCluster {
         // Hive's log (its audit lines too: one per metastore call, naming the call, the user and the table).
         "-Dhive.log.dir=" + new File(conf.get(HIVE + "log")).getParent(),
         "-Dhive.log.file=" + new File(conf.get(HIVE + "log")).getName(),
-
         "-cp", confDir.getAbsolutePath() + File.pathSeparator + conf.get(HIVE + "classpath"),
         "org.apache.hadoop.hive.metastore.HiveMetaStore", "-p", String.valueOf(port)));
     String[][] settings = {
@@ -251,16 +253,11 @@ public final class HvdtrainMiniCluster {
    * user (this JVM's login) is HDFS's superuser; every other user meets the permission checks.
    */
   private static void createHomes(FileSystem fs, String[] users) throws IOException {
-    Path tmp = new Path("/tmp");
-    fs.mkdirs(tmp);
-    fs.setPermission(tmp, new FsPermission((short) 01777));
-    Path home = new Path("/user");
-    fs.mkdirs(home);
-    fs.setPermission(home, new FsPermission((short) 0755));
+    makeDir(fs, new Path("/tmp"), (short) 01777);
+    makeDir(fs, new Path("/user"), (short) 0755);
     for (String user : users) {
-      Path dir = new Path(home, user);
-      fs.mkdirs(dir);
-      fs.setPermission(dir, new FsPermission((short) 0755));
+      Path dir = new Path("/user", user);
+      makeDir(fs, dir, (short) 0755);
       fs.setOwner(dir, user, user);
     }
   }
