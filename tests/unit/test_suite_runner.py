@@ -21,12 +21,13 @@ def _module():
 def test_the_time_by_tier_of_both_processes_is_summed_into_one_line():
     suite = _module()
     first = "...\ntime by tier: multiprocess 1522s, spark 309s, unit 201s; total 2032s\n=== 3 passed ===\n"
-    second = "time by tier: hadoop 681s, standalone 221s; total 902s\n"
+    second = "time by tier: hadoop 681s, multiprocess 290s, standalone 221s; total 1192s\n"
     assert suite.tier_seconds(first) == {"multiprocess": 1522, "spark": 309, "unit": 201}
     assert suite.tier_seconds("no such line") == {}
     line = suite.summary(first, second, 2301.4)
-    assert line == ("time by tier (both processes): multiprocess 1522s, hadoop 681s, spark 309s, standalone 221s, "
-                    "unit 201s; sum 2934s, wall clock 2301s")
+    # multiprocess ran in both processes: its two times add up
+    assert line == ("time by tier (both processes): multiprocess 1812s, hadoop 681s, spark 309s, standalone 221s, "
+                    "unit 201s; sum 3224s, wall clock 2301s")
 
 
 def test_either_process_failing_fails_the_suite():
@@ -39,6 +40,8 @@ def test_either_process_failing_fails_the_suite():
 def test_the_cluster_tiers_are_tiers_that_exist_and_arguments_mean_plain_pytest(tmp_path):
     suite = _module()
     assert all((ROOT / tier).is_dir() for tier in suite.CLUSTER_TIERS)
+    # what the second process takes must exist (a path that does not stops its pytest)
+    assert all((ROOT / path).exists() for path in suite.SECOND) and set(suite.CLUSTER_TIERS) <= set(suite.SECOND)
     probe = tmp_path / "test_probe.py"
     probe.write_text("def test_one():\n    assert True\n")
     proc = subprocess.run([sys.executable, str(SCRIPT), str(probe), "-q", "-p", "no:cacheprovider"], cwd=ROOT,
