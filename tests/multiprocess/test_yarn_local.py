@@ -22,6 +22,8 @@ import pytest
 from hvdtrain.core import config
 from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
 from hvdtrain.hadoop import fs
+from hvdtrain.training import leases
+from tests.support.proc_watch import ProcessWatcher
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.spark]
 
@@ -123,6 +125,8 @@ def test_local_elastic_submission_goes_on_after_a_lost_rank_with_the_shipped_cod
                     elastic={"min_ranks": 1, "max_ranks": 2, "commit_every_steps": EVERY},
                     yarn={"env": {"HOROVOD_FUSION_THRESHOLD": "0"}})
     log = tmp_path / "submit.log"
+    watcher = ProcessWatcher(GLOO_EXEC_FN)
+    watcher.start()
     with open(log, "w") as out:
         proc = subprocess.Popen(submit_command(job, "--master", "local[2,4]", "--num-workers", "2"), cwd=REPO,
                                 env=submit_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -130,10 +134,12 @@ def test_local_elastic_submission_goes_on_after_a_lost_rank_with_the_shipped_cod
             killed = _kill_a_rank_after(trace / "rank1.keys", KILL_AFTER, proc, log)
             code = proc.wait(timeout=600)
         finally:
+            watcher.stop()
             if proc.poll() is None:
                 proc.kill()
     text = log.read_text()
     assert code == 0, text[-6000:]
+    _assert_no_key_or_environment_on_the_workers_command_lines(watcher)
     doc = read_records(records_uri(text))
     assert doc["ok"] and doc["errors"] == [], doc["errors"]
     result = doc["result"]
@@ -154,6 +160,28 @@ def test_local_elastic_submission_goes_on_after_a_lost_rank_with_the_shipped_cod
         assert all(0 <= kill_drill.read_to(a) - b[1] <= EVERY for a, b in zip(runs, runs[1:])), v
     runs = kill_drill.segments(str(trace / "rank1.keys"))
     assert runs[0][0] == killed and runs[1][0] != killed  # another process took virtual rank 1 over
+
+
+GLOO_EXEC_FN = "horovod.spark.task.gloo_exec_fn"
+
+
+def _assert_no_key_or_environment_on_the_workers_command_lines(watcher: ProcessWatcher) -> None:
+    """#54 item 5 (scripts/patches/0011): every worker got Horovod's key and the job's environment (here the
+    driver's output lease tokens), and no command line held either; upstream put the key, pickled, in each
+    ``gloo_exec_fn`` argv and the environment in ``env K=V ...``."""
+    from horovod.runner.common.util import codec, secret
+
+    assert watcher.matched, f"no {GLOO_EXEC_FN} process was seen: the check would be empty"
+    for args, environ in watcher.matched.values():
+        words = " ".join(args).split()
+        carried = codec.loads_base64(words[words.index(GLOO_EXEC_FN) + 2])  # the settings after the addresses
+        assert carried.key is None, args
+        assert secret.HOROVOD_SECRET_KEY in environ and environ.get(leases.HELD_ENV), sorted(environ)
+    # the job's lines (other jobs on the machine are not this test's: a local horovodrun writes its ranks' lease
+    # tokens, not secrets, into theirs)
+    on_lines = [c for c in watcher.cmdlines if GLOO_EXEC_FN in c
+                and (f"{secret.HOROVOD_SECRET_KEY}=" in c or f"{leases.HELD_ENV}=" in c)]
+    assert on_lines == [], on_lines
 
 
 EVERY, KILL_AFTER = 3, 7  # the elastic test's commit interval, and the steps virtual rank 1 reads before its kill
