@@ -7,6 +7,13 @@ memory when set, with ``spark.executor.cores`` vcores; and for the application m
 ``spark.yarn.am.memory`` (512 MiB) plus ``spark.yarn.am.memoryOverhead`` (the same 10 %/384 MiB rule) and
 ``spark.yarn.am.cores`` (1), in cluster mode the driver's memory, overhead and ``spark.driver.cores``.
 
+A training job's executor container also holds its rank: horovod.spark starts each rank as a Python process
+beside the executor's JVM (TensorFlow, the input pipeline's buffers, the model), which Spark's overhead rule does
+not size. YARN counts that process against the container, and a NodeManager that enforces memory (its monitor's
+physical memory check, or cgroups) kills the container when the sum passes it. So a training submission
+(:func:`executor_overhead`) sets ``spark.executor.memoryOverhead`` to Spark's own rule plus ``yarn.rank_memory``;
+an explicit ``spark.executor.memoryOverhead`` in ``yarn.spark_conf`` is used as it is.
+
 :func:`requests` computes these from the ``yarn:`` block (pure); :func:`misfits` compares them with the queue's
 limits (:mod:`hvdtrain.hadoop.resourcemanager`), and :func:`check` raises one line naming the setting, the
 request, the limit and the fix, before anything is packed or submitted.
@@ -24,6 +31,7 @@ from hvdtrain.hadoop.resourcemanager import Limits
 
 OVERHEAD_FACTOR = 0.10
 MIN_OVERHEAD_MB = 384
+MIN_TRAINING_HEAP_MB = 1024  # a training executor's JVM runs one task (the rank's service): 1 GB is ample
 AM_MEMORY = "512m"
 _UNITS = {"": 1 / 1024 ** 2, "b": 1 / 1024 ** 2, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 ** 2, "p": 1024 ** 3}
 
@@ -49,6 +57,7 @@ class Request:
     memory_key: str  # the hvdtrain setting that sizes the heap
     cores_key: str
     fixed_overhead: bool  # the overhead is set explicitly (it does not follow the heap)
+    rank_mb: int = 0  # of the overhead, yarn.rank_memory: the rank's own process (training executors only)
 
     @property
     def memory_mb(self) -> int:
@@ -65,18 +74,30 @@ def _overhead(conf: Mapping[str, str], role: str, heap_mb: int) -> tuple[int, bo
     return max(int(factor * heap_mb), floor), False
 
 
-def requests(y: YarnConfig, deploy_mode: str, executors: int) -> list[Request]:
-    """The executors' and the application master's containers of a submission (pure)."""
+def executor_overhead(y: YarnConfig) -> Optional[str]:
+    """``spark.executor.memoryOverhead`` for a training job's executors (pure): Spark's rule for the heap plus
+    ``yarn.rank_memory``, or None when ``yarn.spark_conf`` sets it (used as it is)."""
+    if "spark.executor.memoryOverhead" in y.spark_conf:
+        return None
+    heap = memory_mb(y.spark_conf.get("spark.executor.memory", y.executor_memory), "yarn.executor_memory")
+    return f"{_overhead(y.spark_conf, 'executor', heap)[0] + memory_mb(y.rank_memory, 'yarn.rank_memory')}m"
+
+
+def requests(y: YarnConfig, deploy_mode: str, executors: int, ranks: bool = False) -> list[Request]:
+    """The executors' and the application master's containers of a submission (pure); ``ranks``: a training job,
+    whose executors each hold a rank's process (:func:`executor_overhead`)."""
     conf = y.spark_conf
     heap = memory_mb(conf.get("spark.executor.memory", y.executor_memory), "yarn.executor_memory")
     overhead, fixed = _overhead(conf, "executor", heap)
+    rank = memory_mb(y.rank_memory, "yarn.rank_memory") if ranks and not fixed else 0
+    overhead += rank
     if "spark.executor.pyspark.memory" in conf:
         overhead += memory_mb(conf["spark.executor.pyspark.memory"], "yarn.spark_conf.spark.executor.pyspark.memory")
     if conf.get("spark.memory.offHeap.enabled", "false").lower() == "true":
         overhead += memory_mb(conf.get("spark.memory.offHeap.size", "0"), "yarn.spark_conf.spark.memory.offHeap.size")
     cores = int(conf.get("spark.executor.cores", y.executor_cores))
     out = [Request("executor", executors, heap, overhead, cores, "yarn.executor_memory", "yarn.executor_cores",
-                   fixed)]
+                   fixed, rank)]
     if deploy_mode == "cluster":  # the driver runs in the application master's container
         am_heap = memory_mb(conf.get("spark.driver.memory", y.driver_memory), "yarn.driver_memory")
         am_overhead, am_fixed = _overhead(conf, "driver", am_heap)
@@ -90,6 +111,14 @@ def requests(y: YarnConfig, deploy_mode: str, executors: int) -> list[Request]:
         keys = ("yarn.spark_conf.spark.yarn.am.memory", "yarn.spark_conf.spark.yarn.am.cores")
     out.append(Request("application master", 1, am_heap, am_overhead, am_cores, *keys, am_fixed))
     return out
+
+
+def base_overhead(request: Request, heap_mb: int) -> int:
+    """The request's overhead for ``heap_mb`` of heap, without the rank's share (pure)."""
+    if request.fixed_overhead:
+        return request.overhead_mb - request.rank_mb
+    spark_rule = max(int(OVERHEAD_FACTOR * request.heap_mb), MIN_OVERHEAD_MB)
+    return max(int(OVERHEAD_FACTOR * heap_mb), MIN_OVERHEAD_MB) + request.overhead_mb - request.rank_mb - spark_rule
 
 
 def largest_heap(limit_mb: int, request: Request) -> int:
@@ -116,10 +145,17 @@ def misfits(y: YarnConfig, reqs: Sequence[Request], limits: Limits, gang: bool) 
     for r in reqs:
         if r.memory_mb > limits.max_memory_mb:
             fit = largest_heap(limits.max_memory_mb, r)
-            out.append(ConfigError(r.memory_key, _setting(y, r.memory_key),
+            rank = f" (of it yarn.rank_memory {r.rank_mb:,} MB, for the rank's process)" if r.rank_mb else ""
+            key, fix = r.memory_key, f"set {r.memory_key}={fit}m or less"
+            if r.rank_mb and fit < MIN_TRAINING_HEAP_MB:  # the rank's share leaves the JVM too little
+                room = limits.max_memory_mb - MIN_TRAINING_HEAP_MB - base_overhead(r, MIN_TRAINING_HEAP_MB)
+                key = "yarn.rank_memory"
+                fix = (f"set yarn.rank_memory={room}m or less with {r.memory_key}={MIN_TRAINING_HEAP_MB}m"
+                       if room > 0 else "use a queue with larger containers (--queue)")
+            out.append(ConfigError(key, _setting(y, key),
                                    f"does not fit: each {r.role} container asks YARN for {r.heap_mb:,} MB + "
-                                   f"{r.overhead_mb:,} MB overhead = {r.memory_mb:,} MB, and {where} grants at most "
-                                   f"{limits.max_memory_mb:,} MB per container; set {r.memory_key}={fit}m or less"))
+                                   f"{r.overhead_mb:,} MB overhead{rank} = {r.memory_mb:,} MB, and {where} grants at "
+                                   f"most {limits.max_memory_mb:,} MB per container; {fix}"))
         if r.vcores > limits.max_vcores:
             out.append(ConfigError(r.cores_key, r.vcores,
                                    f"does not fit: each {r.role} container asks YARN for {r.vcores} vcores, and "
@@ -145,6 +181,6 @@ def check(y: YarnConfig, deploy_mode: str, executors: int, gang: bool, limits: O
     """Raise the first misfit (one line); nothing when ``limits`` is None (not read) or all fit."""
     if limits is None:
         return
-    found = misfits(y, requests(y, deploy_mode, executors), limits, gang)
+    found = misfits(y, requests(y, deploy_mode, executors, ranks=gang), limits, gang)
     if found:
         raise found[0]

@@ -322,6 +322,9 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
                  ("spark.pyspark.driver.python", driver_python)]
         if deploy_mode == "cluster":
             conf.append(("spark.yarn.appMasterEnv.PYSPARK_PYTHON", inputs.cluster_python))
+        overhead = None if standalone else resources.executor_overhead(y)  # the rank's process in the container
+        if overhead is not None:
+            conf.append(("spark.executor.memoryOverhead", overhead))
         if y.gpus_per_worker > 0:
             conf += [("spark.executor.resource.gpu.amount", str(y.gpus_per_worker)),
                      ("spark.task.resource.gpu.amount", str(y.gpus_per_worker)),
@@ -503,6 +506,34 @@ def parse_app_id(line: str) -> Optional[str]:
     return match.group(0) if match else None
 
 
+# What the Spark driver logs when a NodeManager killed an executor's container for its memory (Spark's
+# YarnAllocator, from the NodeManager's diagnostics): "Container killed by YARN for exceeding physical memory
+# limits. 2.1 GB of 1.9 GB physical memory used. Consider boosting spark.executor.memoryOverhead."
+MEMORY_KILL = re.compile(r"Container killed by YARN for exceeding (physical|virtual) memory limits\.\s*"
+                         r"([\d.]+ \w?B of [\d.]+ \w?B \w+ memory used)?")
+
+
+def parse_memory_kill(line: str) -> Optional[str]:
+    """YARN's reason from a driver line reporting a container killed for its memory, else None (pure)."""
+    match = MEMORY_KILL.search(line)
+    if not match:
+        return None
+    return f"exceeding its {match.group(1)} memory limit" + (f": {match.group(2)}" if match.group(2) else "")
+
+
+def memory_kill_message(y: YarnConfig, reason: str) -> str:
+    """The one line for a job whose container YARN killed for its memory (pure): what the container held
+    and what to raise."""
+    overhead = y.spark_conf.get("spark.executor.memoryOverhead") or resources.executor_overhead(y)
+    if "spark.executor.memoryOverhead" in y.spark_conf:
+        fix = "raise yarn.spark_conf.spark.executor.memoryOverhead (set explicitly, it replaces yarn.rank_memory)"
+    else:
+        fix = f"raise yarn.rank_memory (now {y.rank_memory}), the memory of each rank's own process"
+    return (f"YARN killed a rank's container for {reason}; each executor container held "
+            f"yarn.executor_memory={y.executor_memory} (the JVM's heap) + spark.executor.memoryOverhead={overhead}; "
+            f"{fix}, within what the queue grants per container")
+
+
 def kill_command(app_id: str) -> list[str]:
     return ["yarn", "application", "-kill", app_id]
 
@@ -602,6 +633,7 @@ class Submission:
         self._readers: list[threading.Thread] = []
         self._picked_up: Optional[str] = None  # the java launchers' notice of JDK_JAVA_OPTIONS, when set
         self.state_unknown = "not asked"  # why final_state() found none
+        self.memory_kill: Optional[str] = None  # YARN's words when it killed a container for its memory
 
     def __enter__(self) -> "Submission":
         # A session of its own: the terminal's Ctrl-C reaches only us, and we release in order.
@@ -623,6 +655,8 @@ class Submission:
         for line in stream:
             if self.app_id is None:
                 self.app_id = parse_app_id(line)
+            if self.memory_kill is None:
+                self.memory_kill = parse_memory_kill(line)
             if self._picked_up is not None and line.rstrip("\n") == self._picked_up:  # set in __enter__
                 continue
             sink.write(line)
@@ -859,6 +893,8 @@ def launch(cfg: JobConfig, plan: SubmitPlan, inputs: Inputs, args: argparse.Name
         ended = f"; {sub.app_id} ended {state}" if state else ""
         if code != 0:
             where = f"; {logs_hint(sub.app_id)}" if sub.app_id else ""
+            if sub.memory_kill:
+                raise StepFailed(f"spark-submit{job} failed: {memory_kill_message(cfg.yarn, sub.memory_kill)}{where}")
             raise StepFailed(f"spark-submit{job} failed (exit code {code}){ended}; see the messages above{where}")
         if sub.app_id and not plan.is_local:
             print(f"hvdtrain: {sub.app_id} ended {state or f'(state unknown: {sub.state_unknown})'}; "

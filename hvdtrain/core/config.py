@@ -658,6 +658,10 @@ class YarnConfig:
     gpus_per_worker: int = 0
     executor_cores: int = 4
     executor_memory: str = "8g"
+    # A training job's rank runs as a Python process beside each executor's JVM (TensorFlow, the input pipeline,
+    # the model): YARN counts it against the container, so it is added to spark.executor.memoryOverhead
+    # (yarn/resources.py). Raise it when YARN kills containers for their memory.
+    rank_memory: str = "4g"
     driver_memory: str = "4g"
     queue: Optional[str] = None
     deploy_mode: Literal["client", "cluster"] = "client"

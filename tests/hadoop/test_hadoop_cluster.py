@@ -87,7 +87,8 @@ def test_cluster_is_up_on_loopback_with_two_nodemanagers(hadoop_cluster: dict) -
     again = subprocess.run([*cli, "up"], capture_output=True, text=True, env=env)  # up twice is harmless
     assert again.returncode == 0 and f"already running (pid {status['pid']})" in again.stdout
     # ... and what a job may ask for there (test_requests_that_cannot_fit_... runs the docs' commands with it)
-    assert "settings that fit its containers: yarn.executor_memory=1g yarn.executor_cores=1" in again.stdout
+    assert ("settings that fit its containers: yarn.executor_memory=1g yarn.executor_cores=1 yarn.rank_memory=1536m"
+            in again.stdout)
     fetch = subprocess.run([*cli, "fetch"], capture_output=True, text=True, env=env)  # what make env runs: cached
     assert fetch.returncode == 0 and "hvdtrain cluster: Hadoop 3.4.1 jars and launcher ready in" in fetch.stdout, \
         fetch.stdout + fetch.stderr
@@ -555,6 +556,45 @@ def test_a_user_the_permissions_refuse_gets_one_line_naming_the_path_the_user_an
             f"{what}: {lines[-1]}"
         written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
         assert written == [job.name], f"{what}: {written}"  # no output claimed, no lease left behind
+
+
+# A user's script whose rank holds 2 GB: resident (every page written), then waits to be measured.
+MEMORY_HOG = """
+import os, time
+import numpy as np
+held = np.ones(2048 << 20, dtype=np.uint8)
+print("rank", os.environ["HOROVOD_RANK"], "holds", held.nbytes >> 20, "MB", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_line(hadoop_cluster: dict,
+                                                                                    hdfs_root: str,
+                                                                                    tmp_path: Path) -> None:
+    """#56 item 6: the NodeManagers enforce each container's memory, as a production cluster's do. ``yarn run``
+    of a script whose rank holds 2 GB, with ``yarn.rank_memory=512m`` (a 1 GB heap + 384 MB + 512 MB = 1,920 MB,
+    which YARN rounds up to a 2 GB container): YARN kills the container, and the command ends in one line with YARN's own figures, what the
+    container held and the setting to raise, well before the script's 300 s. (The tier's other jobs run with the
+    cluster's fitting 1.5 GB for each rank, under the same enforcement.)"""
+    packed_env(hadoop_cluster)
+    script = tmp_path / "hog" / "hog.py"
+    script.parent.mkdir()
+    script.write_text(MEMORY_HOG)
+    job = tmp_path / "hog.yaml"
+    job.write_text(yaml.safe_dump({"name": "hog", "workdir": str(tmp_path), "tracking": {"enabled": False},
+                                   "fault": {"max_restarts": 0}, "yarn": yarn_block(hdfs_root, rank_memory="512m")}))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "yarn", "run", "--config", str(job),
+                           "--num-workers", "1", "--output", f"{hdfs_root}/hog-run", str(script)], cwd=REPO,
+                          env=submit_env(), capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - start
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 5 and elapsed < 300, (elapsed, proc.stdout[-3000:] + proc.stderr[-6000:])
+    assert "Traceback" not in last and re.search(
+        r"^hvdtrain: error: spark-submit of \S+/hog\.py failed: YARN killed a rank's container for exceeding its physical memory "
+        r"limit: [\d.]+ GB of 2 GB physical memory used; each executor container held yarn.executor_memory=1g "
+        r"\(the JVM's heap\) \+ spark.executor.memoryOverhead=896m; raise yarn.rank_memory \(now 512m\)", last), last
 
 
 @pytest.mark.timeout(1800)

@@ -39,11 +39,13 @@ TICKET_SECONDS, RENEW_SECONDS = 80, 60
 def secure_cluster(hadoop_cluster: dict) -> Iterator[dict]:
     """A second, Kerberos, cluster (the tier's plain one stays up meanwhile; it is idle). One NodeManager: the
     application master and both executors (one core each) fit on it, so the env archive is localized once (two
-    NodeManagers are the plain cluster's test)."""
+    NodeManagers are the plain cluster's test): 8 GB for two training executors' containers of 2,944 MB (each
+    with its rank's 1.5 GB, under the NodeManager's memory check) and the application master's."""
     packed_env(hadoop_cluster)  # its job uploads the session's archive
     home = tempfile.mkdtemp(prefix="hvdtrain-kerberos-")
     spec = cluster.ClusterSpec(home=home, start_timeout=600, owner_pid=os.getpid(),
-                               secure=True, nodemanagers=1, ticket_seconds=TICKET_SECONDS, token_renew_seconds=RENEW_SECONDS,
+                               secure=True, nodemanagers=1, nm_memory_mb=8192, ticket_seconds=TICKET_SECONDS,
+                               token_renew_seconds=RENEW_SECONDS,
                                token_max_seconds=1800)
     try:
         details = cluster.up(spec)

@@ -84,6 +84,8 @@ def test_cpu_job_in_client_mode() -> None:
                "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s",
                "spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}",
+               # Spark's overhead for a 6 GB heap (614 MB) + yarn.rank_memory's 4 GB for the rank's process
+               "spark.executor.memoryOverhead=4710m",
                f"spark.yarn.appMasterEnv.JDK_JAVA_OPTIONS={C1}", f"spark.executorEnv.JDK_JAVA_OPTIONS={C1}",
                *REDACTION),
         *driver_args(YAML, 3),  # client mode: the driver runs here and reads the local file
@@ -376,8 +378,10 @@ def test_errors_are_one_line_and_exit_by_kind(job_file: Path, capsys) -> None:
 class FakeSubmission:
     """Records the plan; exits with a given code."""
 
-    def __init__(self, code: int, app_id: str | None = None, state: str | None = None):
+    def __init__(self, code: int, app_id: str | None = None, state: str | None = None,
+                 memory_kill: str | None = None):
         self.code, self.app_id, self.state, self.plans = code, app_id, state, []
+        self.memory_kill = memory_kill  # what Submission parsed from the driver's lines
 
     def __call__(self, plan: SubmitPlan) -> "FakeSubmission":
         self.plans.append(plan)
@@ -584,6 +588,46 @@ def test_a_finished_submission_prints_its_id_final_state_and_logs(job_file: Path
         out, submission=unknown, ensure_archive=lambda y, ident: packaging.EnvArchive(ENV, "0123abcd", False))) == 0
     assert "application_1_10 ended (state unknown: the `yarn` command is not on PATH; put your Hadoop client's bin " \
            "folder on PATH); logs: yarn logs -applicationId application_1_10" in out.getvalue()
+
+
+# Spark's driver line (YarnSchedulerBackend / TaskSetManager, from the NodeManager's diagnostics via YarnAllocator)
+SPARK_MEMORY_KILL = ("26/11/29 19:40:02 ERROR YarnScheduler: Lost executor 1 on 127.0.0.1: Container killed by YARN "
+                     "for exceeding physical memory limits. 2.6 GB of 1.9 GB physical memory used. Consider boosting "
+                     "spark.executor.memoryOverhead.")
+
+
+def test_a_container_yarn_killed_for_its_memory_is_one_line_naming_what_it_held_and_what_to_raise(
+        job_file: Path, capsys) -> None:
+    """#56 item 6: the reason is read from the driver's own lines, and the job's one line names the container's
+    sizes, YARN's figures and the setting to raise; any other failure keeps its line."""
+    assert submit.parse_memory_kill(SPARK_MEMORY_KILL) == \
+        "exceeding its physical memory limit: 2.6 GB of 1.9 GB physical memory used"
+    assert submit.parse_memory_kill("Container killed by YARN for exceeding virtual memory limits. ") == \
+        "exceeding its virtual memory limit"
+    assert submit.parse_memory_kill("ERROR YarnScheduler: Lost executor 1: Container killed on request.") is None
+    killed = FakeSubmission(1, "application_1_11", "FINISHED/FAILED",
+                            memory_kill=submit.parse_memory_kill(SPARK_MEMORY_KILL))
+    assert submit.main([str(job_file), "--num-workers", "2", "yarn.executor_memory=1g", "yarn.rank_memory=512m"],
+                       deps(io.StringIO(), submission=killed,
+                            ensure_archive=lambda y, ident: packaging.EnvArchive(ENV, "0123abcd", False))) == 5
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("hvdtrain: error:")]
+    assert ("YARN killed a rank's container for exceeding its physical memory limit: 2.6 GB of 1.9 GB physical "
+            "memory used; each executor container held yarn.executor_memory=1g (the JVM's heap) + "
+            "spark.executor.memoryOverhead=896m; raise yarn.rank_memory (now 512m)") in line
+    explicit = config.YarnConfig(spark_conf={"spark.executor.memoryOverhead": "3g"})
+    assert "spark.executor.memoryOverhead=3g; raise yarn.spark_conf.spark.executor.memoryOverhead" in \
+        submit.memory_kill_message(explicit, "x")
+
+
+def test_only_yarn_executors_get_the_rank_s_memory_in_their_overhead() -> None:
+    """Local executors are the driver's threads and a standalone worker enforces no container size; an explicit
+    spark.executor.memoryOverhead is the user's (test_gpu_kerberos_queue_job_in_cluster_mode)."""
+    def overheads(p: SubmitPlan) -> list[str]:
+        return [a for a in p.argv if a.startswith("spark.executor.memoryOverhead=")]
+
+    assert overheads(plan(job(executor_memory="1g", rank_memory="1536m"))) == ["spark.executor.memoryOverhead=1920m"]
+    assert overheads(plan(job(rank_memory="1536m"), master="local[2]")) == []
+    assert overheads(plan(job(rank_memory="1536m"), master="spark://127.0.0.1:7077")) == []
 
 
 def test_cluster_mode_failure_still_kills_the_application(tmp_path: Path) -> None:

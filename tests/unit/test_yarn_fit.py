@@ -65,6 +65,30 @@ def test_a_container_above_the_queue_s_largest_names_the_setting_the_request_the
     assert error.field == "yarn.spark_conf.spark.yarn.am.memory" and "application master container" in str(error)
 
 
+def test_a_training_executor_s_container_holds_the_rank_s_process_and_its_fix_fits_exactly() -> None:
+    """#56 item 6: spark.executor.memoryOverhead is Spark's rule + yarn.rank_memory for a training job (none for
+    an ETL's executors, and none added to an explicit overhead); a rank too big for the queue's containers names
+    yarn.rank_memory and the largest that fits beside a 1 GB heap."""
+    y = YarnConfig(executor_memory="1g", executor_cores=1, rank_memory="1536m")
+    assert resources.executor_overhead(y) == "1920m"
+    assert resources.executor_overhead(YarnConfig(executor_memory="10g")) == f"{1024 + 4096}m"
+    assert resources.executor_overhead(YarnConfig(spark_conf={"spark.executor.memoryOverhead": "2g"})) is None
+    training, etl = (resources.requests(y, "client", 2, ranks=r)[0] for r in (True, False))
+    assert (training.memory_mb, training.rank_mb, etl.memory_mb, etl.rank_mb) == (1024 + 384 + 1536, 1536, 1408, 0)
+    explicit = YarnConfig(spark_conf={"spark.executor.memoryOverhead": "2g"}, executor_memory="1g")
+    assert resources.requests(explicit, "client", 2, ranks=True)[0].memory_mb == 1024 + 2048
+    big = YarnConfig(executor_memory="1g", executor_cores=1)  # the default 4 GB for the rank
+    (error,) = resources.misfits(big, resources.requests(big, "client", 1, ranks=True), LIMITS, False)
+    assert error.field == "yarn.rank_memory" and "(got '4g')" in str(error)
+    assert "1,024 MB + 4,480 MB overhead (of it yarn.rank_memory 4,096 MB, for the rank's process) = 5,504 MB" \
+        in str(error) and "set yarn.rank_memory=2688m or less with yarn.executor_memory=1024m" in str(error)
+    for rank, fits in (("2688m", True), ("2689m", False)):  # the fix it names fits exactly
+        y = YarnConfig(executor_memory="1g", executor_cores=1, rank_memory=rank)
+        assert (resources.misfits(y, resources.requests(y, "client", 1, ranks=True), LIMITS, False) == []) == fits
+    with pytest.raises(ConfigError, match="yarn.rank_memory must be a memory size"):
+        resources.requests(YarnConfig(rank_memory="plenty"), "client", 1, ranks=True)
+
+
 def test_a_ring_that_can_never_start_together_is_refused_and_one_that_can_is_not() -> None:
     """Every rank starts at once: 5 executors of 1408 MB (1536 in 256 MB steps) and the AM (1024) do not fit in
     8192 MB; 4 do. An ETL's executors need not run together."""
@@ -144,7 +168,12 @@ def test_the_submission_checks_before_packing_and_notes_limits_it_cannot_read(tm
     submit.check_fits(cfg, "yarn", "etl", str(tmp_path),
                       read=lambda props, queue: (None, "https://ops:Pl4nted-S3cret@rm:8090/ws/v1/cluster/scheduler: 401"))
     assert "Pl4nted-S3cret" not in capsys.readouterr().err
-    small = config_mod.JobConfig(yarn=YarnConfig(executor_memory="1g", executor_cores=1, num_workers=5))
+    # a training job's executors also hold the rank's process: 1 GB + 384 MB + the default 4 GB cannot fit 4 GB
+    with pytest.raises(ConfigError, match="yarn.rank_memory does not fit"):
+        submit.check_fits(config_mod.JobConfig(yarn=YarnConfig(executor_memory="1g", executor_cores=1)), "yarn",
+                          "submit", str(tmp_path), read=lambda props, queue: (LIMITS, ""))
+    small = config_mod.JobConfig(yarn=YarnConfig(executor_memory="1g", executor_cores=1, num_workers=5,
+                                                 rank_memory="1536m"))
     with pytest.raises(ConfigError, match="yarn.num_workers can never run at once"):
         submit.check_fits(small, "yarn", "submit", str(tmp_path), read=lambda props, queue: (LIMITS, ""))
     submit.check_fits(small, "yarn", "etl", str(tmp_path), read=lambda props, queue: (LIMITS, ""))  # no ring

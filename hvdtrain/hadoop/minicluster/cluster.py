@@ -241,8 +241,10 @@ def pyspark_jars_dir() -> str:
 
 
 # What fits the default NodeManagers (4 GB, 3 vcores each) with an application master and two executors beside it:
-# `up` prints these for `hvdtrain yarn ...` (a larger request is refused before submission, in one line).
-FITTING_YARN: dict[str, Any] = {"executor_memory": "1g", "executor_cores": 1}
+# `up` prints these for `hvdtrain yarn ...` (a larger request is refused before submission, in one line). A training
+# executor's container: a 1 GB heap + 384 MB (Spark's overhead) + 1.5 GB for the rank's process = 2,944 MB, and an
+# application master's 896 MB beside it on one NodeManager. The NodeManagers enforce it (hadoop_settings).
+FITTING_YARN: dict[str, Any] = {"executor_memory": "1g", "executor_cores": 1, "rank_memory": "1536m"}
 
 
 def yarn_settings(env_cache: str, jars_dir: str, **extra: Any) -> dict[str, Any]:
@@ -302,6 +304,17 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "yarn.scheduler.capacity.maximum-am-resource-percent": "0.5",
            # A shared test host's disk may be fuller than YARN's 90 % default allows.
            "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.0",
+           # Each container's memory enforced as on a production cluster: the NodeManager's monitor sums the
+           # resident memory of the container's process tree (the executor's JVM, its Python workers and the rank)
+           # every second and kills a container over its size (MiniYARNCluster skips the monitor unless asked).
+           # memory.enforced=false: Hadoop 3.4 leaves a strict limit to cgroups (the kernel's OOM killer) and
+           # skips the monitor's check when it is on; this host has no cgroups for YARN, so the monitor kills, as
+           # on a cluster without them. Virtual memory is not checked (a JVM's and TensorFlow's address space is
+           # far above their use; most clusters turn that check off).
+           "yarn.minicluster.control-resource-monitoring": "true",
+           "yarn.nodemanager.pmem-check-enabled": "true",
+           "yarn.nodemanager.resource.memory.enforced": "false",
+           "yarn.nodemanager.container-monitor.interval-ms": "1000",
            "yarn.nodemanager.vmem-check-enabled": "false",
            "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
            **log_settings(spec),
