@@ -15,7 +15,9 @@ container request (refused in seconds, naming why), and four YARN applications, 
    with ``yarn logs -applicationId`` from the cluster's aggregated logs;
 3. ``hvdtrain yarn score --master yarn`` with that export: the ETL's table read, and the predictions table
    written, through the same metastore service (two jobs share it; neither has a metastore of its own);
-4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left.
+4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left;
+5. ``hvdtrain yarn run`` of a script whose rank outgrows its container: the NodeManagers enforce container memory,
+   as a production cluster's do, and the command names the kill in one line.
 """
 from __future__ import annotations
 
