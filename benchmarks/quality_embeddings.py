@@ -1,9 +1,11 @@
-"""How the tabular default (``model.numeric_embedding``) was chosen: ``none`` against ``ple`` on the quality
-group's tables as they ship, ``hvdtrain train --np 2`` per seed with the two interleaved, and plain Keras
-``model.fit`` with the default on the same rows (benchmarks/bench_quality.py's own functions). Not a ``make
-bench`` entry: a one-off measurement, kept so that its figures (docs/models.md) can be made again.
+"""How the tabular model's defaults are chosen: values of one setting against each other on the quality group's
+tables as they ship, ``hvdtrain train --np 2`` per seed with the values interleaved, and plain Keras ``model.fit``
+with the defaults on the same rows (benchmarks/bench_quality.py's own functions). Not a ``make bench`` entry: a
+one-off measurement, kept so that its figures (docs/models.md) can be made again. By default the measurement that
+chose ``model.numeric_embedding`` (``none`` against ``ple``).
 
-    python -m benchmarks.quality_embeddings [--seeds 1 2 3] [--keras-seeds 1]
+    python -m benchmarks.quality_embeddings [--setting model.numeric_embedding] [--values none ple]
+                                            [--seeds 1 2 3] [--keras-seeds 1]
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--keras-seeds", type=int, nargs="*", default=[1])
+    parser.add_argument("--setting", default="model.numeric_embedding", help="the config key to vary")
+    parser.add_argument("--values", nargs="+", default=["none", "ple"], help="its values, each run per seed")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="quality-embeddings-")
     found: dict[str, dict[str, list[float]]] = {}
@@ -28,8 +32,8 @@ def main() -> None:
             config, _ = quality.prepare(table, root, 0, table.epochs)
             runs = found.setdefault(table.name, {})
             for seed in args.seeds:
-                for name in ("none", "ple"):
-                    metrics = quality.hvdtrain_run(config, seed, [f"model.numeric_embedding={name}"])
+                for name in args.values:
+                    metrics = quality.hvdtrain_run(config, seed, [f"{args.setting}={name}"])
                     runs.setdefault(name, []).append(metrics[table.metric])
                     print(f"{table.name} {name} seed {seed}: test {table.metric} {metrics[table.metric]:.4f}", flush=True)
             for seed in args.keras_seeds:  # the default (auto: ple on these datasets), plain Keras
