@@ -566,7 +566,7 @@ import os, time
 import numpy as np
 held = np.ones(2048 << 20, dtype=np.uint8)
 print("rank", os.environ["HOROVOD_RANK"], "holds", held.nbytes >> 20, "MB", flush=True)
-time.sleep(300)
+time.sleep(120)  # then exits 0: a job that was not killed succeeds, and the test fails on its exit code
 """
 
 
@@ -577,8 +577,8 @@ def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_l
     """#56 item 6: the NodeManagers enforce each container's memory, as a production cluster's do. ``yarn run``
     of a script whose rank holds 2 GB, with ``yarn.rank_memory=512m`` (a 1 GB heap + 384 MB + 512 MB = 1,920 MB,
     which YARN rounds up to a 2 GB container): YARN kills the container, and the command ends in one line with YARN's own figures, what the
-    container held and the setting to raise, well before the script's 300 s. (The tier's other jobs run with the
-    cluster's fitting 1.5 GB for each rank, under the same enforcement.)"""
+    container held and the setting to raise. (The tier's other jobs run with the cluster's fitting 1.5 GB for each
+    rank, under the same enforcement.)"""
     packed_env(hadoop_cluster)
     script = tmp_path / "hog" / "hog.py"
     script.parent.mkdir()
@@ -586,13 +586,11 @@ def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_l
     job = tmp_path / "hog.yaml"
     job.write_text(yaml.safe_dump({"name": "hog", "workdir": str(tmp_path), "tracking": {"enabled": False},
                                    "fault": {"max_restarts": 0}, "yarn": yarn_block(hdfs_root, rank_memory="512m")}))
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "yarn", "run", "--config", str(job),
                            "--num-workers", "1", "--output", f"{hdfs_root}/hog-run", str(script)], cwd=REPO,
                           env=submit_env(), capture_output=True, text=True, timeout=900)
-    elapsed = time.monotonic() - start
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 5 and elapsed < 300, (elapsed, proc.stdout[-3000:] + proc.stderr[-6000:])
+    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "Traceback" not in last and re.search(
         r"^hvdtrain: error: spark-submit of \S+/hog\.py failed: YARN killed a rank's container for exceeding its physical memory "
         r"limit: [\d.]+ GB of 2 GB physical memory used; each executor container held yarn.executor_memory=1g "
