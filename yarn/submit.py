@@ -524,11 +524,10 @@ def parse_memory_kill(line: str) -> Optional[str]:
 def memory_kill_message(y: YarnConfig, reason: str) -> str:
     """The one line for a job whose container YARN killed for its memory (pure): what the container held
     and what to raise."""
-    overhead = y.spark_conf.get("spark.executor.memoryOverhead") or resources.executor_overhead(y)
-    if "spark.executor.memoryOverhead" in y.spark_conf:
-        fix = "raise yarn.spark_conf.spark.executor.memoryOverhead (set explicitly, it replaces yarn.rank_memory)"
-    else:
-        fix = f"raise yarn.rank_memory (now {y.rank_memory}), the memory of each rank's own process"
+    explicit = y.spark_conf.get("spark.executor.memoryOverhead")
+    overhead = explicit or resources.executor_overhead(y)
+    fix = ("raise yarn.spark_conf.spark.executor.memoryOverhead (set explicitly, it replaces yarn.rank_memory)"
+           if explicit else f"raise yarn.rank_memory (now {y.rank_memory}), the memory of each rank's own process")
     return (f"YARN killed a rank's container for {reason}; each executor container held "
             f"yarn.executor_memory={y.executor_memory} (the JVM's heap) + spark.executor.memoryOverhead={overhead}; "
             f"{fix}, within what the queue grants per container")
