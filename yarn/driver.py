@@ -32,6 +32,7 @@ import time  # noqa: E402
 from typing import Any, Iterator, Mapping, Optional, Sequence  # noqa: E402
 
 from hvdtrain.core import config as config_mod  # noqa: E402
+from hvdtrain.core import secrets  # noqa: E402
 from hvdtrain.core.config import JobConfig, TrainConfig, YarnConfig  # noqa: E402
 from hvdtrain.core.errors import HvdtrainError, StepFailed  # noqa: E402
 from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens
@@ -44,11 +45,14 @@ from yarn import executor
 RESULT_MARK = "hvdtrain: rank 0 result:"
 
 
-def horovod_env(y: YarnConfig) -> dict[str, str]:
+def horovod_env(y: YarnConfig, executors_sealed: bool = False) -> dict[str, str]:
     """Extra environment for every rank process (pure): glibc's malloc top pad (:func:`hvdtrain.runtime.launch.malloc_env`),
     then yarn.env (NCCL_*, GLOO_*, HOROVOD_*, ...). A top pad set in yarn.env or as the executors' environment in
-    yarn.spark_conf is left to win."""
-    return {"PYTHONUNBUFFERED": "1", **spark_malloc_env(y.env, y.spark_conf)}
+    yarn.spark_conf is left to win. With ``executors_sealed`` (a cluster job: yarn/submit.py's ``conf_args``) the
+    executors' daemon already put yarn.env's secrets back (yarn/spark_daemon.py) and every rank inherits its task's
+    environment, so they are left out here: Horovod's driver sends this environment to the tasks over the network."""
+    env = {"PYTHONUNBUFFERED": "1", **spark_malloc_env(y.env, y.spark_conf)}
+    return secrets.split_secret_items(env)[0] if executors_sealed else env
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -110,6 +114,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     print(f"hvdtrain: Spark application {sc.applicationId}: {args.num_proc} ranks", flush=True)
     last: dict[str, list[dict[str, Any]]] = {"records": []}
     fn, fn_args = rank_job(cfg, args)
+    sealed = sc.getConf().contains(f"spark.executorEnv.{secrets.SEALED_ENV}")
 
     submitted_at = startup.launched_at()
     stack = contextlib.ExitStack()
@@ -121,7 +126,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
         # are their launcher phase; a relaunch, or cluster mode, from the try's start.
         first = supervise.RESTARTS_ENV not in env
-        rank_env = {**horovod_env(cfg.yarn), **env, **token_env, **lease_env,
+        rank_env = {**horovod_env(cfg.yarn, sealed), **env, **token_env, **lease_env,
                     **startup.try_clock(first, submitted_at, time.time())}
         try:
             last["records"] = launch(horovod.spark, cfg.train, fn, fn_args, args, rank_env)

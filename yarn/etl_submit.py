@@ -82,10 +82,9 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
         argv += ["--num-executors", str(num_executors)]
     elif num_executors is not None and submit.is_standalone_master(master):
         argv += ["--total-executor-cores", str(num_executors * cfg.yarn.executor_cores)]
-    argv += ["--py-files", inputs.code_zip, "--files", inputs.job_yaml]
-    properties = os.path.join(os.path.dirname(inputs.code_zip), submit.SECRET_PROPERTIES)
-    conf_argv, secret = submit.conf_args(etl_conf(cfg, local, deploy_mode, inputs), properties)
-    argv += conf_argv
+    settings = submit.conf_args(etl_conf(cfg, local, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
+    argv += ["--py-files", inputs.code_zip, "--files", ",".join([inputs.job_yaml, *settings.files])]
+    argv += settings.argv
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [ETL_SCRIPT, "--config", config_arg, *job_args]
     notes = _notes(cfg) if not local else []
@@ -94,7 +93,8 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
     env = {"PYTHONUNBUFFERED": "1", **({"PYTHONPATH": inputs.code_zip} if local else {})}
     manifest_uri = fs.join(cfg.etl.output, "manifest.json")
     return submit.SubmitPlan(argv, env, master, deploy_mode, manifest_uri, os.path.dirname(inputs.code_zip), notes,
-                             secret, properties if secret else None)
+                             settings.secret_conf, settings.properties_file, settings.sealed_env,
+                             settings.sealed_env_file)
 
 
 def _notes(cfg: JobConfig) -> list[str]:

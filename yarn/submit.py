@@ -69,6 +69,16 @@ SHIPPED_PYTHON = f"./{ENV_ALIAS}/bin/python"
 CODE_ZIP = "hvdtrain-code.zip"
 JOB_YAML = "hvdtrain-job.yaml"
 SECRET_PROPERTIES = "hvdtrain-secret.properties"  # 0600, beside the code zip in the staging folder
+# On a cluster, the executors' secret environment variables (yarn.env's tokens and passwords) travel in this 0600
+# file, shipped with --files, never as spark.executorEnv: YARN writes a container's environment into its
+# launch_container.sh, which the NodeManagers copy into the container's logs (yarn.nodemanager.log-container-
+# debug-info.enabled, on by default) and log aggregation keeps on HDFS for `yarn logs`. The file reaches only the
+# application's private staging folder and its containers' private folders; the executors' Python daemon
+# (DAEMON_MODULE) puts the variables back before it forks a worker, so ETL and scoring tasks and every rank
+# get them.
+SEALED_ENV_FILE = "hvdtrain-sealed-env.json"
+DAEMON_MODULE = "yarn.spark_daemon"
+EXECUTOR_ENV = "spark.executorEnv."
 RESULT_NAME = LAUNCHER_RECORD
 APP_ID = re.compile(r"application_\d+_\d+")
 TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")  # YARN's application states that are final
@@ -165,6 +175,9 @@ class SubmitPlan:
     # Secret settings (a token in yarn.env...): written to a 0600 --properties-file at submit time, never argv
     secret_conf: dict[str, str] = field(default_factory=dict, repr=False)
     properties_file: Optional[str] = None
+    # The executors' secret environment (a cluster job's): written to the 0600 sealed_env_file, shipped with --files
+    sealed_env: dict[str, str] = field(default_factory=dict, repr=False)
+    sealed_env_file: Optional[str] = None
 
     @property
     def is_local(self) -> bool:
@@ -349,20 +362,52 @@ def spark_conf(cfg: JobConfig, master: str, deploy_mode: str, inputs: Inputs) ->
     return conf
 
 
-def conf_args(conf: Sequence[tuple[str, str]], properties_file: str) -> tuple[list[str], dict[str, str]]:
-    """(argv, secret settings) for ``conf`` (pure): plain settings as ``--conf K=V``; secret ones (a secret
-    key or a URL password, :mod:`hvdtrain.core.secrets`) go to ``properties_file``, named on argv instead."""
-    plain, secret = secrets.split_secret_items(dict(conf))
+@dataclass(frozen=True)
+class ConfArgs:
+    """How a submission's settings reach spark-submit: ``argv`` (plain settings), the secret settings for the 0600
+    ``--properties-file``, and on a cluster the executors' secret environment for the 0600 sealed file that
+    ``files`` ships."""
+    argv: list[str]
+    secret_conf: dict[str, str]
+    properties_file: Optional[str]
+    sealed_env: dict[str, str]
+    sealed_env_file: Optional[str]
+
+    @property
+    def files(self) -> list[str]:
+        return [self.sealed_env_file] if self.sealed_env_file else []
+
+
+def conf_args(conf: Sequence[tuple[str, str]], staging: str, master: str) -> ConfArgs:
+    """The settings ``conf`` as spark-submit receives them (pure): plain settings as ``--conf K=V``; secret ones (a
+    secret key or a URL password, :mod:`hvdtrain.core.secrets`) go to a properties file in ``staging``, named on
+    argv instead; on a cluster, secret ``spark.executorEnv.*`` variables go to the sealed file (SEALED_ENV_FILE),
+    which the executors' Python daemon reads back (a local master's executors are threads of the driver)."""
+    settings = dict(conf)
+    sealed: dict[str, str] = {}
+    if not is_local_master(master):
+        sealed = {key[len(EXECUTOR_ENV):]: value for key, value in settings.items()
+                  if key.startswith(EXECUTOR_ENV) and secrets.has_secret(value, key)}
+        if sealed:
+            settings = {key: value for key, value in settings.items()
+                        if not (key.startswith(EXECUTOR_ENV) and key[len(EXECUTOR_ENV):] in sealed)}
+            settings.update({f"{EXECUTOR_ENV}{secrets.SEALED_ENV}": SEALED_ENV_FILE,
+                             "spark.python.daemon.module": DAEMON_MODULE})
+    plain, secret = secrets.split_secret_items(settings)
     argv = [arg for key, value in plain.items() for arg in ("--conf", f"{key}={value}")]
-    if secret:  # Spark 4 reads spark-defaults.conf beside a --properties-file only when asked to
-        argv += ["--properties-file", properties_file, "--load-spark-defaults"]
-    return argv, secret
+    properties = os.path.join(staging, SECRET_PROPERTIES) if secret else None
+    if properties:  # Spark 4 reads spark-defaults.conf beside a --properties-file only when asked to
+        argv += ["--properties-file", properties, "--load-spark-defaults"]
+    return ConfArgs(argv, secret, properties, sealed, os.path.join(staging, SEALED_ENV_FILE) if sealed else None)
 
 
 def write_properties(plan: SubmitPlan) -> None:
-    """The plan's secret settings, in a file only this user can read (before spark-submit starts)."""
+    """The plan's secret settings and its executors' secret environment, in files only this user can read (before
+    spark-submit starts)."""
     if plan.secret_conf and plan.properties_file:
         secrets.write_properties(plan.properties_file, plan.secret_conf)
+    if plan.sealed_env and plan.sealed_env_file:
+        secrets.write_private(plan.sealed_env_file, json.dumps(plan.sealed_env).encode("utf-8"))
 
 
 def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
@@ -379,12 +424,11 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     notes = deploy_notes(cfg.yarn, master)
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
     argv += cluster_args(cfg.yarn, master, inputs)
+    settings = conf_args(spark_conf(cfg, master, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
     files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
-             + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []))
+             + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []) + settings.files)
     argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
-    properties = os.path.join(os.path.dirname(inputs.code_zip), SECRET_PROPERTIES)
-    conf_argv, secret = conf_args(spark_conf(cfg, master, deploy_mode, inputs), properties)
-    argv += conf_argv
+    argv += settings.argv
     result_uri = fs.join(script.output if script else cfg.train.output, RESULT_NAME)
     # In cluster mode the driver runs in the application master's container, beside the --files.
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
@@ -402,7 +446,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     else:
         notes += _cluster_notes(cfg, script)
     return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes,
-                      secret, properties if secret else None)
+                      settings.secret_conf, settings.properties_file, settings.sealed_env, settings.sealed_env_file)
 
 
 def cluster_args(y: YarnConfig, master: str, inputs: Inputs) -> list[str]:
@@ -484,6 +528,10 @@ def format_plan(plan: SubmitPlan) -> str:
     if plan.secret_conf:
         lines.append(f"# {', '.join(sorted(plan.secret_conf))}: secret, written to a 0600 --properties-file at "
                      "submit time (never on the command line)")
+    if plan.sealed_env:
+        lines.append(f"# the executors' {', '.join(sorted(plan.sealed_env))}: secret, written to a 0600 "
+                     f"{SEALED_ENV_FILE} shipped with --files at submit time (never in a container's environment, "
+                     "which YARN copies into its logs)")
     if plan.cwd:
         lines.append(f"cd {shlex.quote(plan.cwd)}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.env.items()]

@@ -179,7 +179,9 @@ def unseal_env(environ: MutableMapping[str, str]) -> None:
         with open(path, encoding="utf-8") as fh:
             sealed = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise EnvironmentProblem(f"{SEALED_ENV}={path}: cannot read the secret environment this rank was started with "
-                      f"({exc}); the launching hvdtrain process must run on this host") from None
+        raise EnvironmentProblem(f"{SEALED_ENV}={path}: cannot read the secret environment this process was started "
+                                 f"with ({exc}); the launching hvdtrain process writes it (on this host for "
+                                 "horovodrun, shipped with --files into a cluster job's containers): launch the job "
+                                 "with hvdtrain, not by hand") from None
     for key, value in sealed.items():
         environ.setdefault(key, value)

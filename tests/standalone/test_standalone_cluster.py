@@ -27,6 +27,7 @@ from hvdtrain.data import manifest
 from tests.multihost.test_multihost import StageWatcher
 from tests.multiprocess.test_yarn_local import read_records, records_uri, submit_env
 from tests.standalone.conftest import HOSTS, StandaloneCluster
+from tests.support.proc_watch import ProcessWatcher
 from tests.support.webhdfs_server import WebHdfsServer
 
 # One cluster and three Spark applications: minutes on an idle machine, far more under load (15 min for the ETL
@@ -35,6 +36,7 @@ pytestmark = [pytest.mark.standalone, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 400
+SECRET = "Pl4nted-St4ndal0ne-5ecret"  # yarn.env PGPASSWORD (#54): in every rank, on no command line
 EPOCHS, BATCH, EVERY = 3, 8, 4
 TINY_MODEL = {"embed_dim": 16, "num_heads": 2, "ff_dim": 32, "num_layers": 1, "dropout": 0.1}
 
@@ -65,7 +67,7 @@ def world(standalone_cluster: StandaloneCluster, tmp_path_factory: pytest.TempPa
             "tracking": {"enabled": False},
             # One core and a small heap per executor: each worker offers one core, so one rank per host.
             "yarn": {"executor_cores": 1, "executor_memory": "1g", "driver_memory": "1g",
-                     "python": sys.executable, "env": {"HOROVOD_GLOO_IFACE": "lo"}},
+                     "python": sys.executable, "env": {"HOROVOD_GLOO_IFACE": "lo", "PGPASSWORD": SECRET}},
         }, base_dir=str(folder))
         path = folder / "job.yaml"
         path.write_text(cfg.to_yaml())
@@ -126,6 +128,8 @@ def trained(world: World) -> Iterator[dict[str, Any]]:
            "--max-restarts", "1", f"etl.output={world.server.uri('/ds')}"]
     roots = {h: world.cluster.host_tmp(h) for h in HOSTS}
     log = world.folder / "train.log"
+    processes = ProcessWatcher("horovod.spark.task.gloo_exec_fn")  # every rank a Spark task starts
+    processes.start()
     with StageWatcher(roots) as watcher, open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=submit_env(SPARK_LOCAL_IP="127.0.0.1"), stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
@@ -133,10 +137,11 @@ def trained(world: World) -> Iterator[dict[str, Any]]:
             _kill_an_executor_mid_training(world, proc, time.monotonic() + 900)
         finally:
             code = finish(proc, 900)
+            processes.stop()
     text = log.read_text()
     assert code == 0, text[-8000:]
     yield {"doc": read_records(records_uri(text)), "staged": watcher.seen, "log": text,
-           "output": Path(config.load(str(world.config)).train.output)}
+           "output": Path(config.load(str(world.config)).train.output), "processes": processes}
 
 
 def test_training_spans_both_hosts_with_local_ranks_by_host(trained: dict[str, Any]) -> None:
@@ -148,6 +153,19 @@ def test_training_spans_both_hosts_with_local_ranks_by_host(trained: dict[str, A
     assert placement == [("host-a", 0, 1), ("host-b", 0, 1)]  # Horovod saw two hosts, one slot each
     assert report["rank_digest"]["agree"] and len({r["sha256"] for r in report["rank_digest"]["ranks"]}) == 1
     assert all(r["code_from"].endswith(os.path.join("hvdtrain-code.zip", "hvdtrain")) for r in doc["ranks"])
+
+
+def test_the_ranks_get_yarn_env_s_secret_from_the_shipped_file_never_a_command_line(trained: dict[str, Any]) -> None:
+    """#54: on a cluster master, yarn.env's PGPASSWORD is not the executors' environment but a 0600 file shipped
+    with --files that the executors' Python daemon (yarn.spark_daemon) reads back; the training driver leaves it out
+    of what Horovod's driver sends. Every rank of both tries (on both hosts) still has it, and no command line
+    while they ran (spark-submit, the driver, the workers' executor JVMs, the daemons, the ranks) held it."""
+    watched = trained["processes"]
+    ranks = {pid: env for pid, (_, env) in watched.matched.items() if env.get("HOROVOD_HOSTNAME", "").startswith("host-")}
+    assert len(ranks) >= 4, sorted(ranks)  # two tries of two ranks
+    assert {pid: env.get("PGPASSWORD") == SECRET for pid, env in ranks.items()} == {pid: True for pid in ranks}
+    assert any("yarn.spark_daemon" in c for c in watched.cmdlines)
+    assert [c for c in watched.cmdlines if SECRET in c] == []
 
 
 def test_each_host_stages_its_shards_in_a_folder_named_by_its_hostname(trained: dict[str, Any]) -> None:

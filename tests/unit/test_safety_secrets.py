@@ -15,7 +15,7 @@ from hvdtrain import tune
 from hvdtrain.core import config, secrets
 from hvdtrain.hadoop.envcheck import HorovodBuild
 from hvdtrain.observe import console, tracking
-from yarn import etl_submit, submit
+from yarn import etl_submit, score, submit
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "S3cr3t-pl4nted-9f2c"
@@ -68,21 +68,53 @@ def test_the_study_url_reaches_a_trial_by_environment_not_argv(tmp_path):
     assert "tune.storage=sqlite:////s.db" in plain  # nothing secret: it stays visible
 
 
-def test_yarn_secrets_go_to_a_private_properties_file_never_argv_or_dry_run(tmp_path):
-    cfg = _cfg(tmp_path)
+def test_yarn_secrets_go_to_private_files_never_argv_the_containers_environment_or_dry_run(tmp_path):
+    """#54: on a cluster, yarn.env's secrets travel in a 0600 file shipped with --files, which the executors' Python
+    daemon reads back, never as spark.executorEnv (YARN copies a container's environment into its aggregated logs);
+    a secret Spark setting goes to the 0600 --properties-file; a local master's executors are the driver's threads,
+    so there the variables stay Spark settings in the properties file."""
+    cfg = config.from_dict({**_cfg(tmp_path).to_dict(), "yarn": {
+        "env": {"MLFLOW_TRACKING_TOKEN": SECRET, "GLOO_SOCKET_IFNAME": "eth0"},
+        "spark_conf": {"spark.ssl.keyStorePassword": SECRET}}}, base_dir=str(tmp_path))
     inputs = submit.Inputs("spark-submit", "/usr/bin/python3", str(tmp_path / "code.zip"), str(tmp_path / "job.yaml"),
                            "hdfs://nn/envs/x.tar.gz", HorovodBuild(version="0.28.1", tensorflow=True, gloo=True))
-    for plan in (submit.build_plan(cfg, "yarn", inputs, is_file=lambda p: True),
-                 etl_submit.build_etl_plan(cfg, "yarn", inputs, [], is_file=lambda p: True)):
-        assert not [a for a in plan.argv if SECRET in a], plan.argv
-        assert SECRET not in submit.format_plan(plan)
-        assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan.argv, plan.argv[1:])
-        assert plan.argv[plan.argv.index("--properties-file") + 1] == plan.properties_file
+    plans = {"submit": submit.build_plan(cfg, "yarn", inputs, is_file=lambda p: True),
+             "etl": etl_submit.build_etl_plan(cfg, "yarn", inputs, [], is_file=lambda p: True),
+             "score": score.build_score_plan(cfg, "yarn", inputs, ["--model", "hdfs://nn/m"], is_file=lambda p: True),
+             "local": submit.build_plan(cfg, "local[2]", inputs, is_file=lambda p: True)}
+    for name, plan in plans.items():
+        assert not [a for a in plan.argv if SECRET in a], (name, plan.argv)
+        assert SECRET not in submit.format_plan(plan), name
+        conf = dict(c.split("=", 1) for f, c in zip(plan.argv, plan.argv[1:]) if f == "--conf")
+        assert conf["spark.executorEnv.GLOO_SOCKET_IFNAME"] == "eth0", name  # plain variables stay settings
+        assert plan.argv[plan.argv.index("--properties-file") + 1] == plan.properties_file, name
         submit.write_properties(plan)
-        assert stat.S_IMODE(os.stat(plan.properties_file).st_mode) == 0o600
-        text = open(plan.properties_file).read()
-        assert f"spark.executorEnv.MLFLOW_TRACKING_TOKEN={SECRET}\n" in text
+        assert stat.S_IMODE(os.stat(plan.properties_file).st_mode) == 0o600, name
+        properties = open(plan.properties_file).read()
+        assert f"spark.ssl.keyStorePassword={SECRET}\n" in properties, name
         os.remove(plan.properties_file)
+        files = plan.argv[plan.argv.index("--files") + 1].split(",")
+        if name == "local":
+            assert f"spark.executorEnv.MLFLOW_TRACKING_TOKEN={SECRET}\n" in properties
+            assert plan.sealed_env_file is None and "spark.python.daemon.module" not in conf
+            continue
+        assert "MLFLOW_TRACKING_TOKEN" not in properties, name  # not the containers' environment
+        assert conf[f"spark.executorEnv.{secrets.SEALED_ENV}"] == submit.SEALED_ENV_FILE, name
+        assert conf["spark.python.daemon.module"] == submit.DAEMON_MODULE, name
+        assert plan.sealed_env_file in files and os.path.basename(plan.sealed_env_file) == submit.SEALED_ENV_FILE
+        assert f"the executors' MLFLOW_TRACKING_TOKEN: secret, written to a 0600 {submit.SEALED_ENV_FILE}" \
+            in submit.format_plan(plan), name
+        assert stat.S_IMODE(os.stat(plan.sealed_env_file).st_mode) == 0o600, name
+        # ... and read back as the executors' daemon does, in the container's working folder
+        environ = {secrets.SEALED_ENV: submit.SEALED_ENV_FILE}
+        cwd = os.getcwd()
+        os.chdir(os.path.dirname(plan.sealed_env_file))
+        try:
+            secrets.unseal_env(environ)
+        finally:
+            os.chdir(cwd)
+        assert environ == {"MLFLOW_TRACKING_TOKEN": SECRET}, name
+        os.remove(plan.sealed_env_file)
 
 
 def test_log_lines_are_redacted(caplog):

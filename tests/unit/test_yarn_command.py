@@ -207,6 +207,11 @@ def test_yarn_env_reaches_executors_and_rank_processes() -> None:
     assert ("--conf", "spark.executorEnv.GLOO_SOCKET_IFNAME=eth0") in zip(plan(cfg).argv, plan(cfg).argv[1:])
     assert driver.horovod_env(cfg.yarn) == {"PYTHONUNBUFFERED": "1", "MALLOC_TOP_PAD_": str(64 << 20),
                                        "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}
+    # a secret in yarn.env: on a cluster the executors' daemon puts it back, so the driver does not send it
+    secret = job(env={"GLOO_SOCKET_IFNAME": "eth0", "PGPASSWORD": "pw-1234"}).yarn
+    assert driver.horovod_env(secret)["PGPASSWORD"] == "pw-1234"  # a local master: the driver's threads
+    assert "PGPASSWORD" not in driver.horovod_env(secret, executors_sealed=True)
+    assert driver.horovod_env(secret, executors_sealed=True)["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
 def test_etl_and_scoring_executors_get_mallocs_top_pad_unless_the_job_sets_one() -> None:
