@@ -161,8 +161,21 @@ def misfits(y: YarnConfig, reqs: Sequence[Request], limits: Limits, gang: bool) 
                                    f"does not fit: each {r.role} container asks YARN for {r.vcores} vcores, and "
                                    f"{where} grants at most {limits.max_vcores} per container; set "
                                    f"{r.cores_key}={limits.max_vcores} or fewer"))
+    step = max(limits.min_memory_mb, 1)  # YARN rounds each container up to a multiple of its minimum
+    if gang and not out and limits.nodes:
+        packed = nodes_hold(reqs, limits.nodes, step)
+        if packed is not None:
+            executor = reqs[0]
+            nodes = ", ".join(f"{m:,} MB and {c} vcores" for m, c in limits.nodes)
+            out.append(ConfigError("yarn.num_workers", executor.count,
+                                   f"can never run at once: {executor.count} executors (one rank each, all "
+                                   f"started together) need {_rounded(executor, step):,} MB and {executor.vcores} "
+                                   f"vcores each, beside the application master's {_rounded(reqs[1], step):,} MB and "
+                                   f"{reqs[1].vcores} vcores, and the NodeManagers of the ResourceManager at "
+                                   f"{limits.source} ({nodes}) hold at most {packed} of them at once; use fewer or "
+                                   "smaller workers (--num-workers, yarn.executor_memory, yarn.rank_memory, "
+                                   "yarn.executor_cores)"))
     if gang and not out and limits.queue_memory_mb is not None and limits.queue_vcores is not None:
-        step = max(limits.min_memory_mb, 1)  # YARN rounds each container up to a multiple of its minimum
         memory = sum(r.count * step * math.ceil(r.memory_mb / step) for r in reqs)
         vcores = sum(r.count * r.vcores for r in reqs)
         if memory > limits.queue_memory_mb or vcores > limits.queue_vcores:
@@ -175,6 +188,28 @@ def misfits(y: YarnConfig, reqs: Sequence[Request], limits: Limits, gang: bool) 
                                    "use fewer or smaller workers (--num-workers, yarn.executor_memory, "
                                    "yarn.executor_cores) or a larger queue (--queue)"))
     return out
+
+
+def _rounded(r: Request, step: int) -> int:
+    return step * math.ceil(r.memory_mb / step)
+
+
+def nodes_hold(reqs: Sequence[Request], nodes: Sequence[tuple[int, int]], step: int) -> Optional[int]:
+    """None when the executors (``reqs[0]``, identical) and the application master (``reqs[1]``) can be placed on
+    ``nodes`` ((memory MB, vcores) each) all at once; else the most executors any placement holds (pure). Exact:
+    the master goes on each node in turn, and each node then takes as many executors as its rest holds."""
+    executor, master = reqs[0], reqs[1]
+    em, am = _rounded(executor, step), _rounded(master, step)
+    best = 0
+    for i, (memory, vcores) in enumerate(nodes):
+        if am > memory or master.vcores > vcores:
+            continue
+        rest = [(m - am, c - master.vcores) if j == i else (m, c) for j, (m, c) in enumerate(nodes)]
+        held = sum(min(m // em, c // executor.vcores) if executor.vcores else m // em for m, c in rest)
+        if held >= executor.count:
+            return None
+        best = max(best, held)
+    return best
 
 
 def check(y: YarnConfig, deploy_mode: str, executors: int, gang: bool, limits: Optional[Limits]) -> None:

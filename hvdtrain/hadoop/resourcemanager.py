@@ -5,14 +5,17 @@ memory above the cluster's largest container with a stack trace, and a request a
 vcores is accepted and then FAILED by the ResourceManager. :func:`read_limits` reads, for the job's queue, the
 largest container the queue grants (``maximumAllocation``: YARN's ``yarn.scheduler.maximum-allocation-*``
 capped by the largest NodeManager) and everything the queue can hold at once (``maxEffectiveCapacity``), from
-``GET /ws/v1/cluster/scheduler`` (the Capacity Scheduler, YARN's default); :func:`parse_scheduler` is the pure
-part. A queue that does not exist is one line naming the queues that do.
+``GET /ws/v1/cluster/scheduler`` (the Capacity Scheduler, YARN's default), and the size of every running
+NodeManager (``GET /ws/v1/cluster/nodes``: a job whose containers must all run at once has to be packed onto
+them, not only into the queue's total); :func:`parse_scheduler` and :func:`parse_nodes` are the pure part. A
+queue that does not exist is one line naming the queues that do.
 
 Read-only and best effort: when the web services do not answer (SPNEGO without a ticket, a firewall), the
 caller goes on and YARN checks the request itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -23,6 +26,7 @@ from hvdtrain.core.errors import ConfigError
 from hvdtrain.hadoop import hadoop_conf
 
 SCHEDULER_PATH = "/ws/v1/cluster/scheduler"
+NODES_PATH = "/ws/v1/cluster/nodes?states=RUNNING"
 TIMEOUT = 10.0
 DEFAULT_QUEUE = "default"
 
@@ -38,6 +42,8 @@ class Limits:
     queue_vcores: Optional[int]
     source: str  # the ResourceManager's URL the figures come from
     min_memory_mb: int = 1024  # every container is rounded up to a multiple of this (YARN's default 1024)
+    # (memory MB, vcores) of every running NodeManager of the default partition (no node label); None: not read
+    nodes: Optional[tuple[tuple[int, int], ...]] = None
 
 
 def _resource(doc: Any) -> Optional[tuple[int, int]]:
@@ -91,6 +97,25 @@ def parse_scheduler(doc: Mapping[str, Any], queue: Optional[str], source: str,
                   smallest[0] if smallest else min_memory_mb)
 
 
+def parse_nodes(doc: Mapping[str, Any]) -> Optional[tuple[tuple[int, int], ...]]:
+    """(memory MB, vcores) of each running, unlabelled NodeManager in a ``/ws/v1/cluster/nodes`` answer (pure),
+    largest first; None when the answer names none (a labelled partition only, or an unexpected shape)."""
+    nodes = (doc.get("nodes") or {}) if isinstance(doc, Mapping) else {}
+    listed = nodes.get("node") if isinstance(nodes, Mapping) else nodes
+    listed = [listed] if isinstance(listed, Mapping) else list(listed or [])
+    out = []
+    for node in listed:
+        if not isinstance(node, Mapping) or node.get("state", "RUNNING") != "RUNNING" or node.get("nodeLabels"):
+            continue
+        total = _resource(node.get("totalResource"))
+        if total is None and isinstance(node.get("usedMemoryMB"), (int, float)):  # the older fields
+            total = _resource({"memory": node["usedMemoryMB"] + node.get("availMemoryMB", 0),
+                               "vCores": node.get("usedVirtualCores", 0) + node.get("availableVirtualCores", 0)})
+        if total is not None:
+            out.append(total)
+    return tuple(sorted(out, reverse=True)) or None
+
+
 def fetch_json(url: str) -> Any:
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 (the cluster's own URL)
@@ -113,5 +138,11 @@ def read_limits(props: Mapping[str, str], queue: Optional[str],
             continue
         # The JAXB mapping leaves minAllocation out: the client's yarn-site mirrors the cluster's.
         limits = parse_scheduler(doc, queue, base, int(props.get("yarn.scheduler.minimum-allocation-mb", 1024)))
-        return limits, "" if limits else f"{base} reports no per-queue container limits"
+        if limits is None:
+            return None, f"{base} reports no per-queue container limits"
+        try:  # best effort, as the rest: without the nodes, only the queue's total is checked
+            limits = dataclasses.replace(limits, nodes=parse_nodes(fetch(base + NODES_PATH)))
+        except (OSError, ValueError, urllib.error.URLError):
+            pass
+        return limits, ""
     return None, "; ".join(problems)

@@ -16,11 +16,17 @@ container request (refused in seconds, naming why), and four YARN applications, 
 3. ``hvdtrain yarn score --master yarn`` with that export: the ETL's table read, and the predictions table
    written, through the same metastore service (two jobs share it; neither has a metastore of its own);
 4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left;
-5. ``hvdtrain yarn run`` of a script whose rank outgrows its container: the NodeManagers enforce container memory,
-   as a production cluster's do, and the command names the kill in one line.
+5. ``hvdtrain yarn run`` of a user's Horovod script in cluster mode, to FINISHED/SUCCEEDED, and of a script whose
+   rank outgrows its container: the NodeManagers enforce container memory, as a production cluster's do, and the
+   command names the kill in one line.
+
+Every application carries a planted secret (yarn.env, a Spark setting); the module's last test sweeps the
+command lines seen while they ran, the ResourceManager's records, the aggregated logs, HDFS and this host's
+files for it (#54).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -28,13 +34,15 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import psutil
@@ -51,12 +59,14 @@ from hvdtrain.runtime import startup
 from hvdtrain.training import checkpoint
 from tests.hadoop.conftest import cluster_env, packed_env
 from tests.multiprocess.test_yarn_local import REPO, read_records, run_submit, submit_command, submit_env, write_job
+from tests.support.proc_watch import ProcessWatcher
 
 pytestmark = pytest.mark.hadoop
 
 SAMPLE = {"rows": 1200, "num_classes": 4, "words_per_class": 40, "filler_words": 300, "class_word_rate": 0.5,
           "min_words": 12, "max_words": 30, "label_noise": 0.0, "seed": 7}
 PYSPARK_JARS = cluster.pyspark_jars_dir()
+APP_ID = re.compile(r"application_\d+_\d+")
 
 
 def hadoop_cli(*argv: str, timeout: float = 120) -> str:
@@ -69,11 +79,35 @@ def hadoop_cli(*argv: str, timeout: float = 120) -> str:
 # Two cores per executor: a NodeManager (3 vcores, cores counted) holds the application master and one such
 # executor, never two, so the two ranks run on two NodeManagers, and a relaunched one where its container was.
 SPREAD = {"executor_cores": 2}
+# In cluster mode the driver's application master (1 GB heap + 384 MB: 1,536 MB) and a rank's executor share a
+# 4,096 MB NodeManager only with a rank of 1 GB (1 GB + 384 MB + 1 GB: 2,560 MB), not the fitting 1.5 GB.
+CLUSTER_MODE_RANK = "1024m"
+
+
+# #54: a secret planted in every job's yarn: block, as a user's database password and a Spark setting: it must
+# reach the ranks and executors, and no command line, ResourceManager record, log or output but the owner-only
+# files that must carry it (test_the_planted_secret_... at the end of this module sweeps them all).
+SECRET = "Pl4nted-Y4rn-S3cret-9c2f"
+PLANTED_ENV = {"PGPASSWORD": SECRET}
+PLANTED_CONF = {"spark.hadoop.fs.s3a.secret.key": SECRET}
 
 
 def yarn_block(hdfs_root: str, **extra: Any) -> dict[str, Any]:
-    """The yarn: block that fits the cluster (``hvdtrain cluster``'s own), with the env cache under ``hdfs_root``."""
-    return cluster.yarn_settings(f"{hdfs_root}/envs", PYSPARK_JARS, **extra)
+    """The yarn: block that fits the cluster (``hvdtrain cluster``'s own), with the env cache under ``hdfs_root``
+    and the planted secret in its environment and Spark settings."""
+    env = {**PLANTED_ENV, **extra.pop("env", {})}
+    block = cluster.yarn_settings(f"{hdfs_root}/envs", PYSPARK_JARS, **extra)
+    return {**block, "env": {**block["env"], **env}, "spark_conf": {**block["spark_conf"], **PLANTED_CONF}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def processes() -> Iterator[ProcessWatcher]:
+    """Every command line on this host while the module's jobs run, and the environment of every Horovod rank that
+    a Spark task starts (``horovod.spark.task.gloo_exec_fn``)."""
+    watcher = ProcessWatcher("horovod.spark.task.gloo_exec_fn")
+    watcher.start()
+    yield watcher
+    watcher.stop()
 
 
 # -- the cluster itself ---------------------------------------------------------------------------
@@ -225,6 +259,10 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
                                                                 "ResourceManager at"),
         "ring": (["yarn", "submit", "configs/demo.yaml", "--master", "yarn", "--num-workers", "5", *fitting],
                  "hvdtrain: error: yarn.num_workers can never run at once: 5 executors"),
+        # within the queue's 8,192 MB, but no NodeManager holds the cluster-mode driver's master and a rank's executor
+        "nodes": (["yarn", "submit", "configs/demo.yaml", "--master", "yarn", "--num-workers", "2", *fitting,
+                   "yarn.deploy_mode=cluster", "yarn.driver_memory=1g"],
+                  "hvdtrain: error: yarn.num_workers can never run at once: 2 executors"),
     }
     errors = {}
     for name, (args, expected) in cases.items():
@@ -235,6 +273,7 @@ def test_requests_that_cannot_fit_are_one_line_before_anything_is_packed_or_subm
         assert not any(line.startswith("$ ") for line in proc.stdout.splitlines()), name  # spark-submit never ran
     assert "grants at most 4,096 MB per container; set yarn.executor_memory=3712m or less" in errors["demo defaults"]
     assert "(its queues: root.default, root.ml)" in errors["unknown queue"]
+    assert "(4,096 MB and 3 vcores, 4,096 MB and 3 vcores) hold at most 1 of them at once" in errors["nodes"]
     assert _applications() == before
 
 
@@ -560,6 +599,54 @@ def test_a_user_the_permissions_refuse_gets_one_line_naming_the_path_the_user_an
         assert written == [job.name], f"{what}: {written}"  # no output claimed, no lease left behind
 
 
+def _script_job(folder: Path, name: str, source: str, yarn: dict[str, Any]) -> tuple[Path, Path]:
+    """(the script, in a folder of its own as ``yarn run`` ships it; the config of its ``yarn:`` and ``fault:``)."""
+    script = folder / name / f"{name}.py"
+    script.parent.mkdir()
+    script.write_text(source)
+    job = folder / f"{name}.yaml"
+    job.write_text(yaml.safe_dump({"name": name, "workdir": str(folder), "tracking": {"enabled": False},
+                                   "fault": {"max_restarts": 0}, "yarn": yarn}))
+    return script, job
+
+
+# A user's Horovod script (hvdtrain yarn run): one all-reduce over the ranks, and a digest of the database password
+# the job's yarn.env planted (the value itself is never printed).
+ALLREDUCE_SCRIPT = """
+import hashlib, os, sys
+import horovod.tensorflow as hvd
+import tensorflow as tf
+hvd.init()
+total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+digest = hashlib.sha256(os.environ.get("PGPASSWORD", "").encode()).hexdigest()
+print(f"rank {hvd.rank()} of {hvd.size()}: sum {float(total):g}, password {digest}, args {sys.argv[1:]}", flush=True)
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_yarn_run_runs_a_users_horovod_script_on_two_containers(hadoop_cluster: dict, hdfs_root: str,
+                                                               tmp_path: Path) -> None:
+    """#56 item 4: ``hvdtrain yarn run`` of a user's own Horovod script in cluster mode (the driver in the
+    application master's container), to the end on the ResourceManager: two ranks in two containers all-reduce,
+    each gets the job's yarn.env (its secret through the sealed file the executors' daemon reads, #54), the
+    command names the application's final state, and every rank's log is on HDFS."""
+    packed_env(hadoop_cluster)
+    script, job = _script_job(tmp_path, "allreduce", ALLREDUCE_SCRIPT,
+                              yarn_block(hdfs_root, **SPREAD, deploy_mode="cluster", rank_memory=CLUSTER_MODE_RANK))
+    output = f"{hdfs_root}/user-run"
+    proc = run_submit([sys.executable, "-m", "hvdtrain.cli", "yarn", "run", "--config", str(job), "--num-workers",
+                       "2", "--output", output, str(script), "--epochs", "3"], timeout=900)
+    app_id = APP_ID.search(proc.stdout + proc.stderr).group(0)
+    assert f"hvdtrain: {app_id} ended FINISHED/SUCCEEDED" in proc.stdout, proc.stdout[-3000:]
+    assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    for rank in (0, 1):
+        log = fs.read_bytes(f"{output}/logs/rank{rank}.log").decode()
+        assert f"rank {rank} of 2: sum 3, password {digest}, args ['--epochs', '3']" in log, log[-2000:]
+    ranks = read_records(f"{output}/yarn_result.json")["ranks"]
+    assert len({r["container"] for r in ranks}) == 2 and all(r["exit_code"] == 0 for r in ranks), ranks
+
+
 # A user's script whose rank holds 2 GB: resident (every page written), then waits to be measured.
 MEMORY_HOG = """
 import os, time
@@ -580,12 +667,7 @@ def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_l
     container held and the setting to raise. (The tier's other jobs run with the cluster's fitting 1.5 GB for each
     rank, under the same enforcement.)"""
     packed_env(hadoop_cluster)
-    script = tmp_path / "hog" / "hog.py"
-    script.parent.mkdir()
-    script.write_text(MEMORY_HOG)
-    job = tmp_path / "hog.yaml"
-    job.write_text(yaml.safe_dump({"name": "hog", "workdir": str(tmp_path), "tracking": {"enabled": False},
-                                   "fault": {"max_restarts": 0}, "yarn": yarn_block(hdfs_root, rank_memory="512m")}))
+    script, job = _script_job(tmp_path, "hog", MEMORY_HOG, yarn_block(hdfs_root, rank_memory="512m"))
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "yarn", "run", "--config", str(job),
                            "--num-workers", "1", "--output", f"{hdfs_root}/hog-run", str(script)], cwd=REPO,
                           env=submit_env(), capture_output=True, text=True, timeout=900)
@@ -600,7 +682,7 @@ def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_l
 @pytest.mark.timeout(1800)
 def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, "clusterstop", hdfs_dataset, f"{hdfs_root}/train-stop", epochs=200,
-                    yarn=yarn_block(hdfs_root, deploy_mode="cluster"))
+                    yarn=yarn_block(hdfs_root, deploy_mode="cluster", rank_memory=CLUSTER_MODE_RANK))
     log = tmp_path / "submit.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(submit_command(job, "--num-workers", "2"), cwd=REPO, env=submit_env(), stdout=out,
@@ -617,3 +699,72 @@ def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: s
     assert _wait_for_state(app_id, {"KILLED", "FAILED", "FINISHED"}, timeout=300) == "KILLED"
     nodes = hadoop_cli("yarn", "node", "-list")
     assert re.findall(r"RUNNING\s+\S+\s+(\d+)", nodes) == ["0", "0"], nodes  # no container left
+
+
+# -- the planted secret, swept for (#54) ----------------------------------------------------------------
+
+HDFS_SKIP = ("envs",)  # the env archives (the venv, packed): nothing a job wrote
+
+
+@pytest.mark.timeout(1200)
+def test_the_planted_secret_reached_the_ranks_and_no_command_line_record_log_or_output(
+        hadoop_cluster: dict, hdfs_root: str, processes: ProcessWatcher, etl_job: Path, killed: dict[str, Any]) -> None:
+    """Last in the module, after every YARN application of the tier (ETL, the killed-and-resumed training, scoring,
+    yarn run, the memory kill, Ctrl-C in cluster mode), each submitted with SECRET in yarn.env and a Spark setting:
+    every rank had it in its environment, and it is in no process's command line (polled every 50 ms while they
+    ran: spark-submit, drivers, executor JVMs, Python daemons, ranks), no ResourceManager record, none of the
+    applications' aggregated logs (``yarn logs``: stdout, stderr, and the launch_container.sh YARN copies there),
+    no file on HDFS, and no file on this host other than owner-only ones (the shipped 0600 files, as the
+    NodeManagers localized them)."""
+    processes.stop()  # every command line is in: the applications have ended
+    seen = processes.cmdlines
+    assert any("YarnCoarseGrainedExecutorBackend" in c for c in seen) and any("yarn.spark_daemon" in c for c in seen)
+    assert [c[max(0, c.index(SECRET) - 300):c.index(SECRET) + 40] for c in seen if SECRET in c] == []
+    # the ranks in this cluster's containers (the other pytest process may run ranks of local Spark meanwhile)
+    ranks = {pid: env for pid, (_, env) in processes.matched.items() if env.get("CONTAINER_ID", "").startswith("container_")}
+    assert len(ranks) >= 6, sorted(ranks)  # the killed job's two tries of two ranks, yarn run's two, ...
+    assert {pid: env.get("PGPASSWORD") == SECRET for pid, env in ranks.items()} == {pid: True for pid in ranks}
+    apps = sorted(set(APP_ID.findall(hadoop_cli("yarn", "application", "-list", "-appStates", "ALL"))))
+    assert len(apps) >= 6, apps
+    web = hadoop_cluster["resourcemanager_web"]
+    for app in apps:  # the ResourceManager's record: over RPC, and its web UI's page (the minicluster's REST API
+        # answers without the records' fields: its shaded jars lack the JSON provider)
+        report = hadoop_cli("yarn", "application", "-status", app)
+        page = urllib.request.urlopen(f"{web}/cluster/app/{app}", timeout=60).read().decode(errors="replace")
+        assert "hvdtrain-" in report and "hvdtrain-" in page and app in page, app  # the records are there
+        assert SECRET not in report and SECRET not in page, app
+        _wait_for_log_aggregation(app, timeout=300)
+        logs = hadoop_cli("yarn", "logs", "-applicationId", app, timeout=600)
+        assert "LogType:launch_container.sh" in logs, app  # the containers' environment is among what is read
+        assert SECRET not in logs, (app, [line for line in logs.splitlines() if SECRET in line][:5])
+    on_hdfs = [f"{root}/{name}" for root in (hdfs_root, hadoop_cluster["fs_default"] + "/user/hive/warehouse")
+               for name in fs.walk(root, skip=HDFS_SKIP)]
+    assert len(on_hdfs) > 20 and any(p.endswith("manifest.json") for p in on_hdfs)
+    assert [p for p in on_hdfs if SECRET.encode() in fs.read_bytes(p)] == []
+    # On this host: the NodeManagers' folders (launch scripts, localized files, container logs) and the jobs'
+    # own folders (MLflow's store, traces, launcher logs), but not the configs this test wrote for the jobs.
+    holders = _local_files_holding(SECRET.encode(), [Path(hadoop_cluster["home"]), etl_job.parent,
+                                                     killed["mlflow_folder"]],
+                                   written_by_test={etl_job, *killed["mlflow_folder"].glob("*.yaml")})
+    shipped = {"hvdtrain-sealed-env.json", "hvdtrain-job.yaml", "__spark_conf__.properties", "__spark_hadoop_conf__.xml"}
+    assert holders and all(name in shipped for name, _ in holders), holders  # the shipped files: the secret must reach the job
+    assert [(name, oct(mode)) for name, mode in holders if mode & 0o077] == []  # ... and only its owner
+
+
+def _local_files_holding(needle: bytes, roots: list[Path], written_by_test: set[Path]) -> list[tuple[str, int]]:
+    """(name, mode) of every file under ``roots`` that holds ``needle``: the unpacked env archives (a venv: over
+    100,000 files that no job writes) and the DataNode's block files (HDFS, swept above) are left out."""
+    out = []
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if not d.endswith(".tar.gz") and d != "dfs"]
+            for name in files:
+                path = Path(folder, name)
+                try:
+                    if path in written_by_test or path.is_symlink() or path.stat().st_size > 64 << 20:
+                        continue
+                    if needle in path.read_bytes():
+                        out.append((name, stat.S_IMODE(path.stat().st_mode)))
+                except OSError:  # a container's folder deleted meanwhile
+                    continue
+    return out

@@ -101,6 +101,46 @@ def test_a_ring_that_can_never_start_together_is_refused_and_one_that_can_is_not
     assert refused(4) == [] and refused(5, gang=False) == []
 
 
+def test_a_ring_the_nodemanagers_cannot_hold_at_once_is_refused_though_the_queue_total_would_hold_it() -> None:
+    """The minicluster's case (two NodeManagers of 4,096 MB and 3 vcores, 256 MB steps): in cluster mode the
+    driver's application master (1,536 MB) and a rank's executor (1 GB heap + 384 MB + yarn.rank_memory 1,536 MB =
+    3,072 MB) never share a node, so the second executor never starts (Spark waited out its 600 s start timeout),
+    though 7,680 MB is within the queue's 8,192 MB. A smaller rank, or client mode's smaller master, fits."""
+    nodes = rm.Limits("root.default", 4096, 3, 8192, 6, "http://rm:8088", min_memory_mb=256,
+                      nodes=((4096, 3), (4096, 3)))
+
+    def refused(mode: str, rank: str, workers: int = 2, cores: int = 1) -> list[ConfigError]:
+        y = YarnConfig(executor_memory="1g", executor_cores=cores, rank_memory=rank, num_workers=workers,
+                       driver_memory="1g")
+        return resources.misfits(y, resources.requests(y, mode, workers, ranks=True), nodes, gang=True)
+
+    (error,) = refused("cluster", "1536m")
+    assert error.field == "yarn.num_workers" and "(got 2)" in str(error)
+    assert ("need 3,072 MB and 1 vcores each, beside the application master's 1,536 MB and 1 vcores, and the "
+            "NodeManagers of the ResourceManager at http://rm:8088 (4,096 MB and 3 vcores, 4,096 MB and 3 vcores) "
+            "hold at most 1 of them at once") in str(error)
+    assert refused("cluster", "1024m") == []  # 1,536 + 2,560 MB on one node, 2,560 MB on the other
+    assert refused("client", "1536m") == []  # the client-mode master is 1,024 MB
+    assert refused("client", "1536m", workers=3) != []  # ... but a third executor has no node
+    assert [e.field for e in refused("client", "512m", workers=3, cores=2)] == ["yarn.num_workers"]  # vcores too
+    assert [str(e) for e in refused("cluster", "1536m", workers=2)] == [str(error)]  # pure
+    unknown = rm.Limits("root.default", 4096, 3, 8192, 6, "http://rm:8088", min_memory_mb=256)
+    y = YarnConfig(executor_memory="1g", executor_cores=1, rank_memory="1536m", num_workers=2, driver_memory="1g")
+    assert resources.misfits(y, resources.requests(y, "cluster", 2, ranks=True), unknown, True) == []  # not read
+
+
+def test_the_nodemanagers_sizes_come_from_either_json_mapping_leaving_out_labelled_and_lost_nodes() -> None:
+    jaxb = {"nodes": [{"state": "RUNNING", "nodeLabels": [], "totalResource": {"memorySize": 4096, "vCores": 3}},
+                      {"state": "RUNNING", "nodeLabels": ["gpu"], "totalResource": {"memorySize": 65536, "vCores": 16}},
+                      {"state": "LOST", "totalResource": {"memorySize": 8192, "vCores": 8}}]}
+    older = {"nodes": {"node": [{"state": "RUNNING", "usedMemoryMB": 1024, "availMemoryMB": 7168,
+                                 "usedVirtualCores": 1, "availableVirtualCores": 7},
+                                {"state": "RUNNING", "totalResource": {"memory": 4096, "vCores": 3}}]}}
+    assert rm.parse_nodes(jaxb) == ((4096, 3),)
+    assert rm.parse_nodes(older) == ((8192, 8), (4096, 3))
+    assert rm.parse_nodes({"nodes": None}) is None and rm.parse_nodes({"nodes": {"node": []}}) is None
+
+
 @pytest.mark.parametrize("key", ["memorySize", "memory"])
 def test_the_queue_s_limits_come_from_either_json_mapping_and_an_unknown_queue_names_those_there_are(key: str) -> None:
     jaxb = {"schedulerInfo": {"queueName": "root", "queues": {"queueInfoList": [
@@ -147,7 +187,9 @@ def test_the_first_resourcemanager_that_answers_is_read_and_none_answering_is_a_
              "yarn.scheduler.minimum-allocation-mb": "512"}
     limits, why = rm.read_limits(props, None, fetch)
     assert limits is not None and limits.source == "http://b:8088" and limits.min_memory_mb == 512 and why == ""
-    assert asked == ["http://a:8088/ws/v1/cluster/scheduler", "http://b:8088/ws/v1/cluster/scheduler"]
+    assert asked == ["http://a:8088/ws/v1/cluster/scheduler", "http://b:8088/ws/v1/cluster/scheduler",
+                     "http://b:8088/ws/v1/cluster/nodes?states=RUNNING"]  # ... and the nodes, from the one that answered
+    assert limits.nodes is None  # that answer named no node: only the queue's total is checked
     none, why = rm.read_limits({"yarn.resourcemanager.webapp.address": "a:8088"}, None, fetch)
     assert none is None and "connection refused" in why
 
