@@ -16,7 +16,8 @@ container request (refused in seconds, naming why), and four YARN applications, 
 3. ``hvdtrain yarn score --master yarn`` with that export: the ETL's table read, and the predictions table
    written, through the same metastore service (two jobs share it; neither has a metastore of its own);
 4. Ctrl-C on a cluster-mode submission: the application KILLED, no container left;
-5. ``hvdtrain yarn run`` of a user's Horovod script in cluster mode, to FINISHED/SUCCEEDED, and of a script whose
+5. an elastic ``hvdtrain yarn submit`` that loses a container, goes on at one rank and grows back in a new one;
+6. ``hvdtrain yarn run`` of a user's Horovod script in cluster mode, to FINISHED/SUCCEEDED, and of a script whose
    rank outgrows its container: the NodeManagers enforce container memory, as a production cluster's do, and the
    command names the kill in one line.
 
@@ -679,6 +680,58 @@ def test_a_rank_over_its_container_s_memory_is_killed_by_yarn_and_named_in_one_l
         r"\(the JVM's heap\) \+ spark.executor.memoryOverhead=896m; raise yarn.rank_memory \(now 512m\)", last), last
 
 
+ELASTIC_STEPS, ELASTIC_EVERY = 1600, 4  # long enough for a new container to join (1,500 took 105 s here, idle)
+
+
+@pytest.mark.timeout(1800)
+def test_an_elastic_job_on_yarn_goes_on_without_a_lost_container_and_grows_back_in_a_new_one(
+        hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str, tmp_path: Path) -> None:
+    """#56 item 4: ``train.elastic`` on the ResourceManager (``horovod.spark.run_elastic``, Spark's task retries):
+    one executor's JVM is SIGKILLed (its container lost) mid-training; the surviving rank goes on alone, YARN
+    allocates a new container for Spark's retry of the lost task, and its rank joins: the job ends
+    FINISHED/SUCCEEDED at two ranks, every step of both virtual ranks trained, redone at most one commit interval."""
+    steps_per_epoch = manifest.read(hdfs_dataset).split("train").records // (16 * 2)
+    trace, output = tmp_path / "trace", f"{hdfs_root}/train-elastic"
+    job = write_job(tmp_path, "clusterelastic", hdfs_dataset, output, epochs=-(-ELASTIC_STEPS // steps_per_epoch),
+                    record_trace=str(trace), elastic={"min_ranks": 1, "max_ranks": 2,
+                                                      "commit_every_steps": ELASTIC_EVERY},
+                    yarn=yarn_block(hdfs_root, **SPREAD))
+    log = tmp_path / "submit.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(submit_command(job, "--num-workers", "2"), cwd=REPO, env=submit_env(), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            app_id = _wait_for_app(log, proc, timeout=600)
+            deadline = time.monotonic() + 900
+            while not trace.joinpath("rank1.keys").exists() or \
+                    len(kill_drill.segments(str(trace / "rank1.keys"))[-1][2]) < ELASTIC_EVERY + 2:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.05)
+            jvms = _executor_jvms(app_id)
+            assert len(jvms) == 2, [j.pid for j in jvms]
+            lost = jvms[1].environ()["CONTAINER_ID"]
+            jvms[1].kill()
+            code = proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # releases the application
+                proc.wait(timeout=120)
+    text = log.read_text()
+    assert code == 0, text[-6000:]
+    assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
+    doc = read_records(f"{output}/yarn_result.json")
+    result = doc["result"]
+    assert result["sizes"][0] == 2 and 1 in result["sizes"] and result["sizes"][-1] == 2, result  # shrank, grew back
+    assert result["ranks_agree"] and doc["world_size"] == 2, result
+    containers = {r["container"] for r in doc["ranks"]}
+    assert len(containers) == 2 and lost not in containers, (lost, doc["ranks"])  # the new rank in a new container
+    total = result["steps"]
+    for v in range(2):  # every step of both virtual ranks trained; redone at most one commit interval
+        runs = kill_drill.segments(str(trace / f"rank{v}.keys"))
+        assert set().union(*(r[2] for r in runs)) == set(range(total)), v
+        assert all(0 <= kill_drill.read_to(a) - b[1] <= ELASTIC_EVERY for a, b in zip(runs, runs[1:])), v
+
+
 @pytest.mark.timeout(1800)
 def test_ctrl_c_kills_a_cluster_mode_application(hdfs_dataset: str, hdfs_root: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, "clusterstop", hdfs_dataset, f"{hdfs_root}/train-stop", epochs=200,
@@ -710,7 +763,7 @@ HDFS_SKIP = ("envs",)  # the env archives (the venv, packed): nothing a job wrot
 def test_the_planted_secret_reached_the_ranks_and_no_command_line_record_log_or_output(
         hadoop_cluster: dict, hdfs_root: str, processes: ProcessWatcher, etl_job: Path, killed: dict[str, Any]) -> None:
     """Last in the module, after every YARN application of the tier (ETL, the killed-and-resumed training, scoring,
-    yarn run, the memory kill, Ctrl-C in cluster mode), each submitted with SECRET in yarn.env and a Spark setting:
+    yarn run, the memory kill, elastic training, Ctrl-C in cluster mode), each submitted with SECRET in yarn.env and a Spark setting:
     every rank had it in its environment, and it is in no process's command line (polled every 50 ms while they
     ran: spark-submit, drivers, executor JVMs, Python daemons, ranks), no ResourceManager record, none of the
     applications' aggregated logs (``yarn logs``: stdout, stderr, and the launch_container.sh YARN copies there),
@@ -722,10 +775,10 @@ def test_the_planted_secret_reached_the_ranks_and_no_command_line_record_log_or_
     assert [c[max(0, c.index(SECRET) - 300):c.index(SECRET) + 40] for c in seen if SECRET in c] == []
     # the ranks in this cluster's containers (the other pytest process may run ranks of local Spark meanwhile)
     ranks = {pid: env for pid, (_, env) in processes.matched.items() if env.get("CONTAINER_ID", "").startswith("container_")}
-    assert len(ranks) >= 6, sorted(ranks)  # the killed job's two tries of two ranks, yarn run's two, ...
+    assert len(ranks) >= 9, sorted(ranks)  # the killed job's two tries of two ranks, the elastic job's three, ...
     assert {pid: env.get("PGPASSWORD") == SECRET for pid, env in ranks.items()} == {pid: True for pid in ranks}
     apps = sorted(set(APP_ID.findall(hadoop_cli("yarn", "application", "-list", "-appStates", "ALL"))))
-    assert len(apps) >= 6, apps
+    assert len(apps) >= 7, apps
     web = hadoop_cluster["resourcemanager_web"]
     for app in apps:  # the ResourceManager's record: over RPC, and its web UI's page (the minicluster's REST API
         # answers without the records' fields: its shaded jars lack the JSON provider)
