@@ -282,7 +282,7 @@ def drop_replaced(old: Optional[str], new_run: str, table_root: str, part_folder
         return
     try:
         if fs.exists(folder):
-            fs.delete(folder)
+            fs.remove_published(folder)  # the replaced rows: to the HDFS trash when the cluster has one
     except ANY_ERROR as exc:  # the new rows are published; a leftover folder only wastes space
         log.warning("could not delete the replaced partition folder %s: %s", old, exc)
 

@@ -382,6 +382,56 @@ def delete(uri: str) -> None:
         with_retries(lambda: fs.delete_file(path), f"delete {uri}")
 
 
+TRASH_INTERVAL = "fs.trash.interval"  # minutes a file moved to the HDFS trash is kept; 0: no trash
+
+
+def trash_minutes(uri: str) -> int:
+    """How long the HDFS trash keeps what is moved there, by the client configs of an ``hdfs://`` URI's cluster
+    (``fs.trash.interval`` in $HADOOP_CONF_DIR/core-site.xml, as ``hdfs dfs -rm`` reads it); 0 for any other URI
+    or when the trash is off."""
+    conf_dir = os.environ.get("HADOOP_CONF_DIR")
+    if not uri.startswith("hdfs://") or not conf_dir:
+        return 0
+    try:
+        return max(0, int(float(_hadoop_props(conf_dir).get(TRASH_INTERVAL, "0") or 0)))
+    except ValueError:
+        return 0
+
+
+def remove_published(uri: str) -> Optional[str]:
+    """Remove published data the way ``hdfs dfs -rm -r`` does: on an HDFS whose trash is on (:func:`trash_minutes`),
+    move ``uri`` to the user's trash (``<home>/.Trash/Current/<its path>``, a timestamp appended to the name when
+    that is taken, as Hadoop does) and return where it went; elsewhere delete it and return None. pyarrow's own
+    deletes, like libhdfs's, bypass the trash: an overwrite by mistake would be unrecoverable."""
+    if trash_minutes(uri) <= 0 or not exists(uri):
+        delete(uri)
+        return None
+    fs, path = resolve(uri)
+    current = posixpath.join(_home(fs), ".Trash", "Current")
+    if path.rstrip("/").startswith(posixpath.dirname(current)):  # already in the trash: gone for good, as Hadoop does
+        delete(uri)
+        return None
+    parsed = urllib.parse.urlparse(uri)
+    target = posixpath.join(current, path.lstrip("/"))
+    if exists(parsed._replace(path=target).geturl()):
+        target += str(int(time.time() * 1000))
+    dest = parsed._replace(path=target).geturl()
+    makedirs(parsed._replace(path=posixpath.dirname(target)).geturl())
+    move(uri, dest)
+    log.info("moved %s to the HDFS trash: %s (kept %d minutes)", uri, dest, trash_minutes(uri))
+    return dest
+
+
+def _home(fs: pafs.FileSystem) -> str:
+    """The user's home folder on an HDFS: the NameNode's answer over WebHDFS, else ``/user/<user>``."""
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, WebHdfsHandler):
+        return handler.home()
+    import getpass
+
+    return f"/user/{os.environ.get('HADOOP_USER_NAME') or getpass.getuser()}"
+
+
 def move(src: str, dst: str) -> None:
     """Rename ``src`` to ``dst``; a rename whose response was lost but which took effect counts as done."""
     fs, src_path = resolve(src)

@@ -102,13 +102,14 @@ def write(folder: str, ledger: Ledger) -> None:
 
 
 def delete_owned(folder: str, owns: Callable[[str], bool], skip: Sequence[str] = ()) -> list[str]:
-    """Delete the files under ``folder`` that ``owns`` names, then the folders that left empty; returns the
-    files left (those nothing owns). Names in ``skip`` right under ``folder`` are neither listed nor touched."""
+    """Delete the files under ``folder`` that ``owns`` names (on an HDFS with a trash, moved there:
+    :func:`hvdtrain.hadoop.fs.remove_published`), then the folders that left empty; returns the files left (those nothing
+    owns). Names in ``skip`` right under ``folder`` are neither listed nor touched."""
     files = fs.walk(folder, skip)
     left = foreign(files, owns)
     gone = [f for f in files if owns(f)]
-    for rel in gone:
-        fs.delete(fs.join(folder, rel))
+    for rel in gone:  # to the HDFS trash when the cluster has one (fs.remove_published)
+        fs.remove_published(fs.join(folder, rel))
     parents = sorted({p for rel in gone for p in _parents(rel)}, key=lambda p: (-p.count("/"), p))
     for rel in parents:
         uri = fs.join(folder, rel)

@@ -59,6 +59,7 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         else:
             self.client = hdfs.InsecureClient(url, user=user)
         self.url, self.user, self.umask = url, user, umask
+        self._home: Optional[str] = None
         # WebHDFS creates with 644/755 unless told: every file and folder is created with these instead.
         self.file_mode, self.dir_mode = f"{0o666 & ~umask:03o}", f"{0o777 & ~umask:03o}"
 
@@ -88,6 +89,13 @@ class WebHdfsHandler(pafs.FileSystemHandler):
         if status["type"] == "DIRECTORY":
             return pafs.FileInfo(path, pafs.FileType.Directory, mtime=mtime)
         return pafs.FileInfo(path, pafs.FileType.File, size=status["length"], mtime=mtime)
+
+    def home(self) -> str:
+        """The user's home folder, as the NameNode names it (GETHOMEDIRECTORY)."""
+        if self._home is None:
+            with _remote_errors("/"):
+                self._home = str(self.client._get_home_directory("/").json()["Path"])
+        return self._home
 
     @_builtin_errors
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:

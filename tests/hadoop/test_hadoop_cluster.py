@@ -54,7 +54,7 @@ from benchmarks import kill_drill
 from hvdtrain.core import config
 from hvdtrain.core.errors import ANY_FAILURE
 from hvdtrain.data import manifest
-from hvdtrain.hadoop import fs
+from hvdtrain.hadoop import fs, ledger
 from hvdtrain.hadoop.minicluster import cluster
 from hvdtrain.runtime import startup
 from hvdtrain.training import checkpoint
@@ -154,6 +154,31 @@ def test_hdfs_paths_reach_the_namenode_from_python(hadoop_cluster: dict, hdfs_ro
         fs.read_bytes(f"{base}/missing")
     fs.delete(base)
     assert not fs.exists(base)
+
+
+def test_what_hvdtrain_replaces_on_hdfs_goes_to_the_trash_and_what_it_did_not_write_stays(hdfs_root: str) -> None:
+    """#54: pyarrow's deletes bypass HDFS's trash, so an overwrite by mistake was unrecoverable. With the cluster's
+    trash on (fs.trash.interval in core-site.xml, as ``cluster up`` and most clusters set it), the files a ledger
+    names move to the user's ``.Trash/Current`` under their own path, as ``hdfs dfs -rm`` moves them, and Hadoop's
+    own client finds them there with their bytes; a file no ledger names stays where it was; a second removal of
+    the same path gets a timestamped name beside the first, as Hadoop's does."""
+    assert fs.trash_minutes(hdfs_root) == 1440
+    out = f"{hdfs_root}/trash/out"
+    trash = None
+    for attempt in (b"v1", b"v2"):
+        fs.write_bytes_atomic(f"{out}/train/part-0.tfrecord", attempt)
+        fs.write_bytes_atomic(f"{out}/notes.txt", b"the user's own")
+        ledger.write(out, ledger.Ledger("hvdtrain etl", ("train/*",)))
+        left = ledger.delete_owned(out, ledger.Ledger("hvdtrain etl", ("train/*",)).owns)
+        assert left == ["notes.txt"] and fs.read_bytes(f"{out}/notes.txt") == b"the user's own"
+        assert not fs.exists(f"{out}/train")
+        listing = hadoop_cli("hdfs", "dfs", "-ls", "-R", "/user")
+        trash = sorted(set(re.findall(r"(/user/[^/\s]+/\.Trash/Current/user/hvdtrain-test/trash/out/train/"
+                                      r"part-0\.tfrecord\d*)$", listing, re.M)))
+        assert len(trash) == (1 if attempt == b"v1" else 2), listing[-3000:]
+    assert trash is not None  # both kept, neither overwritten (the last line: Hadoop's CLI may warn first)
+    assert {hadoop_cli("hdfs", "dfs", "-cat", t).splitlines()[-1] for t in trash} == {"v1", "v2"}
+    fs.delete(f"{hdfs_root}/trash")
 
 
 def test_safe_mode_during_a_checkpoint_write_is_waited_out(hadoop_cluster: dict, hdfs_root: str,

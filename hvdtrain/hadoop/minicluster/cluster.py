@@ -319,6 +319,8 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "yarn.nodemanager.delete.debug-delay-sec": "600",  # keep container folders for reading after a job
            **log_settings(spec),
            "dfs.replication": "1",
+           # The trash on, as on most production clusters (a day): what hvdtrain replaces goes there, not away.
+           "fs.trash.interval": "1440",
            # Permissions on, as on every production cluster: this JVM's user is HDFS's superuser, spec.user and
            # every other user meet the checks (hvdtrain.hdfs.users: the homes the launcher makes, as an operator).
            "dfs.permissions.enabled": "true",
