@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import psutil
@@ -428,24 +428,35 @@ def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     log = folder / "submit.log"
     with cluster_env(hadoop_cluster):
-        with open(log, "w") as out:
-            proc = subprocess.Popen(submit_command(job, "--num-workers", "2", "--max-restarts", "1"), cwd=REPO,
-                                    env=submit_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
-            try:
-                app_id = _wait_for_app(log, proc, timeout=600)
-                killed_container = _kill_an_executor_past_a_checkpoint(app_id, folder / "trace" / "rank0.keys",
-                                                                       f"{output}-checkpoints", proc, log)
-                code = proc.wait(timeout=900)
-            finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)  # releases the application
-                    proc.wait(timeout=120)
+        app_id, killed_container = _submit_and_kill(
+            job, log, lambda app, proc: _kill_an_executor_past_a_checkpoint(
+                app, folder / "trace" / "rank0.keys", f"{output}-checkpoints", proc, log),
+            "--max-restarts", "1")
         text = log.read_text()
-        assert code == 0, text[-6000:]
         return {"doc": read_records(f"{output}/yarn_result.json"), "trace": folder / "trace", "app_id": app_id,
                 "killed_container": killed_container,
                 "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text,
                 "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db", "mlflow_folder": folder}
+
+
+def _submit_and_kill(job: Path, log: Path, kill: Callable[[str, subprocess.Popen], str],
+                     *args: str) -> tuple[str, str]:
+    """``yarn submit --num-workers 2`` of ``job`` (output to ``log``), ``kill(app_id, proc)`` once the application
+    exists (its lost container's id), then the launcher's end, which must be exit 0: (app id, lost container). The
+    application is released (Ctrl-C) if the launcher is still running when the test fails."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(submit_command(job, "--num-workers", "2", *args), cwd=REPO, env=submit_env(),
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            app_id = _wait_for_app(log, proc, timeout=600)
+            lost = kill(app_id, proc)
+            code = proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # releases the application
+                proc.wait(timeout=120)
+    assert code == 0, log.read_text()[-6000:]
+    return app_id, lost
 
 
 def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: str, proc: subprocess.Popen,
@@ -722,27 +733,20 @@ def test_an_elastic_job_on_yarn_goes_on_without_a_lost_container_and_grows_back_
                                                       "commit_every_steps": ELASTIC_EVERY},
                     yarn=yarn_block(hdfs_root, **SPREAD))
     log = tmp_path / "submit.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(submit_command(job, "--num-workers", "2"), cwd=REPO, env=submit_env(), stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
-        try:
-            app_id = _wait_for_app(log, proc, timeout=600)
-            deadline = time.monotonic() + 900
-            while not trace.joinpath("rank1.keys").exists() or \
-                    len(kill_drill.segments(str(trace / "rank1.keys"))[-1][2]) < ELASTIC_EVERY + 2:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-                time.sleep(0.05)
-            jvms = _executor_jvms(app_id)
-            assert len(jvms) == 2, [j.pid for j in jvms]
-            lost = jvms[1].environ()["CONTAINER_ID"]
-            jvms[1].kill()
-            code = proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # releases the application
-                proc.wait(timeout=120)
-    text = log.read_text()
-    assert code == 0, text[-6000:]
+
+    def kill_mid_training(app_id: str, proc: subprocess.Popen) -> str:
+        deadline = time.monotonic() + 900
+        while not trace.joinpath("rank1.keys").exists() or \
+                len(kill_drill.segments(str(trace / "rank1.keys"))[-1][2]) < ELASTIC_EVERY + 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.05)
+        jvms = _executor_jvms(app_id)
+        assert len(jvms) == 2, [j.pid for j in jvms]
+        container = jvms[1].environ()["CONTAINER_ID"]
+        jvms[1].kill()
+        return container
+
+    app_id, lost = _submit_and_kill(job, log, kill_mid_training)
     assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
     doc = read_records(f"{output}/yarn_result.json")
     result = doc["result"]
