@@ -403,7 +403,8 @@ def remove_published(uri: str) -> Optional[str]:
     move ``uri`` to the user's trash (``<home>/.Trash/Current/<its path>``, a timestamp appended to the name when
     that is taken, as Hadoop does) and return where it went; elsewhere delete it and return None. pyarrow's own
     deletes, like libhdfs's, bypass the trash: an overwrite by mistake would be unrecoverable."""
-    if trash_minutes(uri) <= 0 or not exists(uri):
+    minutes = trash_minutes(uri)
+    if minutes <= 0 or not exists(uri):
         delete(uri)
         return None
     fs, path = resolve(uri)
@@ -418,7 +419,7 @@ def remove_published(uri: str) -> Optional[str]:
     dest = parsed._replace(path=target).geturl()
     makedirs(parsed._replace(path=posixpath.dirname(target)).geturl())
     move(uri, dest)
-    log.info("moved %s to the HDFS trash: %s (kept %d minutes)", uri, dest, trash_minutes(uri))
+    log.info("moved %s to the HDFS trash: %s (kept %d minutes)", uri, dest, minutes)
     return dest
 
 
