@@ -362,7 +362,7 @@ def cmd_yarn(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """``hvdtrain cluster up|status|down|fetch``: the one-machine Hadoop (hvdtrain/hadoop/minicluster)."""
     spec = minicluster.ClusterSpec(**({"home": args.home} if args.home else {}), start_timeout=args.timeout,
-                                   secure=args.secure, hive=args.hive,
+                                   secure=args.secure, hive=args.hive, ha=args.ha, https=args.https,
                                    ports=minicluster.STANDARD_PORTS if args.standard_ports else minicluster.Ports())
     return minicluster.main(args.action, spec, args.json)
 
@@ -472,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "for the user hvdtrain@EXAMPLE.COM (submit with --principal/--keytab)")
     cl.add_argument("--hive", action="store_true", help="up: a Hive metastore service too (Hive's Thrift server, "
                     "warehouse on HDFS), named by conf/hive-site.xml: jobs with hive.embedded=false use it")
+    cl.add_argument("--ha", action="store_true", help="up: HDFS as an HA nameservice (hdfs://hvdtrain): two NameNodes, "
+                    "nn1 active and nn2 standby, behind Hadoop's failover proxy; hdfs haadmin -failover nn1 nn2 swaps them")
+    cl.add_argument("--https", action="store_true", help="up: HDFS's web servers (WebHDFS) over TLS only "
+                    "(dfs.http.policy=HTTPS_ONLY) with a key made for the cluster; the printed export line names its "
+                    "CA bundle (REQUESTS_CA_BUNDLE)")
     cl.add_argument("--timeout", type=float, default=300.0, help="seconds `up` waits for the cluster (default 300)")
     cl.add_argument("--standard-ports", action="store_true", help="Hadoop's usual ports (NameNode 8020 and 9870, "
                     "ResourceManager 8032 and 8088, ...) instead of free ones")

@@ -25,6 +25,7 @@ import logging
 import os
 import posixpath
 import random
+import re
 import subprocess
 import time
 import urllib.parse
@@ -94,6 +95,20 @@ def is_transient(exc: BaseException) -> bool:
                                    "temporarily", "broken pipe", "retry", "unavailable", "too many open"))
 
 
+_UNTRUSTED = re.compile(r"certificate verify failed: ([^()'\"\]]+)", re.I)
+
+
+def untrusted_tls(what: str, exc: BaseException) -> Optional[EnvironmentProblem]:
+    """One line for a TLS server (an HTTPS_ONLY cluster's WebHDFS) whose certificate this host does not trust;
+    None for any other error. Never retried: the next attempt meets the same certificate."""
+    match = _UNTRUSTED.search(str(exc))
+    if match is None:
+        return None
+    return EnvironmentProblem(f"{what}: the server's TLS certificate is not trusted here ({match.group(1).strip()}); "
+                              "set REQUESTS_CA_BUNDLE to a CA bundle that holds the cluster's CA (its admin has it; "
+                              "`hvdtrain cluster up --https` prints its own), then rerun")
+
+
 def in_safe_mode(exc: BaseException) -> bool:
     """The NameNode refused a change because it is in safe mode (it will accept it once it leaves)."""
     return getattr(exc, "exception", None) == "SafeModeException" or "SafeModeException" in str(exc)
@@ -120,6 +135,9 @@ def with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy = RetryPoli
                                    "ask its admin (hdfs dfsadmin -safemode get), then rerun") from exc
             if is_denied(exc) and not isinstance(exc, AccessDenied):
                 raise denied(what, exc) from exc
+            untrusted = untrusted_tls(what, exc)
+            if untrusted is not None:
+                raise untrusted from exc
             if not is_transient(exc) or attempt == policy.attempts:
                 if is_transient(exc):
                     raise StorageError(f"{what}: failed after {attempt} attempts; last error: "

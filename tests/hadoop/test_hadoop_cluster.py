@@ -10,8 +10,9 @@ container request (refused in seconds, naming why), and four YARN applications, 
    the first job, so it packs the env archive, uploads it to the env cache on HDFS, and the NodeManagers
    localize it;
 2. ``hvdtrain yarn submit --num-workers 2`` on that dataset: the archive reused (no second upload), two
-   executors on two NodeManagers, one executor's container killed mid-training and the job resumed exactly from
-   its HDFS checkpoint, the export on HDFS; then every rank's log, the killed container's included, read back
+   executors on two NodeManagers, the active NameNode failed over mid-training (HDFS is an HA nameservice,
+   ``hdfs://hvdtrain``), then one executor's container killed and the job resumed exactly from an HDFS checkpoint
+   written through the new active NameNode, the export on HDFS; then every rank's log, the killed container's included, read back
    with ``yarn logs -applicationId`` from the cluster's aggregated logs;
 3. ``hvdtrain yarn score --master yarn`` with that export: the ETL's table read, and the predictions table
    written, through the same metastore service (two jobs share it; neither has a metastore of its own);
@@ -410,11 +411,14 @@ def _executor_jvms(app_id: str) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
-           tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``hvdtrain yarn submit --num-workers 2 --max-restarts 1`` on the ETL's dataset, whose first executor's JVM
-    is SIGKILLed (its container lost) once the first checkpoint is committed on HDFS; the driver relaunches the
-    ranks in the same application. The second YARN job of the session: it reuses the archive the ETL uploaded."""
+def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``hvdtrain yarn submit --num-workers 2 --max-restarts 1`` on the ETL's dataset. Once its first checkpoint is
+    committed on HDFS, the active NameNode is failed over (``hdfs haadmin -failover nn1 nn2``: the first NameNode
+    of the nameservice is now the standby); once a checkpoint written through the new active one is committed, the
+    first executor's JVM is SIGKILLed (its container lost), and the driver relaunches the ranks in the same
+    application, which resume from that checkpoint. The second YARN job of the session: it reuses the archive the
+    ETL uploaded. The rest of this module runs with nn2 active; nn1 is made active again at its end."""
     folder = tmp_path_factory.mktemp("hadoop-kill")
     output = f"{hdfs_root}/train-killed"
     job = write_job(folder, "clusterkill", hdfs_dataset, output, epochs=KILL_EPOCHS, tracking=True,
@@ -427,16 +431,38 @@ def killed(hadoop_cluster: dict, hdfs_dataset: str, hdfs_root: str,
     doc["fault"].update({"peer_timeout": 30, "restart_backoff": 1})
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     log = folder / "submit.log"
+    failover: dict[str, Any] = {}
+    request.addfinalizer(lambda: _fail_back(hadoop_cluster))
+
+    def fail_over_then_kill(app: str, proc: subprocess.Popen) -> str:
+        trace, checkpoints = folder / "trace" / "rank0.keys", f"{output}-checkpoints"
+        failover["before"] = _wait_for_checkpoint(trace, checkpoints, KILL_EVERY, proc, log)
+        failover["said"] = hadoop_cli("hdfs", "haadmin", "-failover", "nn1", "nn2")
+        failover["states"] = [_ha_state(nn) for nn in ("nn1", "nn2")]
+        # A checkpoint of a later step than rank 0 had reached then: begun, written and committed through nn2.
+        failover["at_step"] = kill_drill._current_pid(str(trace), 0)[1]
+        failover["after"] = _wait_for_checkpoint(trace, checkpoints, failover["at_step"] + 1, proc, log)
+        return _kill_an_executor(app)
+
     with cluster_env(hadoop_cluster):
-        app_id, killed_container = _submit_and_kill(
-            job, log, lambda app, proc: _kill_an_executor_past_a_checkpoint(
-                app, folder / "trace" / "rank0.keys", f"{output}-checkpoints", proc, log),
-            "--max-restarts", "1")
+        app_id, killed_container = _submit_and_kill(job, log, fail_over_then_kill, "--max-restarts", "1")
         text = log.read_text()
         return {"doc": read_records(f"{output}/yarn_result.json"), "trace": folder / "trace", "app_id": app_id,
-                "killed_container": killed_container,
+                "killed_container": killed_container, "failover": failover,
                 "report": json.loads(fs.read_bytes(f"{output}/eval_report.json")), "log": text,
                 "output": output, "mlflow": f"sqlite:///{folder}/mlflow.db", "mlflow_folder": folder}
+
+
+def _ha_state(namenode: str) -> str:
+    """``active`` or ``standby`` (``hdfs haadmin -getServiceState``; its output may start with a WARN line)."""
+    return hadoop_cli("hdfs", "haadmin", "-getServiceState", namenode).split()[-1]
+
+
+def _fail_back(hadoop_cluster: dict) -> None:
+    """nn1 active again (the later modules' webhdfs:// paths name it), whichever NameNode is active now."""
+    with cluster_env(hadoop_cluster):
+        if _ha_state("nn1") != "active":
+            hadoop_cli("hdfs", "haadmin", "-failover", "nn2", "nn1")
 
 
 def _submit_and_kill(job: Path, log: Path, kill: Callable[[str, subprocess.Popen], str],
@@ -463,18 +489,31 @@ def _kill_an_executor_past_a_checkpoint(app_id: str, trace: Path, checkpoints: s
                                         log: Path) -> str:
     """SIGKILL one executor JVM once a checkpoint is committed on HDFS (the writes are asynchronous: a step
     count alone can come before the commit); returns its container's id."""
+    _wait_for_checkpoint(trace, checkpoints, KILL_EVERY, proc, log)
+    return _kill_an_executor(app_id)
+
+
+def _wait_for_checkpoint(trace: Path, checkpoints: str, step: int, proc: subprocess.Popen, log: Path) -> int:
+    """The newest committed checkpoint's step once it is ``step`` or later (rank 0 past it too)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"training ended (exit {proc.returncode}) before the kill:\n{log.read_text()[-4000:]}"
+        assert proc.poll() is None, f"training ended (exit {proc.returncode}) before step {step}'s checkpoint:\n" \
+                                    f"{log.read_text()[-4000:]}"
         now = kill_drill._current_pid(str(trace), 0)
-        if now is not None and now[1] >= KILL_EVERY and (checkpoint.newest_step(checkpoints) or 0) >= KILL_EVERY:
-            jvms = _executor_jvms(app_id)
-            assert len(jvms) == 2, [j.pid for j in jvms]
-            container = jvms[0].environ()["CONTAINER_ID"]  # the NodeManager sets it for every container
-            jvms[0].kill()
-            return container
+        newest = checkpoint.newest_step(checkpoints) or 0
+        if now is not None and now[1] >= step and newest >= step:
+            return newest
         time.sleep(0.05)
-    pytest.fail(f"training did not commit its first checkpoint in time:\n{log.read_text()[-4000:]}")
+    pytest.fail(f"training did not commit step {step}'s checkpoint in time:\n{log.read_text()[-4000:]}")
+
+
+def _kill_an_executor(app_id: str) -> str:
+    """SIGKILL the first of the application's two executor JVMs; returns its container's id."""
+    jvms = _executor_jvms(app_id)
+    assert len(jvms) == 2, [j.pid for j in jvms]
+    container = jvms[0].environ()["CONTAINER_ID"]  # the NodeManager sets it for every container
+    jvms[0].kill()
+    return container
 
 
 @pytest.mark.timeout(1800)
@@ -494,6 +533,13 @@ def test_yarn_submit_on_two_nodemanagers_resumes_a_killed_container_exactly(kill
     assert all(r["container"].startswith("container_") for r in doc["ranks"]), doc["ranks"]
     assert len({r["nodemanager"] for r in doc["ranks"]}) == 2, doc["ranks"]  # two executors, two NodeManagers
     assert killed["report"]["resumed_from"], killed["report"]  # the relaunch continued from the HDFS checkpoint
+    # #56 item 1: the active NameNode failed over mid-job (nn1, the nameservice's first, standby from then on); the
+    # job went on, wrote checkpoints through nn2, and its relaunch resumed from one of those, exactly (below).
+    failover = killed["failover"]
+    assert "Failover from nn1 to nn2 successful" in failover["said"] and failover["states"] == ["standby", "active"]
+    assert failover["after"] > failover["at_step"] >= failover["before"], failover
+    resumed_step = int(re.search(r"ckpt-(\d+)/?$", killed["report"]["resumed_from"]).group(1))
+    assert resumed_step >= failover["after"], (resumed_step, failover)
     assert _final_state(app_id) == ("FINISHED", "SUCCEEDED")
     assert f"hvdtrain: {app_id} ended FINISHED/SUCCEEDED; logs: yarn logs -applicationId {app_id}" in log
     assert f"result: {output}/yarn_result.json" in log

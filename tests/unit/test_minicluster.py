@@ -59,7 +59,8 @@ def test_every_address_is_loopback_and_the_nodemanagers_fit_an_am_and_two_execut
     assert local_only["yarn.nodemanager.log.retain-seconds"] == "0" and "yarn.log-aggregation.retain-seconds" \
         not in local_only
     cmd = cluster.java_command("java", "CP", spec, ports)
-    assert cmd[:6] == ["java", "-Xmx1536m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp", "CP"]
+    assert cmd[:6] == ["java", "-Xmx1536m", "--add-opens", "java.base/java.lang=ALL-UNNAMED", "-cp",
+                       f"CP:{spec.conf_dir}"]  # the daemons read what the launcher writes in conf/
     assert cmd[6:12] == ["HvdtrainMiniCluster", str(tmp_path / "data"), spec.conf_dir, spec.ready_file, "1", "2"]
     assert cmd[12] == "2" and "yarn.resourcemanager.hostname=127.0.0.1" in cmd
     assert spec.heap_mb <= 3072
@@ -82,7 +83,7 @@ def test_missing_tools_and_taken_ports_are_one_line():
         with pytest.raises(EnvironmentProblem, match=f"port 127.0.0.1:{taken} \\(the namenode http\\) is taken"):
             cluster.choose_ports(cluster.Ports(namenode_http=taken))
     chosen = cluster.choose_ports(cluster.Ports(namenode=0))
-    assert len(set(vars(chosen).values())) == len(vars(chosen)) == 8 and 0 not in vars(chosen).values()
+    assert len(set(vars(chosen).values())) == len(vars(chosen)) == 12 and 0 not in vars(chosen).values()
 
 
 def test_maven_error_quotes_mavens_own_lines():
@@ -204,3 +205,72 @@ def test_a_hive_metastore_service_is_planned_only_on_request_and_never_with_kerb
         cluster.up(cluster.ClusterSpec(home=str(tmp_path / "new"), hive=True, secure=True))
     assert not (tmp_path / "new").exists()
     assert cluster.STANDARD_PORTS.hive_metastore == 9083
+
+
+def test_an_ha_cluster_is_planned_only_on_request_with_a_fencing_method_and_never_with_kerberos(tmp_path):
+    """#56 item 1: ``up --ha`` gives the launcher the nameservice and the second NameNode's ports, manual failover
+    and a fencing method (Hadoop refuses `haadmin -failover` without one), and bin/hdfs knows `haadmin`; without
+    it none of that; with --secure one line, before anything starts."""
+    ports = cluster.Ports(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    plain = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path)), ports)
+    assert not any(k.startswith(("hvdtrain.ha.", "dfs.ha.")) for k in plain)
+    ha = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path), ha=True), ports)
+    assert ha["hvdtrain.ha.nameservice"] == cluster.NAMESERVICE == "hvdtrain"
+    assert (ha["hvdtrain.ha.nn2-port"], ha["hvdtrain.ha.nn2-http-port"]) == ("9", "10")
+    assert ha["dfs.ha.automatic-failover.enabled"] == "false" and ha["dfs.ha.fencing.methods"] == "shell(/bin/true)"
+    cmd = cluster.java_command("java", "CP", cluster.ClusterSpec(home=str(tmp_path), ha=True), ports)
+    assert cmd[10:12] == ["1", "2"]  # nn1's RPC and HTTP ports
+    script = cluster.wrapper_script("/usr/bin/java", "CP", "/c", cluster.HDFS_CLIS, "hdfs")
+    assert "haadmin) cls=org.apache.hadoop.hdfs.tools.DFSHAAdmin; shift; ;;" in script
+    with pytest.raises(EnvironmentProblem, match="--ha --secure: an HA nameservice with Kerberos is not set up"):
+        cluster.up(cluster.ClusterSpec(home=str(tmp_path / "new"), ha=True, secure=True))
+    assert not (tmp_path / "new").exists()
+    details = {"fs_default": "hdfs://hvdtrain", "namenode_web": "http://localhost:1", "resourcemanager_web": "r",
+               "nodemanagers": 2, "log": "l", "nameservice": "hvdtrain", "bin": "/b", "hadoop_conf_dir": "/c",
+               "namenodes": {"nn1": "http://localhost:1", "nn2": "http://localhost:2"}}
+    assert ("NameNodes      nn1 http://localhost:1, nn2 http://localhost:2 (nameservice hvdtrain; fail over: hdfs "
+            "haadmin -failover nn1 nn2)") in cluster.describe(details)
+
+
+def test_an_https_cluster_plans_tls_only_web_servers_and_clients_verify_by_its_ca_bundle(tmp_path):
+    """#56 item 1: ``up --https`` puts HDFS's web servers on TLS only, each NameNode on its own https-address (the
+    nameservice's keys with --ha), with a key valid for the names clients use; a shell told to use it verifies the
+    certificate through the cluster's CA bundle. Without --https none of it."""
+    ports = cluster.Ports(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+    assert "dfs.http.policy" not in cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path)), ports)
+    spec = cluster.ClusterSpec(home=str(tmp_path), ha=True, https=True)
+    tls = cluster.hadoop_settings(spec, ports)
+    assert tls["dfs.http.policy"] == "HTTPS_ONLY" and tls["dfs.datanode.https.address"] == "127.0.0.1:0"
+    assert tls["dfs.namenode.https-address.hvdtrain.nn1"] == "127.0.0.1:11"
+    assert tls["dfs.namenode.https-address.hvdtrain.nn2"] == "127.0.0.1:12"
+    single = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path), https=True), ports)
+    assert single["dfs.namenode.https-address"] == "127.0.0.1:11"
+    genkey = cluster.keytool_commands("/jdk/bin/keytool", spec, "pw")[0]
+    assert genkey[genkey.index("-ext") + 1] == "SAN=dns:localhost,ip:127.0.0.1"  # what Python's TLS checks
+    server = cluster.ssl_site("server", spec, "pw")
+    assert f"<name>ssl.server.keystore.location</name><value>{spec.tls_dir}/keystore.jks</value>" in server
+    assert "ssl.server.keystore.keypassword" in server and "keystore" not in cluster.ssl_site("client", spec, "pw")
+    assert "tls" in cluster.RESET_FOLDERS  # a new key on every `up`
+    env = cluster.client_env({"hadoop_conf_dir": "/c", "ca_bundle": spec.ca_bundle})
+    assert env["REQUESTS_CA_BUNDLE"] == str(tmp_path / "tls" / "ca-bundle.pem")
+    assert "REQUESTS_CA_BUNDLE" not in cluster.client_env({"hadoop_conf_dir": "/c"})
+
+
+def test_an_untrusted_certificate_is_one_line_and_never_retried():
+    """A WebHDFS server whose certificate this host does not trust: the first attempt stops with the reason and the
+    fix (retrying meets the same certificate); other errors are not taken for it."""
+    calls = []
+
+    def fail():
+        calls.append(1)
+        raise OSError("HTTPSConnectionPool(host='localhost', port=1): Max retries exceeded (Caused by "
+                      "SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+                      "failed: self-signed certificate (_ssl.c:1006)')))")
+
+    with pytest.raises(EnvironmentProblem) as info:
+        fs.with_retries(fail, "list hdfs://prod/x", sleep=lambda s: None)
+    assert calls == [1]
+    assert str(info.value) == ("list hdfs://prod/x: the server's TLS certificate is not trusted here (self-signed "
+                               "certificate); set REQUESTS_CA_BUNDLE to a CA bundle that holds the cluster's CA (its "
+                               "admin has it; `hvdtrain cluster up --https` prints its own), then rerun")
+    assert fs.untrusted_tls("x", OSError("connection refused")) is None

@@ -28,6 +28,8 @@ import org.apache.hadoop.fs.RawLocalFileSystem;
 import org.apache.hadoop.fs.local.LocalConfigKeys;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.hdfs.MiniDFSNNTopology;
+import org.apache.hadoop.hdfs.server.namenode.ha.ConfiguredFailoverProxyProvider;
 import org.apache.hadoop.minikdc.MiniKdc;
 import org.apache.hadoop.security.UserGroupInformation;
 import org.apache.hadoop.util.VersionInfo;
@@ -52,6 +54,11 @@ import org.apache.hadoop.yarn.webapp.WebApp;
  * JVM runs Hive's own metastore Thrift service (HiveMetaStore, from the Hive jars pyspark ships: the version
  * Spark's client speaks), its Derby database on this host and its warehouse on HDFS; CONF_DIR/hive-site.xml
  * names it. The shutdown hook stops it first.
+ *
+ * HA (`hvdtrain cluster up --ha`, settings under hvdtrain.ha.*): a nameservice of two NameNodes (nn1 on NN_PORT and
+ * NN_HTTP_PORT, nn2 on hvdtrain.ha.nn2-port and -http-port) sharing an edits folder, as MiniDFSCluster's HA topology
+ * makes it; nn1 is made active, nn2 stays standby until `hdfs haadmin -failover nn1 nn2`. Clients (and the YARN
+ * daemons here) reach hdfs://NAMESERVICE through Hadoop's ConfiguredFailoverProxyProvider, as on a real cluster.
  *
  * Secure mode (`hvdtrain cluster up --secure`, settings under hvdtrain.kdc.*): a MiniKdc (Apache Kerby) starts
  * first and writes the principals' keytabs; every daemon then runs with Kerberos as cluster.py configured it.
@@ -85,9 +92,19 @@ public final class HvdtrainMiniCluster {
     }
     watchOwner(conf.getLong(OWNER_PID, -1));
     MiniKdc kdc = conf.get(KDC + "dir") == null ? null : startKdc(conf);
-    MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
-        .nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]))
-        .format(true).build();
+    String nameservice = conf.get(HA + "nameservice");
+    MiniDFSCluster.Builder dfsBuilder = new MiniDFSCluster.Builder(conf, new File(base, "dfs")).numDataNodes(1)
+        .format(true);
+    if (nameservice == null) {
+      dfsBuilder.nameNodePort(Integer.parseInt(args[3])).nameNodeHttpPort(Integer.parseInt(args[4]));
+    } else {
+      dfsBuilder.nnTopology(new MiniDFSNNTopology().addNameservice(new MiniDFSNNTopology.NSConf(nameservice)
+          .addNN(new MiniDFSNNTopology.NNConf("nn1").setIpcPort(Integer.parseInt(args[3]))
+              .setHttpPort(Integer.parseInt(args[4])))
+          .addNN(new MiniDFSNNTopology.NNConf("nn2").setIpcPort(conf.getInt(HA + "nn2-port", 0))
+              .setHttpPort(conf.getInt(HA + "nn2-http-port", 0)))));
+    }
+    MiniDFSCluster dfs = dfsBuilder.build();
     int nodeManagers = Integer.parseInt(args[5]);
     MiniYARNCluster yarn = new MiniYARNCluster("hvdtrain", nodeManagers, 1, 1);
     Process[] metastore = new Process[1];
@@ -104,11 +121,24 @@ public final class HvdtrainMiniCluster {
       }
     }));
     dfs.waitActive();
-    conf.set("fs.defaultFS", dfs.getURI().toString());
-    if (aggregation) {
-      createAppLogRoot(dfs.getFileSystem(), conf.get(YarnConfiguration.NM_REMOTE_APP_LOG_DIR));
+    String fsUri = dfs.getURI(0).toString();
+    // HTTPS_ONLY (`up --https`): the NameNodes' web servers (WebHDFS) listen on their https-address only.
+    boolean https = "HTTPS_ONLY".equalsIgnoreCase(conf.get("dfs.http.policy", "HTTP_ONLY"));
+    String webKey = https ? "dfs.namenode.https-address" : "dfs.namenode.http-address";
+    String web = https ? "https://" : "http://";
+    String webAddress = conf.get(webKey);
+    if (nameservice != null) {
+      dfs.transitionToActive(0);
+      fsUri = "hdfs://" + nameservice;
+      conf.set("dfs.client.failover.proxy.provider." + nameservice, ConfiguredFailoverProxyProvider.class.getName());
+      webAddress = conf.get(webKey + "." + nameservice + ".nn1");
     }
-    createHomes(dfs.getFileSystem(), conf.getTrimmedStrings(USERS));
+    conf.set("fs.defaultFS", fsUri);
+    FileSystem hdfs = FileSystem.get(URI.create(fsUri), conf);
+    if (aggregation) {
+      createAppLogRoot(hdfs, conf.get(YarnConfiguration.NM_REMOTE_APP_LOG_DIR));
+    }
+    createHomes(hdfs, conf.getTrimmedStrings(USERS));
     yarn.init(conf);
     yarn.start();
     if (aggregation) {  // deletes aggregated logs older than yarn.log-aggregation.retain-seconds
@@ -119,7 +149,7 @@ public final class HvdtrainMiniCluster {
       throw new IllegalStateException("the NodeManagers did not register with the ResourceManager in 300 s");
     }
     restartResourceManagerWebApp(yarn.getResourceManager());
-    while (dfs.getNameNode().isInSafeMode()) {
+    while (dfs.getNameNode(0).isInSafeMode()) {
       Thread.sleep(200);
     }
     Configuration all = yarn.getConfig();
@@ -129,17 +159,19 @@ public final class HvdtrainMiniCluster {
     writeSite(all, new File(confDir, "yarn-site.xml"), "yarn.");
     new File(confDir, "hive-site.xml").delete();  // a previous run's names another port
     if (conf.get(HIVE + "port") != null) {  // after the *-site.xml files: the metastore's classpath reads them
-      metastore[0] = startMetastore(conf, dfs.getFileSystem(), dfs.getURI().toString(), confDir);
+      metastore[0] = startMetastore(conf, hdfs, fsUri, confDir);
     }
     String json = "{\"pid\": " + ProcessHandle.current().pid()
         + ", \"hadoop_version\": \"" + VersionInfo.getVersion() + "\""
-        + ", \"fs_default\": \"" + dfs.getURI() + "\""
-        + ", \"namenode_web\": \"http://" + all.get("dfs.namenode.http-address") + "\""
+        + ", \"fs_default\": \"" + fsUri + "\""
+        + ", \"namenode_web\": \"" + web + webAddress + "\""
+        + (nameservice == null ? "" : ", \"nameservice\": \"" + nameservice + "\", \"namenodes\": {\"nn1\": \"" + web
+            + webAddress + "\", \"nn2\": \"" + web + conf.get(webKey + "." + nameservice + ".nn2") + "\"}")
         + ", \"resourcemanager\": \"" + all.get("yarn.resourcemanager.address") + "\""
         + ", \"resourcemanager_web\": \"http://" + all.get("yarn.resourcemanager.webapp.address") + "\""
         + ", \"nodemanagers\": " + args[5]
         + (metastore[0] == null ? "" : ", \"hive_metastore\": \"thrift://" + conf.get(HIVE + "host") + ":"
-            + conf.get(HIVE + "port") + "\", \"hive_warehouse\": \"" + dfs.getURI() + conf.get(HIVE + "warehouse")
+            + conf.get(HIVE + "port") + "\", \"hive_warehouse\": \"" + fsUri + conf.get(HIVE + "warehouse")
             + "\"")
         + (kdc == null ? "" : ", \"kdc\": \"" + kdc.getHost() + ":" + kdc.getPort() + "\", \"realm\": \""
             + kdc.getRealm() + "\"") + "}\n";
@@ -150,6 +182,7 @@ public final class HvdtrainMiniCluster {
   }
 
   private static final String KDC = "hvdtrain.kdc.";
+  private static final String HA = "hvdtrain.ha.";
 
   /**
    * The aggregated logs' root on HDFS, made as an operator makes it before the NodeManagers start: sticky and
@@ -353,12 +386,19 @@ public final class HvdtrainMiniCluster {
     start.invoke(rm);
   }
 
+  /**
+   * A NameNode's own identity, which MiniDFSCluster leaves in the shared Configuration when it starts an HA pair: a
+   * client's configuration names the nameservice's NameNodes, never which one it is.
+   */
+  private static final List<String> DAEMON_ONLY = List.of("dfs.ha.namenode.id", "dfs.nameservice.id");
+
   /** The settings whose names start with one of the prefixes, as a Hadoop *-site.xml. */
   private static void writeSite(Configuration all, File file, String... prefixes) throws Exception {
     Configuration site = new Configuration(false);
     for (Map.Entry<String, String> entry : all) {
       for (String prefix : prefixes) {
-        if (entry.getKey().startsWith(prefix) && !entry.getValue().startsWith(HvdtrainMiniCluster.class.getName())) {
+        if (entry.getKey().startsWith(prefix) && !entry.getValue().startsWith(HvdtrainMiniCluster.class.getName())
+            && !DAEMON_ONLY.contains(entry.getKey())) {
           site.set(entry.getKey(), all.get(entry.getKey()));
         }
       }

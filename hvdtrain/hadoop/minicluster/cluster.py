@@ -8,7 +8,9 @@ version of the ``hadoop-client-api`` jar inside the installed pyspark, so the
 client Spark uses and the cluster agree. ``up`` writes a ``HADOOP_CONF_DIR``
 and ``bin/yarn`` / ``bin/hdfs`` (Hadoop's own CLIs from the same jars) under the
 cluster's home folder. ``up --secure`` adds a MiniKdc and runs every daemon with
-Kerberos (:func:`kerberos_settings`; docs/hadoop.md, "Kerberos").
+Kerberos (:func:`kerberos_settings`; docs/hadoop.md, "Kerberos"); ``up --ha`` makes HDFS a nameservice of two
+NameNodes (:func:`ha_settings`), ``up --https`` puts its web servers on TLS only (:func:`https_settings`), ``up
+--hive`` adds a Hive metastore service (:func:`hive_settings`).
 
 The home folder is hvdtrain's only when it says so: ``up`` writes a ledger
 (:mod:`hvdtrain.hadoop.ledger`) into a new or empty ``--home`` before anything else,
@@ -63,7 +65,9 @@ YARN_CLIS = {"application": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI",
              "logs": ("org.apache.hadoop.yarn.client.cli.LogsCLI", False),
              "rmadmin": ("org.apache.hadoop.yarn.client.cli.RMAdminCLI", False)}
 HDFS_CLIS = {"dfs": ("org.apache.hadoop.fs.FsShell", False),
-             "dfsadmin": ("org.apache.hadoop.hdfs.tools.DFSAdmin", False)}
+             "dfsadmin": ("org.apache.hadoop.hdfs.tools.DFSAdmin", False),
+             "haadmin": ("org.apache.hadoop.hdfs.tools.DFSHAAdmin", False)}
+NAMESERVICE = "hvdtrain"  # the HA cluster's (`up --ha`): hdfs://hvdtrain/...
 # On the cluster JVM's classpath only (the launcher's folder, never the client conf folder): every Configuration
 # in that JVM, including the ones Hadoop builds internally (DefaultContainerExecutor's local FileContext), gets
 # the NodeManagers' java.nio local filesystem (HvdtrainMiniCluster.NioLocalFs).
@@ -93,6 +97,10 @@ class Ports:
     rm_admin: int = 0
     resourcemanager_web: int = 0
     hive_metastore: int = 0  # with ``ClusterSpec.hive`` only
+    namenode2: int = 0  # the second NameNode's RPC and HTTP ports, with ``ClusterSpec.ha`` only
+    namenode2_http: int = 0
+    namenode_https: int = 0  # the NameNodes' HTTPS ports, with ``ClusterSpec.https`` only
+    namenode2_https: int = 0
 
 
 # Hadoop's usual ports (`hvdtrain cluster up --standard-ports`), for URLs a newcomer recognizes.
@@ -136,6 +144,15 @@ class ClusterSpec:
     hive: bool = False
     hive_warehouse: str = "/user/hive/warehouse"
     hive_heap_mb: int = 384
+    # HA (`up --ha`), as a production HDFS: a nameservice (``NAMESERVICE``) of two NameNodes, nn1 active and nn2
+    # standby, that clients reach as hdfs://NAMESERVICE through Hadoop's failover proxy; `hdfs haadmin -failover
+    # nn1 nn2` (bin/hdfs) swaps them while jobs run.
+    ha: bool = False
+    # HTTPS only (`up --https`), as a cluster whose policy keeps delegation tokens and data off plain HTTP: the
+    # NameNodes' and the DataNode's web servers (WebHDFS) serve TLS only (dfs.http.policy=HTTPS_ONLY), with a key
+    # made for this cluster (keytool: CN=localhost, subjectAltName localhost and 127.0.0.1) in ``tls_dir``.
+    # Python clients verify it through ``ca_bundle`` (the public CAs and this one), exported as REQUESTS_CA_BUNDLE.
+    https: bool = False
     # A throwaway cluster's owner (a test session, a benchmark): the cluster JVM stops its daemons and exits once
     # that process is gone, killed or not. None: the cluster runs until ``down`` (``hvdtrain cluster up``).
     owner_pid: Optional[int] = None
@@ -161,6 +178,14 @@ class ClusterSpec:
         return os.path.join(self.home, "cluster.log")
 
     @property
+    def tls_dir(self) -> str:
+        return os.path.join(self.home, "tls")
+
+    @property
+    def ca_bundle(self) -> str:
+        return os.path.join(self.tls_dir, "ca-bundle.pem")
+
+    @property
     def kerberos_dir(self) -> str:
         return os.path.join(self.home, "kerberos")
 
@@ -178,8 +203,10 @@ class ClusterSpec:
 
 
 HOME_WRITER = "hvdtrain cluster"
-RESET_FOLDERS = ("data", "target")  # the last run's HDFS and NodeManager folders: new on every `up`
-HOME_FOLDERS = (*RESET_FOLDERS, "conf", "bin", "kerberos")
+# The last run's HDFS and NodeManager folders and client configuration (the cluster JVM reads conf/ from its
+# classpath once the launcher has written it: a stale one must never be there first): new on every `up`.
+RESET_FOLDERS = ("data", "target", "conf", "tls")
+HOME_FOLDERS = (*RESET_FOLDERS, "bin", "kerberos")
 HOME_FILES = ("cluster.json", "cluster.pid", "cluster.log", "hive-metastore.log", "hive-metastore.log.out")
 
 
@@ -328,7 +355,91 @@ def hadoop_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
            "hadoop.tmp.dir": os.path.join(spec.home, "data", "tmp")}
     if spec.hive:
         out.update(hive_settings(spec, ports))
+    if spec.ha:
+        out.update(ha_settings(ports))
+    if spec.https:
+        out.update(https_settings(spec, ports))
     return {**out, **kerberos_settings(spec)} if spec.secure else out
+
+
+def ha_settings(ports: Ports) -> dict[str, str]:
+    """The launcher's ``hvdtrain.ha.*`` settings and the HA settings an operator writes (pure): manual failover
+    (``hdfs haadmin``; no ZooKeeper failover controllers here), and a fencing method, which Hadoop requires before
+    it fails over. A graceful failover needs none (the old active steps down itself); ``shell(/bin/true)`` is the
+    usual setting where the shared edits folder admits one writer anyway, as here."""
+    return {"hvdtrain.ha.nameservice": NAMESERVICE, "hvdtrain.ha.nn2-port": str(ports.namenode2),
+            "hvdtrain.ha.nn2-http-port": str(ports.namenode2_http),
+            "dfs.ha.automatic-failover.enabled": "false", "dfs.ha.fencing.methods": "shell(/bin/true)"}
+
+
+def https_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
+    """HTTPS only for HDFS's web servers (pure): each NameNode's https-address (the nameservice's when ``spec.ha``),
+    the DataNode's on loopback, and the ssl-server.xml / ssl-client.xml that :func:`write_tls` puts in conf/."""
+    if spec.ha:
+        namenodes = {f"dfs.namenode.https-address.{NAMESERVICE}.nn1": f"{LOOPBACK}:{ports.namenode_https}",
+                     f"dfs.namenode.https-address.{NAMESERVICE}.nn2": f"{LOOPBACK}:{ports.namenode2_https}"}
+    else:
+        namenodes = {"dfs.namenode.https-address": f"{LOOPBACK}:{ports.namenode_https}"}
+    return {"dfs.http.policy": "HTTPS_ONLY", **namenodes, "dfs.datanode.https.address": f"{LOOPBACK}:0",
+            "hadoop.ssl.server.conf": "ssl-server.xml", "hadoop.ssl.client.conf": "ssl-client.xml",
+            "dfs.client.https.need-auth": "false"}
+
+
+TLS_ALIAS = "hvdtrain-cluster"
+
+
+def keytool_commands(keytool: str, spec: ClusterSpec, password: str) -> list[list[str]]:
+    """The JDK's keytool runs that make this cluster's TLS files (pure): a key and self-signed certificate valid for
+    localhost and 127.0.0.1 (the names clients reach the web servers by), its PEM, and a truststore holding it."""
+    keystore, truststore = (os.path.join(spec.tls_dir, n) for n in ("keystore.jks", "truststore.jks"))
+    cert = os.path.join(spec.tls_dir, "cluster.pem")
+    return [[keytool, "-genkeypair", "-alias", TLS_ALIAS, "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
+             "-dname", "CN=localhost", "-ext", f"SAN=dns:localhost,ip:{LOOPBACK}", "-keystore", keystore,
+             "-storetype", "JKS", "-storepass", password, "-keypass", password],
+            [keytool, "-exportcert", "-rfc", "-alias", TLS_ALIAS, "-keystore", keystore, "-storepass", password,
+             "-file", cert],
+            [keytool, "-importcert", "-noprompt", "-alias", TLS_ALIAS, "-file", cert, "-keystore", truststore,
+             "-storetype", "JKS", "-storepass", password]]
+
+
+def ssl_site(kind: str, spec: ClusterSpec, password: str) -> str:
+    """ssl-server.xml (``kind="server"``: the keystore) or ssl-client.xml (``"client"``: the truststore) (pure)."""
+    stores = {"keystore": "keystore.jks", "truststore": "truststore.jks"} if kind == "server" else \
+        {"truststore": "truststore.jks"}
+    props = {}
+    for store, name in stores.items():
+        props.update({f"ssl.{kind}.{store}.location": os.path.join(spec.tls_dir, name),
+                      f"ssl.{kind}.{store}.password": password, f"ssl.{kind}.{store}.type": "jks"})
+    if kind == "server":
+        props[f"ssl.{kind}.keystore.keypassword"] = password
+    body = "".join(f"  <property><name>{k}</name><value>{v}</value></property>\n" for k, v in props.items())
+    return f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
+
+
+def write_tls(spec: ClusterSpec, java: str) -> None:
+    """Make the cluster's key, certificate and truststore (keytool beside ``java``), conf/ssl-server.xml (0600:
+    it holds the keystore's password) and ssl-client.xml, and ``spec.ca_bundle``: certifi's public CAs and this
+    cluster's certificate, so a shell that exports it as REQUESTS_CA_BUNDLE still reaches public servers."""
+    import secrets
+
+    import certifi
+
+    keytool = os.path.join(os.path.dirname(os.path.realpath(java)), "keytool")
+    password = secrets.token_hex(16)
+    os.makedirs(spec.tls_dir, mode=0o700, exist_ok=True)
+    for cmd in keytool_commands(keytool, spec, password):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"keytool could not make the cluster's TLS key ({cmd[1]}: "
+                                     f"{(proc.stderr or proc.stdout).strip()[-300:]}); check the JDK at {java}")
+    for kind, mode in (("server", 0o600), ("client", 0o644)):
+        path = os.path.join(spec.conf_dir, f"ssl-{kind}.xml")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(ssl_site(kind, spec, password))
+    with open(certifi.where()) as public, open(os.path.join(spec.tls_dir, "cluster.pem")) as own, \
+            open(spec.ca_bundle, "w") as out:
+        out.write(public.read().rstrip("\n") + "\n" + own.read())
 
 
 def hive_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
@@ -393,7 +504,10 @@ def kerberos_settings(spec: ClusterSpec) -> dict[str, str]:
 def java_command(java: str, classpath: str, spec: ClusterSpec, ports: Ports) -> list[str]:
     """The cluster JVM's command line (pure)."""
     settings = hadoop_settings(spec, ports)
-    return [java, f"-Xmx{spec.heap_mb}m", *JAVA_OPTS, "-cp", classpath, LAUNCHER,
+    # conf/ last on the classpath, as HADOOP_CONF_DIR is on a production daemon's: the Configurations the
+    # daemons make afresh after start-up (a NodeManager's resource localizer) read the *-site.xml files the
+    # launcher writes there, so they know what only those files say (an HA nameservice's NameNodes).
+    return [java, f"-Xmx{spec.heap_mb}m", *JAVA_OPTS, "-cp", f"{classpath}:{spec.conf_dir}", LAUNCHER,
             os.path.join(spec.home, "data"), spec.conf_dir, spec.ready_file, str(ports.namenode),
             str(ports.namenode_http), str(spec.nodemanagers), *(f"{k}={v}" for k, v in settings.items())]
 
@@ -550,6 +664,8 @@ def status(spec: ClusterSpec) -> Optional[dict]:
            "home": spec.home}
     if "kdc" in details:  # a secure cluster: what a client needs to log in
         out.update(principal=spec.user_principal, keytab=spec.user_keytab, krb5_conf=spec.krb5_conf)
+    if details.get("namenode_web", "").startswith("https://"):  # HTTPS only: what a client verifies it by
+        out.update(ca_bundle=spec.ca_bundle)
     return out
 
 
@@ -557,6 +673,8 @@ def client_env(details: dict) -> dict[str, str]:
     """The variables a shell (or a test) sets to use the cluster: its configs, its CLIs and, when it is secure,
     its krb5.conf for MIT tools (KRB5_CONFIG) and for spark-submit's JVM (SPARK_SUBMIT_OPTS) (pure)."""
     env = {"HADOOP_CONF_DIR": details["hadoop_conf_dir"], "SPARK_LOCAL_IP": LOOPBACK}
+    if "ca_bundle" in details:
+        env["REQUESTS_CA_BUNDLE"] = details["ca_bundle"]
     if "krb5_conf" in details:
         env.update(KRB5_CONFIG=details["krb5_conf"],
                    SPARK_SUBMIT_OPTS=f"-Djava.security.krb5.conf={details['krb5_conf']}")
@@ -571,12 +689,23 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
             raise EnvironmentProblem(f"a {'secure' if 'kdc' in running else 'plain'} cluster already runs in "
                                      f"{spec.home} (pid {running['pid']}); stop it (hvdtrain cluster down) to start a "
                                      f"{'secure' if spec.secure else 'plain'} one, or use another --home")
+        if spec.https and "ca_bundle" not in running:
+            raise EnvironmentProblem(f"the cluster running in {spec.home} (pid {running['pid']}) serves HDFS over plain "
+                                     "HTTP; stop it (hvdtrain cluster down) and start it with --https, or use another "
+                                     "--home")
+        if spec.ha and "nameservice" not in running:
+            raise EnvironmentProblem(f"the cluster running in {spec.home} (pid {running['pid']}) has one NameNode; "
+                                     "stop it (hvdtrain cluster down) and start it with --ha, or use another --home")
         if spec.hive and "hive_metastore" not in running:
             raise EnvironmentProblem(f"the cluster running in {spec.home} (pid {running['pid']}) has no Hive "
                                      "metastore; stop it (hvdtrain cluster down) and start it with --hive, or use "
                                      "another --home")
         print(f"hvdtrain cluster: already running (pid {running['pid']})", file=out)
         return running
+    if spec.ha and spec.secure:
+        raise EnvironmentProblem("hvdtrain cluster up --ha --secure: an HA nameservice with Kerberos is not set up "
+                                 "here yet (each NameNode needs its own principal); start the cluster with one of "
+                                 "the two")
     if spec.hive and spec.secure:
         raise EnvironmentProblem("hvdtrain cluster up --hive --secure: the metastore service does not speak Kerberos "
                                  "(SASL) here yet; start the cluster with one of the two")
@@ -584,12 +713,18 @@ def up(spec: ClusterSpec, out: TextIO = sys.stdout) -> dict:
     down(spec, quiet=True)  # a JVM still starting, or stale files of one that died
     java, javac, mvn = require_tools()
     version, classpath = prepare(mvn, javac)
-    ports = choose_ports(spec.ports if spec.hive else replace(spec.ports, hive_metastore=0))
+    unused = {**({} if spec.hive else {"hive_metastore": 0}), **({} if spec.ha else {"namenode2": 0, "namenode2_http": 0}),
+              **({} if spec.https else {"namenode_https": 0, "namenode2_https": 0})}
+    ports = choose_ports(replace(spec.ports, **unused))
     os.makedirs(spec.home, exist_ok=True)
     ledger.write(spec.home, home.ledger)  # before anything it names is written
     for folder in home.reset:  # the last run's HDFS and NodeManager folders, which the ledger names
         shutil.rmtree(os.path.join(spec.home, folder), ignore_errors=True)
     _write_wrappers(spec, java, classpath)
+    # Empty, but there before the JVM starts: a classpath folder missing then is never looked in again.
+    os.makedirs(spec.conf_dir, exist_ok=True)
+    if spec.https:
+        write_tls(spec, java)
     cmd = java_command(java, classpath, spec, ports)
     start = time.monotonic()
     with open(spec.log_file, "w") as log:
@@ -691,6 +826,9 @@ def describe(details: dict) -> str:
              f"  ResourceManager UI  {details['resourcemanager_web']}",
              f"  NodeManagers   {details['nodemanagers']}",
              f"  log            {details['log']}"]
+    if "namenodes" in details:
+        lines += [f"  NameNodes      {', '.join(f'{k} {v}' for k, v in details['namenodes'].items())} (nameservice "
+                  f"{details['nameservice']}; fail over: hdfs haadmin -failover nn1 nn2)"]
     if "hive_metastore" in details:
         lines += [f"  Hive metastore {details['hive_metastore']}  (warehouse {details['hive_warehouse']}; "
                   "conf/hive-site.xml: set hive.embedded=false)"]
