@@ -287,6 +287,8 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_local(uri):
         return pafs.LocalFileSystem(), local_path(uri)
     parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "viewfs" and not libhdfs_dir(os.environ):
+        return resolve(viewfs_target(uri))
     user = parsed.username or os.environ.get("HADOOP_USER_NAME")
     if parsed.scheme == "hdfs":
         web = None if libhdfs_dir(os.environ) else _namenode_web(_netloc(parsed))
@@ -300,6 +302,22 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         return _webhdfs(url, user, umask=hdfs_umask()), parsed.path
     raise DataError(f"unsupported filesystem in {uri!r}: use a local path, file://, hdfs://, webhdfs:// or "
                     "swebhdfs:// (WebHDFS over TLS)")
+
+
+def viewfs_target(uri: str) -> str:
+    """The ``hdfs://`` (or other) URI a ``viewfs://`` one names through $HADOOP_CONF_DIR's mount table, as the JVM's
+    ViewFileSystem resolves it (Spark's side of the same path); one line when no link covers it."""
+    parsed = urllib.parse.urlparse(uri)
+    conf_dir = os.environ.get("HADOOP_CONF_DIR")
+    props = _hadoop_props(conf_dir) if conf_dir else {}
+    target = hadoop_conf.viewfs_target(parsed.netloc, parsed.path, props)
+    if target is None or target.startswith("viewfs://"):
+        table = hadoop_conf.viewfs_table(parsed.netloc, props)
+        links = ", ".join(sorted(hadoop_conf.viewfs_links(table, props))) or "none"
+        raise DataError(f"{uri}: no link of the ViewFs mount table {table!r} covers {parsed.path or '/'} (links: "
+                        f"{links}; from HADOOP_CONF_DIR={conf_dir or 'unset'}); add fs.viewfs.mounttable.{table}."
+                        "link.<path> to core-site.xml, or use the hdfs:// path")
+    return target
 
 
 def join(base: str, *parts: str) -> str:

@@ -12,18 +12,27 @@ Pure functions over the parsed properties, plus :func:`load` to read the files.
 from __future__ import annotations
 
 import os
+import xml.etree.ElementInclude as ElementInclude
 import xml.etree.ElementTree as ElementTree
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 SITE_FILES = ("core-site.xml", "hdfs-site.xml", "yarn-site.xml")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 DEFAULT_RPC_PORT = 8020
 
 
-def parse_site(text: str) -> dict[str, str]:
-    """name -> value of a Hadoop ``*-site.xml`` (pure)."""
+def parse_site(text: str, base_dir: Optional[str] = None) -> dict[str, str]:
+    """name -> value of a Hadoop ``*-site.xml`` (pure but for its XIncludes): with ``base_dir``, the files it
+    includes (``<xi:include href="mountTable.xml"/>``, as clusters keep their ViewFs mount table) are read from
+    there, as Hadoop's Configuration reads them."""
+    root = ElementTree.fromstring(text)
+    if base_dir is not None:
+        def loader(href: str, parse: Any, encoding: Optional[str] = None) -> Any:
+            return ElementInclude.default_loader(os.path.join(base_dir, href), parse, encoding)
+
+        ElementInclude.include(root, loader=loader)  # type: ignore[arg-type]  # typeshed: overloads
     out = {}
-    for prop in ElementTree.fromstring(text).iter("property"):
+    for prop in root.iter("property"):
         name, value = prop.findtext("name"), prop.findtext("value")
         if name and value is not None:
             out[name.strip()] = value.strip()
@@ -39,7 +48,7 @@ def load(conf_dir: Optional[str] = None) -> dict[str, str]:
         path = os.path.join(conf_dir or "", name)
         if os.path.isfile(path):
             with open(path) as fh:
-                props.update(parse_site(fh.read()))
+                props.update(parse_site(fh.read(), base_dir=conf_dir))
     return props
 
 
@@ -80,6 +89,45 @@ def webhdfs_urls(netloc: str, props: Mapping[str, str]) -> list[str]:
             address = props.get(key.replace("rpc-address", web_key, 1))
             return [f"{scheme}://{address}"] if address else []
     return []
+
+
+VIEWFS_PREFIX = "fs.viewfs.mounttable."
+
+
+def viewfs_table(netloc: str, props: Mapping[str, str]) -> str:
+    """The mount table a ``viewfs://`` URI names (pure): its authority, else ``fs.defaultFS``'s when that is a
+    viewfs URI, else Hadoop's ``default``."""
+    if netloc:
+        return netloc
+    default = props.get("fs.defaultFS", "")
+    if default.startswith("viewfs://"):
+        return default[len("viewfs://"):].split("/", 1)[0] or "default"
+    return props.get("fs.viewfs.mounttable.default.name.key", "default")
+
+
+def viewfs_links(table: str, props: Mapping[str, str]) -> dict[str, str]:
+    """mount point -> target URI of a ViewFs mount table (``fs.viewfs.mounttable.<table>.link.<path>``) (pure)."""
+    prefix = f"{VIEWFS_PREFIX}{table}.link."
+    return {"/" + key[len(prefix):].strip("/"): value.rstrip("/") for key, value in props.items()
+            if key.startswith(prefix)}
+
+
+def viewfs_target(netloc: str, path: str, props: Mapping[str, str]) -> Optional[str]:
+    """The URI a ``viewfs://netloc/path`` names, as Hadoop's ViewFileSystem resolves it (pure): the longest mount
+    point that holds ``path`` (its ``link.<mount point>``), else the table's ``linkMergeSlash`` (the whole namespace)
+    or ``linkFallback`` (what no link covers), the rest of the path appended; None when none applies."""
+    table = viewfs_table(netloc, props)
+    path = "/" + path.strip("/")
+    best = max((m for m in viewfs_links(table, props) if path == m or path.startswith(m.rstrip("/") + "/")),
+               key=len, default=None)
+    if best is not None:
+        rest = path[len(best):] if best != "/" else path
+        return viewfs_links(table, props)[best] + rest
+    for key in ("linkMergeSlash", "linkFallback"):
+        base = props.get(f"{VIEWFS_PREFIX}{table}.{key}")
+        if base:
+            return base.rstrip("/") + path
+    return None
 
 
 def resourcemanager_address(props: Mapping[str, str]) -> Optional[str]:

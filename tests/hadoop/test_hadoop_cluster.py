@@ -53,7 +53,7 @@ import yaml
 
 from benchmarks import kill_drill
 from hvdtrain.core import config
-from hvdtrain.core.errors import ANY_FAILURE
+from hvdtrain.core.errors import ANY_FAILURE, DataError
 from hvdtrain.data import manifest
 from hvdtrain.hadoop import fs, ledger
 from hvdtrain.hadoop.minicluster import cluster
@@ -155,6 +155,30 @@ def test_hdfs_paths_reach_the_namenode_from_python(hadoop_cluster: dict, hdfs_ro
         fs.read_bytes(f"{base}/missing")
     fs.delete(base)
     assert not fs.exists(base)
+
+
+def test_viewfs_paths_reach_the_nameservice_through_the_clusters_mount_table(hadoop_cluster: dict, hdfs_root: str,
+                                                                             tmp_path: Path) -> None:
+    """#56: a federated cluster's ``viewfs://`` paths, resolved by its mount table (XIncluded by core-site.xml, as
+    clusters keep it) to the HA nameservice: what Python writes there, Hadoop's own ViewFileSystem reads."""
+    conf = tmp_path / "conf"
+    shutil.copytree(hadoop_cluster["hadoop_conf_dir"], conf)
+    link = f"{hdfs_root}/viewfs-data"
+    (conf / "mountTable.xml").write_text(
+        '<configuration><property><name>fs.viewfs.mounttable.warehouse.link./data</name>'
+        f'<value>{link}</value></property></configuration>')
+    core = (conf / "core-site.xml").read_text()
+    (conf / "core-site.xml").write_text(core.replace("<configuration>", '<configuration xmlns:xi='
+                                                     '"http://www.w3.org/2001/XInclude"><xi:include href="mountTable.xml"/>', 1))
+    os.environ["HADOOP_CONF_DIR"] = str(conf)  # restored after the test (conftest.cluster_env)
+    fs.write_bytes_atomic("viewfs://warehouse/data/part-0.json", b"through the mount table")
+    assert fs.read_bytes(f"{link}/part-0.json") == b"through the mount table"
+    assert fs.listdir("viewfs://warehouse/data") == ["part-0.json"]
+    shown = hadoop_cli("hdfs", "dfs", f"-Dfs.viewfs.mounttable.warehouse.link./data={link}", "-cat",
+                       "viewfs://warehouse/data/part-0.json")
+    assert shown.strip().endswith("through the mount table"), shown
+    with pytest.raises(DataError, match="no link of the ViewFs mount table 'warehouse' covers /elsewhere"):
+        fs.exists("viewfs://warehouse/elsewhere")
 
 
 def test_what_hvdtrain_replaces_on_hdfs_goes_to_the_trash_and_what_it_did_not_write_stays(hdfs_root: str) -> None:

@@ -7,7 +7,7 @@ import socket
 import pyarrow.fs as pafs
 import pytest
 
-from hvdtrain.core.errors import EnvironmentProblem, StorageError
+from hvdtrain.core.errors import DataError, EnvironmentProblem, StorageError
 from hvdtrain.hadoop import fs, hadoop_conf
 from hvdtrain.hadoop.minicluster import cluster
 
@@ -274,3 +274,34 @@ def test_an_untrusted_certificate_is_one_line_and_never_retried():
                                "certificate); set REQUESTS_CA_BUNDLE to a CA bundle that holds the cluster's CA (its "
                                "admin has it; `hvdtrain cluster up --https` prints its own), then rerun")
     assert fs.untrusted_tls("x", OSError("connection refused")) is None
+
+
+def test_viewfs_paths_resolve_through_the_mount_table_an_xinclude_brings(tmp_path, monkeypatch):
+    """#56: ``viewfs://`` was refused without libhdfs. The mount table (here in mountTable.xml, XIncluded by
+    core-site.xml as clusters keep it) maps each path to its NameNode's, as Hadoop's ViewFileSystem does: the
+    longest link first, then linkFallback; a path no link covers is one line naming the links."""
+    (tmp_path / "core-site.xml").write_text(
+        '<?xml version="1.0"?><configuration xmlns:xi="http://www.w3.org/2001/XInclude">'
+        '<property><name>fs.defaultFS</name><value>viewfs://prod/</value></property>'
+        '<xi:include href="mountTable.xml"/></configuration>')
+    links = {"/data": "hdfs://ns1/data", "/data/logs": "hdfs://ns2/logs/", "/user": "hdfs://ns1/user"}
+    (tmp_path / "mountTable.xml").write_text(
+        '<configuration>' + "".join(f"<property><name>fs.viewfs.mounttable.prod.link.{k}</name><value>{v}</value>"
+                                    "</property>" for k, v in links.items()) + '</configuration>')
+    props = hadoop_conf.load(str(tmp_path))
+    assert hadoop_conf.viewfs_links("prod", props) == {k: v.rstrip("/") for k, v in links.items()}
+    assert hadoop_conf.viewfs_target("prod", "/data/x/part-0", props) == "hdfs://ns1/data/x/part-0"
+    assert hadoop_conf.viewfs_target("", "/data/logs/a", props) == "hdfs://ns2/logs/a"  # fs.defaultFS's table
+    assert hadoop_conf.viewfs_target("prod", "/data", props) == "hdfs://ns1/data"
+    assert hadoop_conf.viewfs_target("prod", "/database", props) is None  # /data is not a prefix of it
+    fallback = {**props, "fs.viewfs.mounttable.prod.linkFallback": "hdfs://ns3/"}
+    assert hadoop_conf.viewfs_target("prod", "/tmp/a", fallback) == "hdfs://ns3/tmp/a"
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    for name in ("ARROW_LIBHDFS_DIR", "HADOOP_HOME", "HADOOP_COMMON_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    assert fs.viewfs_target("viewfs://prod/user/me/ckpt") == "hdfs://ns1/user/me/ckpt"
+    with pytest.raises(DataError) as info:
+        fs.exists("viewfs://prod/tmp/x")
+    assert str(info.value) == (f"viewfs://prod/tmp/x: no link of the ViewFs mount table 'prod' covers /tmp/x (links: "
+                               f"/data, /data/logs, /user; from HADOOP_CONF_DIR={tmp_path}); add "
+                               "fs.viewfs.mounttable.prod.link.<path> to core-site.xml, or use the hdfs:// path")
