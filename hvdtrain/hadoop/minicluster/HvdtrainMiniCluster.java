@@ -42,7 +42,7 @@ import org.apache.hadoop.yarn.webapp.WebApp;
 
 /**
  * hvdtrain's one-JVM Hadoop (started by hvdtrain/hadoop/minicluster/cluster.py, which plans every setting):
- * MiniDFSCluster (one NameNode with WebHDFS, one DataNode) and MiniYARNCluster (one ResourceManager,
+ * MiniDFSCluster (one NameNode with WebHDFS, or an HA pair; one DataNode) and MiniYARNCluster (one ResourceManager,
  * N NodeManagers). MiniHadoopClusterManager (Hadoop's CLI MiniCluster) always adds MapReduce and a
  * JobHistoryServer and cannot bind its NodeManagers to loopback, hence this launcher.
  *
@@ -59,6 +59,8 @@ import org.apache.hadoop.yarn.webapp.WebApp;
  * NN_HTTP_PORT, nn2 on hvdtrain.ha.nn2-port and -http-port) sharing an edits folder, as MiniDFSCluster's HA topology
  * makes it; nn1 is made active, nn2 stays standby until `hdfs haadmin -failover nn1 nn2`. Clients (and the YARN
  * daemons here) reach hdfs://NAMESERVICE through Hadoop's ConfiguredFailoverProxyProvider, as on a real cluster.
+ * With dfs.http.policy=HTTPS_ONLY (`up --https`; cluster.py writes the keystore and CONF_DIR/ssl-*.xml before this
+ * JVM starts) the NameNodes' and the DataNode's web servers speak TLS only, and the ready file names https URLs.
  *
  * Secure mode (`hvdtrain cluster up --secure`, settings under hvdtrain.kdc.*): a MiniKdc (Apache Kerby) starts
  * first and writes the principals' keytabs; every daemon then runs with Kerberos as cluster.py configured it.
