@@ -238,6 +238,13 @@ def _known(token: str) -> str:
     return token
 
 
+def renewal_wait(remaining: float, took: float) -> float:
+    """Seconds until the next renewal of a token that lapses in ``remaining`` seconds, when renewing takes ``took``
+    (pure): half way there, or sooner, so that three renewals as slow as the last still fit before the lapse, but
+    never before a quarter of the way."""
+    return max(0.0, remaining / 4, min(remaining / 2, remaining - 3 * took))
+
+
 def _renew_at(expires: float, fraction: float = 0.75) -> float:
     """When to renew (or replace) a token that lapses at ``expires``: three quarters of the way there (as Spark),
     or ``fraction`` of it."""
@@ -387,22 +394,27 @@ class TokenRenewer:
     they came with the application's submission; an executor started after Spark replaced its tokens gets ones
     nobody renews, and its Python would lose HDFS a renewal interval later. Spark's fresh tokens reach only
     the executors' JVMs. So the driver (on the submitting host, with the keytab) gets a token of its own
-    (:data:`TOKEN_ENV` for the ranks) and renews it half way to each lapse (a renewal starts a JVM, seconds on a
-    busy host), up to the cluster's token max-lifetime; a failed renewal is logged and retried."""
+    (:data:`TOKEN_ENV` for the ranks) and renews it half way to each lapse, or sooner when renewing takes long (a
+    renewal starts a Python and a JVM: seconds, and on a busy host tens of them; :func:`renewal_wait`), up to the
+    cluster's token max-lifetime; a failed renewal is logged and retried, well before the lapse."""
 
     def __init__(self, fs_uri: str, retry: float = 30.0):
         self.fs_uri, self._retry = fs_uri, retry
+        started = time.monotonic()
         token, self.expires = _fetch(fs_uri)
+        self._took = time.monotonic() - started  # how long a call of ours takes on this host, for the next one
         self.token = _known(token)
         self.renewals = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hvdtrain-hdfs-token", daemon=True)
 
     def _loop(self) -> None:
-        wait = _renew_at(self.expires, 0.5) - time.time()
+        wait = renewal_wait(self.expires - time.time(), self._took)
         while not self._stop.wait(max(1.0, wait)):
+            started = time.monotonic()
             try:
                 expires = renew(self.token)
+                self._took = time.monotonic() - started
                 if expires <= self.expires:  # its max lifetime: renewing cannot extend it any more
                     log.warning("the ranks' HDFS delegation token reached its max lifetime (the cluster's "
                                 "dfs.namenode.delegation.token.max-lifetime); it lapses at %s",
@@ -410,11 +422,11 @@ class TokenRenewer:
                     return
                 self.expires = expires
                 self.renewals += 1
-                wait = _renew_at(self.expires, 0.5) - time.time()
+                wait = renewal_wait(self.expires - time.time(), self._took)
             except ANY_ERROR as exc:  # the ranks keep the token until it lapses: try again soon
-                log.warning("renewing the ranks' HDFS delegation token failed (%s); retrying in %.0fs", exc,
-                            self._retry)
-                wait = self._retry
+                self._took = max(self._took, time.monotonic() - started)
+                wait = min(self._retry, renewal_wait(self.expires - time.time(), self._took))
+                log.warning("renewing the ranks' HDFS delegation token failed (%s); retrying in %.0fs", exc, wait)
 
     def __enter__(self) -> "TokenRenewer":
         self._thread.start()

@@ -112,3 +112,14 @@ def test_a_delegation_token_in_an_error_is_masked() -> None:
     text = ("HTTPConnectionPool(host='nn', port=9870): Max retries exceeded with url: "
             "/webhdfs/v1/a?op=GETFILESTATUS&delegation=LgAUaHZkdHJh-_x&user.name=x (Caused by ...)")
     assert secrets.redact_text(text) == text.replace("LgAUaHZkdHJh-_x", "***")
+
+
+def test_the_ranks_token_is_renewed_sooner_when_renewing_is_slow():
+    """The Kerberos tier's job failed once on a loaded host: its token (60 s renewal interval) lapsed 41 ms before a
+    renewal begun half way there came back. A renewal is a Python and a JVM started: the slower the last one was,
+    the earlier the next begins (three such renewals fit before the lapse), never before a quarter of the way."""
+    assert hadoop_tokens.renewal_wait(86400, 5) == 43200  # a production interval: half way, as before
+    assert hadoop_tokens.renewal_wait(60, 2) == 30
+    assert hadoop_tokens.renewal_wait(60, 12) == 24  # 60 - 3 x 12
+    assert hadoop_tokens.renewal_wait(60, 40) == 15  # a quarter of the way at the earliest
+    assert hadoop_tokens.renewal_wait(-5, 1) == 0  # already lapsed: at once

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from hvdtrain.core import config
-from hvdtrain.core.errors import ConfigError
+from hvdtrain.core.errors import ConfigError, EnvironmentProblem
 from hvdtrain.hadoop import fs
 from hvdtrain.observe import monitoring
 from tests.support.webhdfs_server import WebHdfsServer
@@ -42,8 +42,10 @@ def test_swebhdfs_speaks_verified_tls(tmp_path, tls_files, monkeypatch):
         assert uri.startswith("swebhdfs://")
         monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
         fs._webhdfs.cache_clear()
-        with pytest.raises(requests.exceptions.SSLError):  # a certificate nobody vouched for is refused
+        # A certificate nobody vouched for is refused: one line naming the fix, the TLS error as its cause.
+        with pytest.raises(EnvironmentProblem, match="TLS certificate is not trusted here") as refused:
             fs.write_bytes_atomic(uri, b"x")
+        assert isinstance(refused.value.__cause__, requests.exceptions.SSLError)
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", tls_files[0])
         fs._webhdfs.cache_clear()
         fs.write_bytes_atomic(uri, b"over tls")
