@@ -117,12 +117,11 @@ def viewfs_target(netloc: str, path: str, props: Mapping[str, str]) -> Optional[
     point that holds ``path`` (its ``link.<mount point>``), else the table's ``linkMergeSlash`` (the whole namespace)
     or ``linkFallback`` (what no link covers), the rest of the path appended; None when none applies."""
     table = viewfs_table(netloc, props)
+    links = viewfs_links(table, props)
     path = "/" + path.strip("/")
-    best = max((m for m in viewfs_links(table, props) if path == m or path.startswith(m.rstrip("/") + "/")),
-               key=len, default=None)
+    best = max((m for m in links if path == m or path.startswith(m.rstrip("/") + "/")), key=len, default=None)
     if best is not None:
-        rest = path[len(best):] if best != "/" else path
-        return viewfs_links(table, props)[best] + rest
+        return links[best] + (path[len(best):] if best != "/" else path)
     for key in ("linkMergeSlash", "linkFallback"):
         base = props.get(f"{VIEWFS_PREFIX}{table}.{key}")
         if base:

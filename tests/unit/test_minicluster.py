@@ -245,7 +245,7 @@ def test_an_https_cluster_plans_tls_only_web_servers_and_clients_verify_by_its_c
     assert tls["dfs.namenode.https-address.hvdtrain.nn2"] == "127.0.0.1:12"
     single = cluster.hadoop_settings(cluster.ClusterSpec(home=str(tmp_path), https=True), ports)
     assert single["dfs.namenode.https-address"] == "127.0.0.1:11"
-    genkey = cluster.keytool_commands("/jdk/bin/keytool", spec, "pw")[0]
+    genkey = cluster.keytool_commands("/jdk/bin/keytool", spec)[0]
     assert genkey[genkey.index("-ext") + 1] == "SAN=dns:localhost,ip:127.0.0.1"  # what Python's TLS checks
     server = cluster.ssl_site("server", spec, "pw")
     assert f"<name>ssl.server.keystore.location</name><value>{spec.tls_dir}/keystore.jks</value>" in server

@@ -386,20 +386,22 @@ def https_settings(spec: ClusterSpec, ports: Ports) -> dict[str, str]:
 
 
 TLS_ALIAS = "hvdtrain-cluster"
+TLS_PASSWORD_ENV = "HVDTRAIN_TLS_STOREPASS"  # keytool reads the stores' password from it, never a command line
 
 
-def keytool_commands(keytool: str, spec: ClusterSpec, password: str) -> list[list[str]]:
+def keytool_commands(keytool: str, spec: ClusterSpec) -> list[list[str]]:
     """The JDK's keytool runs that make this cluster's TLS files (pure): a key and self-signed certificate valid for
-    localhost and 127.0.0.1 (the names clients reach the web servers by), its PEM, and a truststore holding it."""
+    localhost and 127.0.0.1 (the names clients reach the web servers by), its PEM, and a truststore holding it. The
+    stores' password comes from $HVDTRAIN_TLS_STOREPASS (``-storepass:env``)."""
     keystore, truststore = (os.path.join(spec.tls_dir, n) for n in ("keystore.jks", "truststore.jks"))
     cert = os.path.join(spec.tls_dir, "cluster.pem")
+    store, key = ["-storepass:env", TLS_PASSWORD_ENV], ["-keypass:env", TLS_PASSWORD_ENV]
     return [[keytool, "-genkeypair", "-alias", TLS_ALIAS, "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
              "-dname", "CN=localhost", "-ext", f"SAN=dns:localhost,ip:{LOOPBACK}", "-keystore", keystore,
-             "-storetype", "JKS", "-storepass", password, "-keypass", password],
-            [keytool, "-exportcert", "-rfc", "-alias", TLS_ALIAS, "-keystore", keystore, "-storepass", password,
-             "-file", cert],
+             "-storetype", "JKS", *store, *key],
+            [keytool, "-exportcert", "-rfc", "-alias", TLS_ALIAS, "-keystore", keystore, *store, "-file", cert],
             [keytool, "-importcert", "-noprompt", "-alias", TLS_ALIAS, "-file", cert, "-keystore", truststore,
-             "-storetype", "JKS", "-storepass", password]]
+             "-storetype", "JKS", *store]]
 
 
 def ssl_site(kind: str, spec: ClusterSpec, password: str) -> str:
@@ -427,8 +429,8 @@ def write_tls(spec: ClusterSpec, java: str) -> None:
     keytool = os.path.join(os.path.dirname(os.path.realpath(java)), "keytool")
     password = secrets.token_hex(16)
     os.makedirs(spec.tls_dir, mode=0o700, exist_ok=True)
-    for cmd in keytool_commands(keytool, spec, password):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+    for cmd in keytool_commands(keytool, spec):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, TLS_PASSWORD_ENV: password})
         if proc.returncode != 0:
             raise EnvironmentProblem(f"keytool could not make the cluster's TLS key ({cmd[1]}: "
                                      f"{(proc.stderr or proc.stdout).strip()[-300:]}); check the JDK at {java}")
