@@ -83,14 +83,14 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
     elif num_executors is not None and submit.is_standalone_master(master):
         argv += ["--total-executor-cores", str(num_executors * cfg.yarn.executor_cores)]
     settings = submit.conf_args(etl_conf(cfg, local, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
-    argv += ["--py-files", inputs.code_zip, "--files", ",".join([inputs.job_yaml, *settings.files])]
+    argv += submit.shipped_args(inputs, deploy_mode, settings.files)
     argv += settings.argv
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [ETL_SCRIPT, "--config", config_arg, *job_args]
     notes = _notes(cfg) if not local else []
     if local and num_executors is not None:
         notes.append(f"--num-executors {num_executors} does not apply to --master {master}")
-    env = {"PYTHONUNBUFFERED": "1", **({"PYTHONPATH": inputs.code_zip} if local else {})}
+    env = submit.submit_env(inputs, master)
     manifest_uri = fs.join(cfg.etl.output, "manifest.json")
     return submit.SubmitPlan(argv, env, master, deploy_mode, manifest_uri, os.path.dirname(inputs.code_zip), notes,
                              settings.secret_conf, settings.properties_file, settings.sealed_env,

@@ -58,12 +58,12 @@ def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_arg
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode,
             "--name", f"hvdtrain-score-{cfg.name}", *submit.cluster_args(cfg.yarn, master, inputs)]
     settings = submit.conf_args(score_conf(cfg, local, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
-    argv += ["--py-files", inputs.code_zip, "--files", ",".join([inputs.job_yaml, *settings.files])]
+    argv += submit.shipped_args(inputs, deploy_mode, settings.files)
     argv += settings.argv
     config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
     argv += [SCORE_SCRIPT, "--config", config_arg, *job_args]
     notes = [] if local else _notes(cfg, job_args, deploy_mode)
-    env = {"PYTHONUNBUFFERED": "1", **({"PYTHONPATH": inputs.code_zip} if local else {})}
+    env = submit.submit_env(inputs, master)
     report = fs.join(cfg.score.report_dir, "score_report.json")
     return submit.SubmitPlan(argv, env, master, deploy_mode, report, os.path.dirname(inputs.code_zip), notes,
                              settings.secret_conf, settings.properties_file, settings.sealed_env,

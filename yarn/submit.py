@@ -147,6 +147,7 @@ class Inputs:
     build: HorovodBuild
     cluster_python: str = SHIPPED_PYTHON  # what executors run on a cluster: the shipped env's, or yarn.python
     umask: str = fs.DEFAULT_UMASK  # HVDTRAIN_HDFS_UMASK on this host: the containers' HDFS writes withhold it too
+    python_libs: tuple[str, ...] = ()  # on YARN: Spark's pyspark and py4j zips, cached on the cluster (packaging)
 
 
 @dataclass(frozen=True)
@@ -425,9 +426,9 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     argv = [inputs.spark_submit, "--master", master, "--deploy-mode", deploy_mode, "--name", f"hvdtrain-{cfg.name}"]
     argv += cluster_args(cfg.yarn, master, inputs)
     settings = conf_args(spark_conf(cfg, master, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
-    files = ([inputs.job_yaml] + ([script.zip_path] if script else [])
+    files = (([script.zip_path] if script else [])
              + ([GPU_SCRIPT] if y.gpus_per_worker > 0 and not local else []) + settings.files)
-    argv += ["--py-files", inputs.code_zip, "--files", ",".join(files)]
+    argv += shipped_args(inputs, deploy_mode, files)
     argv += settings.argv
     result_uri = fs.join(script.output if script else cfg.train.output, RESULT_NAME)
     # In cluster mode the driver runs in the application master's container, beside the --files.
@@ -438,15 +439,34 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     if script:  # ranks on a cluster find the --files in their container's working folder
         argv += ["--script-zip", script.zip_path if local else os.path.basename(script.zip_path),
                  "--script", script.script, "--script-args", json.dumps(list(script.args)), "--logs", script.logs]
-    env = {"PYTHONUNBUFFERED": "1", JVM_OPTIONS_ENV: CARRIER_JVM_OPTIONS}  # spark-submit's own JVMs
-    if local:
-        # Driver and ranks import the shipped zip, as containers do (the YARN client puts
-        # --py-files on the executors' PYTHONPATH; local Spark does not, for child processes).
-        env["PYTHONPATH"] = inputs.code_zip
-    else:
+    env = {**submit_env(inputs, master), JVM_OPTIONS_ENV: CARRIER_JVM_OPTIONS}  # spark-submit's own JVMs
+    if not local:
         notes += _cluster_notes(cfg, script)
     return SubmitPlan(argv, env, master, deploy_mode, result_uri, os.path.dirname(inputs.code_zip), notes,
                       settings.secret_conf, settings.properties_file, settings.sealed_env, settings.sealed_env_file)
+
+
+def shipped_args(inputs: Inputs, deploy_mode: str, files: Sequence[str]) -> list[str]:
+    """``--py-files`` and ``--files`` of a submission (pure; shared with yarn.etl_submit and yarn.score).
+
+    The job's YAML is shipped in cluster mode only, where the driver runs in the application master's container:
+    in client mode the driver reads it on this host and hands the ranks and tasks what they need, so uploading
+    it too would only cost the submission an HDFS write."""
+    shipped = ([inputs.job_yaml] if deploy_mode == "cluster" else []) + list(files)
+    return ["--py-files", inputs.code_zip, *(["--files", ",".join(shipped)] if shipped else [])]
+
+
+def submit_env(inputs: Inputs, master: str) -> dict[str, str]:
+    """spark-submit's environment (pure; shared with yarn.etl_submit and yarn.score). Locally, the driver and
+    the ranks import the shipped zip as containers do (the YARN client puts --py-files on the executors'
+    PYTHONPATH; local Spark does not, for child processes); on YARN, Spark's Python libraries come from the
+    cluster's copies when hvdtrain has them there (packaging.ensure_spark_python_libs)."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if is_local_master(master):
+        env["PYTHONPATH"] = inputs.code_zip
+    elif master == "yarn" and inputs.python_libs:
+        env[packaging.PYSPARK_ARCHIVES_ENV] = ",".join(inputs.python_libs)
+    return env
 
 
 def cluster_args(y: YarnConfig, master: str, inputs: Inputs) -> list[str]:
@@ -852,8 +872,15 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
                 archive = packaging.planned_archive(cfg.yarn, identity).uri
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
+        libs: list[str] = []
+        # Beside the env archive, once: the user's own PYSPARK_ARCHIVES_PATH wins, and a local env_cache is no
+        # place for files the containers read.
+        if args.master == "yarn" and not args.dry_run and packaging.PYSPARK_ARCHIVES_ENV not in deps.env \
+                and not fs.is_local(cfg.yarn.env_cache):
+            libs = packaging.ensure_spark_python_libs(cfg.yarn.env_cache,
+                                                      packaging.spark_python_libs(spark_submit))
         yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
-                     archive, build, cfg.yarn.python or SHIPPED_PYTHON, f"{fs.hdfs_umask():03o}")
+                     archive, build, cfg.yarn.python or SHIPPED_PYTHON, f"{fs.hdfs_umask():03o}", tuple(libs))
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)

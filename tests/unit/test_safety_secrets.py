@@ -93,14 +93,14 @@ def test_yarn_secrets_go_to_private_files_never_argv_the_containers_environment_
         properties = open(plan.properties_file).read()
         assert f"spark.ssl.keyStorePassword={SECRET}\n" in properties, name
         os.remove(plan.properties_file)
-        files = plan.argv[plan.argv.index("--files") + 1].split(",")
-        if name == "local":
+        if name == "local":  # nothing to ship: the driver reads the job's YAML here
             assert f"spark.executorEnv.MLFLOW_TRACKING_TOKEN={SECRET}\n" in properties
             assert plan.sealed_env_file is None and "spark.python.daemon.module" not in conf
             continue
         assert "MLFLOW_TRACKING_TOKEN" not in properties, name  # not the containers' environment
         assert conf[f"spark.executorEnv.{secrets.SEALED_ENV}"] == submit.SEALED_ENV_FILE, name
         assert conf["spark.python.daemon.module"] == submit.DAEMON_MODULE, name
+        files = plan.argv[plan.argv.index("--files") + 1].split(",")
         assert plan.sealed_env_file in files and os.path.basename(plan.sealed_env_file) == submit.SEALED_ENV_FILE
         assert f"the executors' MLFLOW_TRACKING_TOKEN: secret, written to a 0600 {submit.SEALED_ENV_FILE}" \
             in submit.format_plan(plan), name

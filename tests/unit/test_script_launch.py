@@ -68,7 +68,7 @@ def test_yarn_plan_ships_the_script_folder_and_runs_it_on_every_rank(tmp_path: P
     plan = submit.build_plan(_job(tmp_path, queue="prod", env={"NCCL_DEBUG": "INFO"}), "yarn", inputs(),
                              is_file=lambda p: True, script=job)
     argv = plan.argv
-    assert argv[argv.index("--files") + 1] == "/tmp/stage/hvdtrain-job.yaml,/tmp/stage/script.zip"
+    assert argv[argv.index("--files") + 1] == "/tmp/stage/script.zip"  # client mode: the YAML stays here
     assert argv[argv.index("--queue") + 1] == "prod" and f"{ENV}#env" in argv
     assert "spark.executorEnv.NCCL_DEBUG=INFO" in argv
     assert argv[-10:] == ["--result", "hdfs://nn:8020/runs/t/yarn_result.json", "--script-zip", "script.zip",

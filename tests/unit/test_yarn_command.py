@@ -79,7 +79,7 @@ def test_cpu_job_in_client_mode() -> None:
     assert p.argv == [
         SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
         "--driver-memory", "2g", "--executor-memory", "6g", "--executor-cores", "2",
-        "--archives", f"{ENV}#env", "--py-files", ZIP, "--files", YAML,
+        "--archives", f"{ENV}#env", "--py-files", ZIP,  # client mode: the driver reads the YAML here
         *confs(*YARN_CORE, "spark.executor.instances=3", "spark.task.cpus=2",
                "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s",
@@ -128,7 +128,7 @@ def test_local_master_runs_the_same_driver_with_this_interpreter() -> None:
     p = plan(job(num_workers=2, queue="ignored-locally", executor_cores=8, deploy_mode="cluster"), master="local[2]")
     assert p.argv == [
         SPARK_SUBMIT, "--master", "local[2]", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
-        "--driver-memory", "4g", "--py-files", ZIP, "--files", YAML,
+        "--driver-memory", "4g", "--py-files", ZIP,
         *confs("spark.task.maxFailures=1", "spark.task.cpus=1", "spark.log.level=WARN",
                f"spark.pyspark.python={PYTHON}", f"spark.pyspark.driver.python={PYTHON}", *REDACTION),
         *driver_args(YAML, 2, executable=PYTHON),
@@ -144,7 +144,7 @@ def test_standalone_master_ships_the_env_and_asks_for_one_core_per_rank() -> Non
     assert p.argv == [
         SPARK_SUBMIT, "--master", "spark://127.0.0.1:7077", "--deploy-mode", "client", "--name", "hvdtrain-reviews",
         "--driver-memory", "4g", "--executor-memory", "8g", "--executor-cores", "1",
-        "--archives", f"{ENV}#env", "--py-files", ZIP, "--files", YAML,
+        "--archives", f"{ENV}#env", "--py-files", ZIP,
         *confs("spark.task.maxFailures=1", "spark.dynamicAllocation.enabled=false", "spark.cores.max=2",
                "spark.task.cpus=1", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "spark.scheduler.maxRegisteredResourcesWaitingTime=600s", "spark.pyspark.python=./env/bin/python",
@@ -415,7 +415,8 @@ def test_a_real_submission_ships_code_and_config_and_cleans_up(job_file: Path, t
         def wait(self) -> int:
             p = self.plans[-1]
             seen["zip"] = zipfile.ZipFile(p.argv[p.argv.index("--py-files") + 1]).namelist()
-            seen["yaml"] = config.load(p.argv[p.argv.index("--files") + 1])
+            assert "--files" not in p.argv  # client mode: the driver reads the YAML on this host
+            seen["yaml"] = config.load(p.argv[p.argv.index("--config") + 1])
             seen["cwd"] = p.cwd
             return 1
 
@@ -721,6 +722,38 @@ def test_a_given_env_archive_is_used_as_is(tmp_path: Path) -> None:
     assert got == packaging.EnvArchive(str(archive), None, False)
     with pytest.raises(ConfigError, match=r"^yarn.env_archive does not exist"):
         packaging.ensure_env_archive(job(env_archive=str(tmp_path / "missing.tar.gz")).yarn, ["a==1"])
+
+
+def test_spark_s_python_libraries_are_copied_to_the_cluster_once_and_named_to_spark_submit(tmp_path: Path) -> None:
+    """Spark's YARN client uploads pyspark.zip and py4j's zip with every Python application unless
+    PYSPARK_ARCHIVES_PATH names copies on the cluster: hvdtrain keeps them in yarn.env_cache by content hash."""
+    import pyspark
+
+    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    libs = packaging.spark_python_libs(spark_submit)
+    assert [os.path.basename(p) for p in libs][0] == "pyspark.zip"
+    assert re.fullmatch(r"py4j-.+-src\.zip", os.path.basename(libs[1]))
+    assert packaging.spark_python_libs(str(tmp_path / "bin" / "spark-submit")) == []  # no such SPARK_HOME
+    cache = str(tmp_path / "envs")
+    uris = packaging.ensure_spark_python_libs(cache, libs)
+    for local, uri in zip(libs, uris):
+        assert open(uri, "rb").read() == open(local, "rb").read()
+        assert uri == os.path.join(cache, "spark-python", packaging.file_sha256(local)[:32], os.path.basename(local))
+    landed = [os.stat(u).st_mtime_ns for u in uris]
+    time.sleep(0.01)
+    assert packaging.ensure_spark_python_libs(cache, libs) == uris
+    assert [os.stat(u).st_mtime_ns for u in uris] == landed  # reused, not copied again
+    with open(uris[1], "wb") as fh:  # not what its name says: replaced
+        fh.write(b"x")
+    packaging.ensure_spark_python_libs(cache, libs)
+    assert open(uris[1], "rb").read() == open(libs[1], "rb").read()
+    # spark-submit is told on YARN only (a standalone master and local Spark do not read the variable)
+    cluster = dataclasses.replace(inputs(), python_libs=tuple(uris))
+    yarn_plan = submit.build_plan(job(num_workers=2), "yarn", cluster, is_file=lambda p: True)
+    assert yarn_plan.env[packaging.PYSPARK_ARCHIVES_ENV] == ",".join(uris)
+    for master in ("spark://127.0.0.1:7077", "local[2]"):
+        other = submit.build_plan(job(num_workers=2), master, cluster, is_file=lambda p: True)
+        assert packaging.PYSPARK_ARCHIVES_ENV not in other.env, master
 
 
 def test_real_venv_pack_of_a_tiny_venv_leaves_out_the_editable_install_jars_and_headers(tmp_path: Path) -> None:
