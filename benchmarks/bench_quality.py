@@ -142,9 +142,9 @@ def prepare(table: Table, root: str, rows: int, epochs: int, keys: str = "table"
     return config, len(df)
 
 
-def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[str, float]:
+def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = (), whole: bool = False) -> dict[str, Any]:
     """``hvdtrain train --np 2`` with ``train.seed`` and ``overrides`` (``model.numeric_embedding=ple``); the test
-    metrics of its result.json."""
+    metrics of its result.json (``whole``: the whole result)."""
     from hvdtrain.core import config as config_lib
 
     # Each run its own checkpoints and outputs: in a shared checkpoint.dir the next seed would resume the last
@@ -156,7 +156,8 @@ def hvdtrain_run(config: str, seed: int, overrides: Sequence[str] = ()) -> dict[
     _cli("train", config, "--np", str(RANKS), *overrides)
     cfg = config_lib.load(config, overrides)
     with open(os.path.join(cfg.train.output, "result.json")) as fh:
-        return json.load(fh)["test_metrics"]
+        result = json.load(fh)
+    return result if whole else result["test_metrics"]
 
 
 def read_split(dataset: str, split: str) -> tuple[dict[str, np.ndarray], np.ndarray]:

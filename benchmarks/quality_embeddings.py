@@ -6,6 +6,10 @@ chose ``model.numeric_embedding`` (``none`` against ``ple``).
 
     python -m benchmarks.quality_embeddings [--setting model.numeric_embedding] [--values none ple]
                                             [--seeds 1 2 3] [--keras-seeds 1]
+
+``--setting -`` makes each value a ``;``-separated list of whole overrides, formatted per table with its task
+metric and epochs: the measurement that chose early stopping compared ``train.epochs={epochs}`` with
+``train.epochs={epochs2};train.early_stopping.metric={metric}`` (twice the epochs, stopping on the metric).
 """
 from __future__ import annotations
 
@@ -27,21 +31,35 @@ def main() -> None:
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="quality-embeddings-")
     found: dict[str, dict[str, list[float]]] = {}
+    epochs_run: dict[str, dict[str, list]] = {}
     try:
         for table in quality.TABLES:
             config, _ = quality.prepare(table, root, 0, table.epochs)
             runs = found.setdefault(table.name, {})
             for seed in args.seeds:
                 for name in args.values:
-                    metrics = quality.hvdtrain_run(config, seed, [f"{args.setting}={name}"])
+                    result = quality.hvdtrain_run(config, seed, overrides(args.setting, name, table), whole=True)
+                    metrics = result["test_metrics"]
                     runs.setdefault(name, []).append(metrics[table.metric])
-                    print(f"{table.name} {name} seed {seed}: test {table.metric} {metrics[table.metric]:.4f}", flush=True)
+                    epochs_run.setdefault(table.name, {}).setdefault(name, []).append(result.get("epochs_run"))
+                    print(f"{table.name} {name} seed {seed}: test {table.metric} {metrics[table.metric]:.4f} "
+                          f"after {result.get('epochs_run')} epochs", flush=True)
             for seed in args.keras_seeds:  # the default (auto: ple on these datasets), plain Keras
                 runs.setdefault("keras_default", []).append(quality.keras_run(config, seed)[table.metric])
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({t: {k: {"median": statistics.median(v), "runs": v} for k, v in runs.items()}
-                      for t, runs in found.items()}, indent=1))
+    print(json.dumps({t: {k: {"median": statistics.median(v), "runs": v,
+                              **({"epochs_run": epochs_run[t][k]} if k in epochs_run.get(t, {}) else {})}
+                          for k, v in runs.items()} for t, runs in found.items()}, indent=1))
+
+
+def overrides(setting: str, value: str, table: quality.Table) -> list[str]:
+    """The overrides of one value: ``setting=value``, or with setting ``-`` the value's own ``;``-separated
+    overrides with the table's ``{metric}``, ``{epochs}`` and ``{epochs2}`` (twice its epochs) filled in."""
+    if setting != "-":
+        return [f"{setting}={value}"]
+    return [o.format(metric=table.metric, epochs=table.epochs, epochs2=2 * table.epochs)
+            for o in value.split(";") if o]
 
 
 if __name__ == "__main__":
