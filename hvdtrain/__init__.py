@@ -16,4 +16,12 @@ Subsystems, lowest first; each imports only the ones before it (``tests/unit/tes
 
 ``etl/`` and ``yarn/`` build on these; nothing here imports them.
 """
+import os as _os
+
 __version__ = "0.1.0"
+
+
+def code_root() -> str:
+    """The folder that holds the hvdtrain package (and etl/, yarn/ in a checkout), or the code zip when this runs
+    from YARN's --py-files: what a child Python needs on its PYTHONPATH to import them as this process does."""
+    return _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))

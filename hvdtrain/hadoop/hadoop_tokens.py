@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
+import hvdtrain
 from hvdtrain.core import secrets
 from hvdtrain.core.errors import ANY_ERROR, EnvironmentProblem
 from hvdtrain.hadoop import envcheck
@@ -345,9 +346,8 @@ def _in_own_process(action: str, arg: str) -> dict[str, Any]:
     """Run :func:`main` in a Python process of its own: pyspark's ``launch_gateway`` in a Spark driver would join
     (and its shutdown stop) the driver's own JVM (PYSPARK_GATEWAY_PORT), so the logged-in JVM is started apart.
     ``arg`` goes on stdin: a token must not be on a command line, which every local user can read."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # a folder or the code zip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hvdtrain.code_root(), env.get("PYTHONPATH")) if p)
     if _login:
         env.update({PRINCIPAL_ENV: _login["principal"], KEYTAB_ENV: _login["keytab"]})
     try:

@@ -11,6 +11,7 @@ import socket
 import sys
 from typing import Mapping, Optional, Sequence
 
+import hvdtrain
 from hvdtrain.core import secrets
 
 # Where a Spark/YARN launch writes every rank's record: train.output/<this> (it is hvdtrain's own: a later run may
@@ -57,9 +58,9 @@ def child_env() -> dict[str, str]:
     env.update(malloc_env(env))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    # The repo root on the path, so `-m etl.job` works from a source checkout too.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # The repo root on the path, so `-m etl.job` works from a source checkout too (the root, never a package's
+    # own folder: with hvdtrain/ itself there, `import data` or `import model` would be hvdtrain's modules).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hvdtrain.code_root(), env.get("PYTHONPATH")) if p)
     return env
 
 
