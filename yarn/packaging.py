@@ -375,7 +375,13 @@ def upload_once(local: str, uri: str, chunk: int = 8 << 20) -> bool:
         if fs.exists(uri):  # someone uploaded the same hash meanwhile
             fs.delete(tmp)
             return False
-        fs.move(tmp, uri)
+        try:
+            fs.move(tmp, uri)
+        except ANY_ERROR:  # HDFS will not rename over a file: one that landed since the check above
+            if not fs.exists(uri):
+                raise
+            fs.delete(tmp)
+            return False
         return True
     except BaseException:
         try:
@@ -406,16 +412,18 @@ def spark_python_libs(spark_submit: str) -> list[str]:
 def ensure_spark_python_libs(env_cache: str, libs: Sequence[str]) -> list[str]:
     """Each of ``libs`` copied once into ``env_cache`` under its content's SHA-256; their URIs, in order.
 
-    A copy is named by the hash of its bytes and lands by rename (:func:`upload_once`), so a file at that name
-    of the same size holds those bytes (HDFS checks its blocks' checksums again when a NodeManager localizes
-    it); one of another size (a tampered or foreign file) is replaced."""
+    A copy lands by rename (:func:`upload_once`: two submissions at once keep one). It is read back and hashed
+    before every reuse (3 MB: what shipping it would have written), because every container runs it: one that
+    does not hold the bytes its name says (written there by something else) is replaced."""
     uris = []
     for local in libs:
-        uri = fs.join(env_cache, SPARK_LIBS_FOLDER, file_sha256(local)[:32], os.path.basename(local))
-        size = fs.size(uri) if fs.exists(uri) else None
-        if size != os.path.getsize(local):
-            if size is not None:
-                fs.delete(uri)
-            upload_once(local, uri)
+        digest = file_sha256(local)
+        uri = fs.join(env_cache, SPARK_LIBS_FOLDER, digest[:32], os.path.basename(local))
+        if fs.exists(uri):
+            if hashlib.sha256(fs.read_bytes(uri)).hexdigest() == digest:
+                uris.append(uri)
+                continue
+            fs.delete(uri)
+        upload_once(local, uri)
         uris.append(uri)
     return uris

@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Literal, Mapping, Optional, Sequence
 
 from hvdtrain.core import config as config_mod
 from hvdtrain.core import redaction, secrets
@@ -872,18 +872,30 @@ def staged_inputs(cfg: JobConfig, args: argparse.Namespace, deps: Collaborators,
                 archive = packaging.planned_archive(cfg.yarn, identity).uri
             else:
                 archive = (deps.ensure_archive or packaging.ensure_env_archive)(cfg.yarn, identity).uri
-        libs: list[str] = []
-        # Beside the env archive, once: the user's own PYSPARK_ARCHIVES_PATH wins, and a local env_cache is no
-        # place for files the containers read.
-        if args.master == "yarn" and not args.dry_run and packaging.PYSPARK_ARCHIVES_ENV not in deps.env \
-                and not fs.is_local(cfg.yarn.env_cache):
-            libs = packaging.ensure_spark_python_libs(cfg.yarn.env_cache,
-                                                      packaging.spark_python_libs(spark_submit))
+        libs = () if args.dry_run else cached_python_libs(cfg.yarn, args.master, spark_submit, deps.env)
         yield Inputs(spark_submit, sys.executable, os.path.join(staging, CODE_ZIP), os.path.join(staging, JOB_YAML),
-                     archive, build, cfg.yarn.python or SHIPPED_PYTHON, f"{fs.hdfs_umask():03o}", tuple(libs))
+                     archive, build, cfg.yarn.python or SHIPPED_PYTHON, f"{fs.hdfs_umask():03o}", libs)
     finally:
         if not args.dry_run:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def cached_python_libs(y: YarnConfig, master: str, spark_submit: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """On YARN, with the env archive hvdtrain packs into ``yarn.env_cache``: Spark's pyspark and py4j zips kept
+    beside it (:func:`yarn.packaging.ensure_spark_python_libs`), for ``PYSPARK_ARCHIVES_PATH``. Nothing for other
+    masters, a given ``yarn.python`` or ``yarn.env_archive`` (their env_cache may not be the cluster's), a local
+    env_cache or the user's own variable. Only a saving: when the cache cannot be used, a note, and Spark
+    uploads its own copies."""
+    if master != "yarn" or packaging.PYSPARK_ARCHIVES_ENV in env or y.python is not None \
+            or y.env_archive is not None or fs.is_local(y.env_cache):
+        return ()
+    try:
+        return tuple(packaging.ensure_spark_python_libs(y.env_cache, packaging.spark_python_libs(spark_submit)))
+    except ANY_ERROR as exc:
+        print(f"hvdtrain: note: Spark's Python libraries are uploaded with this application; keeping them in "
+              f"{y.env_cache} failed: {redaction.redact_text(str(exc))}",
+              file=sys.stderr)
+        return ()
 
 
 def kerberos_login(conf_dir: Optional[str], y: Any) -> None:

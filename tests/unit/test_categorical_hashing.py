@@ -1,12 +1,12 @@
 """Hashed categorical columns: the stable hash, its config, and what the manifest tells model builders (pure)."""
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import hvdtrain
 from hvdtrain.core import config
 from hvdtrain.core.errors import ConfigError
 from hvdtrain.data import contract, features, manifest
@@ -25,7 +25,7 @@ def test_hash_buckets_are_pinned_and_the_same_in_another_process():
     assert features.hash_bucket("user-42", 1_000_000) == 375024
     here = [features.hash_bucket(f"id{i}", 97) for i in range(50)]
     code = "from hvdtrain.data import features; print([features.hash_bucket(f'id{i}', 97) for i in range(50)])"
-    repo = os.path.dirname(os.path.dirname(features.__file__))
+    repo = hvdtrain.code_root()  # the folder that holds the package, as a fresh interpreter would import it
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123"}, cwd=repo).stdout
     assert json.loads(there) == here

@@ -743,8 +743,9 @@ def test_spark_s_python_libraries_are_copied_to_the_cluster_once_and_named_to_sp
     time.sleep(0.01)
     assert packaging.ensure_spark_python_libs(cache, libs) == uris
     assert [os.stat(u).st_mtime_ns for u in uris] == landed  # reused, not copied again
-    with open(uris[1], "wb") as fh:  # not what its name says: replaced
-        fh.write(b"x")
+    size = os.path.getsize(uris[1])
+    with open(uris[1], "wb") as fh:  # not the bytes its name says, even at the same size: replaced
+        fh.write(b"x" * size)
     packaging.ensure_spark_python_libs(cache, libs)
     assert open(uris[1], "rb").read() == open(libs[1], "rb").read()
     # spark-submit is told on YARN only (a standalone master and local Spark do not read the variable)
@@ -754,6 +755,55 @@ def test_spark_s_python_libraries_are_copied_to_the_cluster_once_and_named_to_sp
     for master in ("spark://127.0.0.1:7077", "local[2]"):
         other = submit.build_plan(job(num_workers=2), master, cluster, is_file=lambda p: True)
         assert packaging.PYSPARK_ARCHIVES_ENV not in other.env, master
+
+
+def test_the_spark_libraries_cache_is_only_a_saving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Used on YARN with the env archive hvdtrain packs, never written for a given yarn.python or
+    yarn.env_archive, and a cache that fails is a note: Spark then uploads its own copies."""
+    import pyspark
+
+    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    cache = "hdfs://nn:8020/user/ml/envs"
+    y = job(env_cache=cache).yarn
+    copied: list[tuple[str, list[str]]] = []  # the copying itself: the test above, on real files
+    monkeypatch.setattr(packaging, "ensure_spark_python_libs",
+                        lambda folder, libs: copied.append((folder, libs)) or [f"{folder}/{i}.zip" for i in (1, 2)])
+    assert submit.cached_python_libs(y, "yarn", spark_submit, {}) == (f"{cache}/1.zip", f"{cache}/2.zip")
+    assert copied == [(cache, packaging.spark_python_libs(spark_submit))]
+    for other in (job(env_cache=cache, python="/opt/py/bin/python").yarn,
+                  job(env_cache=cache, env_archive="hdfs://nn/team-env.tar.gz").yarn):
+        assert submit.cached_python_libs(other, "yarn", spark_submit, {}) == ()
+    assert submit.cached_python_libs(y, "spark://h:7077", spark_submit, {}) == ()
+    assert submit.cached_python_libs(y, "yarn", spark_submit, {packaging.PYSPARK_ARCHIVES_ENV: "x.zip"}) == ()
+    assert submit.cached_python_libs(job(env_cache=str(tmp_path)).yarn, "yarn", spark_submit, {}) == ()  # local
+    assert len(copied) == 1
+
+    def refused(*a: Any) -> list[str]:
+        raise OSError("Permission denied: user=ml, access=WRITE, inode=/envs")
+
+    monkeypatch.setattr(packaging, "ensure_spark_python_libs", refused)
+    assert submit.cached_python_libs(y, "yarn", spark_submit, {}) == ()
+    assert "hvdtrain: note: Spark's Python libraries are uploaded with this application; keeping them in " \
+           f"{cache} failed: Permission denied" in capsys.readouterr().err
+
+
+def test_an_upload_that_loses_the_race_keeps_the_other_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HDFS will not rename over a file: when another submission's copy of the same content lands between the
+    check and the rename, that one stays and ours goes."""
+    local, uri = tmp_path / "pyspark.zip", str(tmp_path / "cache" / "pyspark.zip")
+    local.write_bytes(b"ours")
+    real_move = fs.move
+
+    def hdfs_like_move(src: str, dst: str) -> None:
+        fs.write_bytes_atomic(dst, b"theirs")  # the other upload lands first
+        if os.path.exists(dst):
+            raise OSError(f"rename {src} -> {dst}: destination exists")
+        real_move(src, dst)
+
+    monkeypatch.setattr(fs, "move", hdfs_like_move)
+    assert packaging.upload_once(str(local), uri) is False
+    assert open(uri, "rb").read() == b"theirs" and os.listdir(os.path.dirname(uri)) == ["pyspark.zip"]
 
 
 def test_real_venv_pack_of_a_tiny_venv_leaves_out_the_editable_install_jars_and_headers(tmp_path: Path) -> None:
