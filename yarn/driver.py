@@ -121,6 +121,8 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
     token_env: dict[str, str] = {}
     lease_env: dict[str, str] = {}
 
+    failed = {"any": False}
+
     def once(env: Mapping[str, str]) -> tuple[int, str]:
         # The first try's ranks time their start-up from the command (hvdtrain yarn submit passes its start: in
         # client mode this driver inherits it), so spark-submit, the containers and the archive's localization
@@ -132,8 +134,11 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
             last["records"] = launch(horovod.spark, cfg.train, fn, fn_args, args, rank_env)
         except RuntimeError as exc:  # a rank process failed, was lost or never started
             print(f"hvdtrain: the Horovod job failed: {exc}", file=sys.stderr, flush=True)
+            failed["any"] = True
             return 1, str(exc)
-        return job_exit_code(last["records"], bool(args.script_zip)), ""
+        code = job_exit_code(last["records"], bool(args.script_zip))
+        failed["any"] = failed["any"] or code != 0
+        return code, ""
 
     try:
         token_env = stack.enter_context(hdfs_token_for_ranks(cfg.yarn))
@@ -151,7 +156,26 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
         return last["records"], outcome, summary
     finally:
         stack.close()
+        if failed["any"] and sc.master == "yarn":
+            time.sleep(loss_report_wait(sc.getConf().get(HEARTBEAT_CONF, None)))
         sc.stop()
+
+
+# Why YARN ended a container (killed for its memory, say) reaches this driver from the application master, which
+# learns it from the ResourceManager on its next heartbeat; Spark logs it only then ("Container killed by YARN for
+# exceeding physical memory limits ..."), and the launcher names the memory kill from that line. A rank's failure
+# is seen at once, so after one the driver gives the report a heartbeat and a second before Spark stops.
+HEARTBEAT_CONF = "spark.yarn.scheduler.heartbeat.interval-ms"
+
+
+def loss_report_wait(heartbeat_ms: Optional[str]) -> float:
+    """Seconds to wait for the application master's report of a lost container (pure): its heartbeat (Spark's
+    default 3 s, at most 10 s here) plus one."""
+    try:
+        seconds = int(str(heartbeat_ms).removesuffix("ms")) / 1000 if heartbeat_ms else 3.0
+    except ValueError:
+        seconds = 3.0
+    return min(seconds, 10.0) + 1.0
 
 
 @contextlib.contextmanager

@@ -26,10 +26,11 @@ from tests.support import mp
 
 pytestmark = pytest.mark.multiprocess
 
-# The job: 800 steps. On the idle machine the job had grown back after the first loss by step 213 (a new worker
-# joins 6-10 s after a loss, while the survivor runs 55-70 steps/s) and the host was lost 6 steps later: the job
-# lasts several times that, under load too (the second loss needs no regrowth before the end).
-GROW_EPOCHS = 40
+# The job: 2,400 steps (20 an epoch). A new worker joins 6-10 s after a loss on the idle machine, more under load,
+# and the survivor must still be training then: alone it ran 55-70 steps/s on one host and 100 steps/s on a faster
+# one, where 800 steps ended 8 s after the loss, before the new worker joined (regrown_s None). 2,400 steps give
+# it 24 s or more; the second loss needs no regrowth before the end.
+GROW_EPOCHS = 120
 KILL_AFTER = 7  # the lost rank dies once its trace has read this many steps
 
 

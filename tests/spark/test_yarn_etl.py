@@ -42,7 +42,7 @@ def test_client_mode_without_a_fixed_executor_count_leaves_allocation_to_the_clu
     assert p.argv == [
         SPARK_SUBMIT, "--master", "yarn", "--deploy-mode", "client", "--name", "hvdtrain-etl-reviews",
         "--driver-memory", "4g", "--executor-memory", "8g", "--executor-cores", "4", "--archives", f"{ENV}#env",
-        "--py-files", ZIP, "--files", YAML,
+        "--py-files", ZIP,  # client mode: the driver reads the YAML on this host, nothing ships it
         *confs("spark.pyspark.python=./env/bin/python", f"spark.pyspark.driver.python={PYTHON}",
                f"spark.executorEnv.MALLOC_TOP_PAD_={64 << 20}", *REDACTION),
         etl_submit.ETL_SCRIPT, "--config", YAML,

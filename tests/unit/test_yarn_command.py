@@ -884,3 +884,12 @@ def test_gpu_index_uses_spark_assignment_when_present():
 
     assert distributed.gpu_index(1, {}) == 1
     assert distributed.gpu_index(1, {distributed.ASSIGNED_GPUS_ENV: "3"}) == 0
+
+
+def test_after_a_failed_rank_the_driver_waits_one_am_heartbeat_for_why_a_container_ended() -> None:
+    """A memory kill is named from the line Spark logs when the application master reports it, on its next
+    heartbeat (spark.yarn.scheduler.heartbeat.interval-ms, 3 s by default); the driver waits that and a second."""
+    assert driver.loss_report_wait(None) == 4.0
+    assert driver.loss_report_wait("1500") == 2.5 and driver.loss_report_wait("1500ms") == 2.5
+    assert driver.loss_report_wait("60000") == 11.0  # a long heartbeat is not waited out
+    assert driver.loss_report_wait("3s") == 4.0  # a form this does not read: the default
