@@ -85,8 +85,7 @@ def build_etl_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_args:
     settings = submit.conf_args(etl_conf(cfg, local, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
     argv += submit.shipped_args(inputs, deploy_mode, settings.files)
     argv += settings.argv
-    config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
-    argv += [ETL_SCRIPT, "--config", config_arg, *job_args]
+    argv += [ETL_SCRIPT, "--config", submit.driver_config(inputs, deploy_mode), *job_args]
     notes = _notes(cfg) if not local else []
     if local and num_executors is not None:
         notes.append(f"--num-executors {num_executors} does not apply to --master {master}")

@@ -60,8 +60,7 @@ def build_score_plan(cfg: JobConfig, master: str, inputs: submit.Inputs, job_arg
     settings = submit.conf_args(score_conf(cfg, local, deploy_mode, inputs), os.path.dirname(inputs.code_zip), master)
     argv += submit.shipped_args(inputs, deploy_mode, settings.files)
     argv += settings.argv
-    config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
-    argv += [SCORE_SCRIPT, "--config", config_arg, *job_args]
+    argv += [SCORE_SCRIPT, "--config", submit.driver_config(inputs, deploy_mode), *job_args]
     notes = [] if local else _notes(cfg, job_args, deploy_mode)
     env = submit.submit_env(inputs, master)
     report = fs.join(cfg.score.report_dir, "score_report.json")

@@ -431,9 +431,7 @@ def build_plan(cfg: JobConfig, master: str, inputs: Inputs,
     argv += shipped_args(inputs, deploy_mode, files)
     argv += settings.argv
     result_uri = fs.join(script.output if script else cfg.train.output, RESULT_NAME)
-    # In cluster mode the driver runs in the application master's container, beside the --files.
-    config_arg = os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
-    argv += [DRIVER_SCRIPT, "--config", config_arg, "--num-proc", str(y.num_workers),
+    argv += [DRIVER_SCRIPT, "--config", driver_config(inputs, deploy_mode), "--num-proc", str(y.num_workers),
              "--start-timeout", str(y.start_timeout),
              "--executable", inputs.python if local else inputs.cluster_python, "--result", result_uri]
     if script:  # ranks on a cluster find the --files in their container's working folder
@@ -454,6 +452,12 @@ def shipped_args(inputs: Inputs, deploy_mode: str, files: Sequence[str]) -> list
     it too would only cost the submission an HDFS write."""
     shipped = ([inputs.job_yaml] if deploy_mode == "cluster" else []) + list(files)
     return ["--py-files", inputs.code_zip, *(["--files", ",".join(shipped)] if shipped else [])]
+
+
+def driver_config(inputs: Inputs, deploy_mode: str) -> str:
+    """The job YAML's path as the driver sees it (pure): in cluster mode the driver runs in the application
+    master's container, beside the --files (:func:`shipped_args`); in client mode it reads the file here."""
+    return os.path.basename(inputs.job_yaml) if deploy_mode == "cluster" else inputs.job_yaml
 
 
 def submit_env(inputs: Inputs, master: str) -> dict[str, str]:
@@ -892,9 +896,8 @@ def cached_python_libs(y: YarnConfig, master: str, spark_submit: str, env: Mappi
     try:
         return tuple(packaging.ensure_spark_python_libs(y.env_cache, packaging.spark_python_libs(spark_submit)))
     except ANY_ERROR as exc:
-        print(f"hvdtrain: note: Spark's Python libraries are uploaded with this application; keeping them in "
-              f"{y.env_cache} failed: {redaction.redact_text(str(exc))}",
-              file=sys.stderr)
+        print(redaction.redact_text(f"hvdtrain: note: Spark's Python libraries are uploaded with this application; "
+                                    f"keeping them in {y.env_cache} failed: {exc}"), file=sys.stderr)
         return ()
 
 

@@ -246,11 +246,10 @@ def renewal_wait(remaining: float, took: float) -> float:
     return max(0.0, remaining / 4, min(remaining / 2, remaining - 3 * took))
 
 
-def _renew_at(expires: float, fraction: float = 0.75) -> float:
-    """When to renew (or replace) a token that lapses at ``expires``: three quarters of the way there (as Spark),
-    or ``fraction`` of it."""
+def _renew_at(expires: float) -> float:
+    """When to replace a token that lapses at ``expires``: three quarters of the way there (as Spark)."""
     now = time.time()
-    return now + max(0.0, expires - now) * fraction
+    return now + max(0.0, expires - now) * 0.75
 
 
 def ticket_problem() -> Optional[str]:
