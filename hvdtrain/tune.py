@@ -195,14 +195,16 @@ class TuneOptions:
     def check(self, cfg: config_lib.JobConfig) -> None:
         """Option errors, named, before anything starts.
 
-        Reads cfg.train (the epochs ASHA's first rung must fit in) and cfg.task (its validation metrics).
+        Reads cfg.train (the epochs ASHA's first rung must fit in) and cfg.task (its validation metrics). With
+        ``train.epochs: auto`` each trial resolves them from the dataset they share, all alike.
         """
         for name, value, ok, expected in (
                 ("--trials", self.trials, self.trials >= 1, "must be >= 1"),
                 ("--parallel", self.parallel, self.parallel >= 1, "must be >= 1"),
                 ("--np", self.np, self.np >= 1, "must be >= 1"),
                 ("--eta", self.eta, self.eta >= 2, "must be >= 2 (keep 1/eta of the trials at each rung)"),
-                ("--min-epochs", self.min_epochs, 1 <= self.min_epochs <= cfg.train.epochs,
+                ("--min-epochs", self.min_epochs,
+                 1 <= self.min_epochs and (cfg.train.epochs == "auto" or self.min_epochs <= cfg.train.epochs),
                  f"must be in [1, train.epochs={cfg.train.epochs}] (ASHA's first rung)"),
                 ("--metric", self.metric, self.metric in tasks.validation_metrics(cfg.task.kind),
                  f"must be one of {', '.join(tasks.validation_metrics(cfg.task.kind))} ({cfg.task.kind} task)"),

@@ -485,7 +485,10 @@ class TrainConfig:
     (warm-up and decay count optimizer steps too).
     """
 
-    epochs: int = 3
+    # auto: by the train split's size, ceil(4000 / sqrt(records)) capped at 100 (hvdtrain.data.plan.auto_epochs):
+    # 8 epochs for 270,000 records, 20 for 43,000, 4 for a million, 1 from 16 million; chosen by measurement
+    # (docs/models.md)
+    epochs: Union[int, Literal["auto"]] = "auto"
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 0
@@ -521,8 +524,18 @@ class TrainConfig:
     timeline: Optional[TimelineConfig] = None  # Horovod timeline of a few steps, on demand; off when null
     elastic: Optional[ElasticConfig] = None  # Horovod elastic mode (docs/cluster.md); off when null
 
+    @property
+    def epoch_count(self) -> int:
+        """``epochs`` as a number, once training has resolved ``auto`` from the dataset
+        (hvdtrain.training.train.with_epochs)."""
+        if self.epochs == "auto":
+            raise RuntimeError("train.epochs is still auto: resolve it from the manifest first "
+                               "(hvdtrain.training.train.with_epochs)")
+        return self.epochs
+
     def __post_init__(self) -> None:
-        _require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+        _require(self.epochs == "auto" or self.epochs > 0, "epochs", self.epochs,
+                 "must be > 0, or auto (by the train split's size)")
         _require(self.batch_size > 0, "batch_size", self.batch_size, "must be > 0")
         _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
         _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")

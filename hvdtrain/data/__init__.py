@@ -57,9 +57,9 @@ background thread a few shards ahead of the reader and deleted behind it
 """
 from hvdtrain.data.contract import KEY_FEATURE, InputShape, check_manifest
 from hvdtrain.data.pipeline import INPUT_ORDER, TrainStream, eval_dataset, train_dataset, with_threads, without_autotune
-from hvdtrain.data.plan import shard_warning, steps_per_epoch
+from hvdtrain.data.plan import auto_epochs, shard_warning, steps_per_epoch
 from hvdtrain.data.trace import trace_batches
 
-__all__ = ["INPUT_ORDER", "KEY_FEATURE", "InputShape", "TrainStream", "check_manifest", "eval_dataset",
-           "shard_warning", "steps_per_epoch", "trace_batches", "train_dataset", "with_threads",
+__all__ = ["INPUT_ORDER", "KEY_FEATURE", "InputShape", "TrainStream", "auto_epochs", "check_manifest",
+           "eval_dataset", "shard_warning", "steps_per_epoch", "trace_batches", "train_dataset", "with_threads",
            "without_autotune"]

@@ -74,7 +74,7 @@ def _progress(ctx: TrainContext) -> list[Hook]:
     """Rank 0's progress display and its per-step MLflow metrics."""
     cfg, rank = ctx.cfg, ctx.rank
     mode = progress.mode_for(cfg.train.progress, rank.is_chief)
-    bar = progress.Progress(mode, cfg.train.epochs, ctx.steps, cfg.train.progress_every_steps,
+    bar = progress.Progress(mode, cfg.train.epoch_count, ctx.steps, cfg.train.progress_every_steps,
                             cfg.train.progress_every_seconds)
     every = cfg.tracking.log_every_steps if rank.is_chief and ctx.tracker.active else 0
     return [hooks.ProgressHook(bar, rank.size),
@@ -97,7 +97,7 @@ def _validation(ctx: TrainContext, model: keras.Model, stopper: Optional[EarlySt
 def _epoch_report(ctx: TrainContext, observed: Observed) -> Hook:
     """The per-epoch report; a resumed try skips the epochs its MLflow run already has (:class:`hooks.EpochReport`)."""
     logged = ctx.tracker.logged_steps(EPOCH_METRIC) if observed.resumed is not None else set()
-    return hooks.EpochReport(ctx.cfg.train.epochs, ctx.tracker.log_metrics,
+    return hooks.EpochReport(ctx.cfg.train.epoch_count, ctx.tracker.log_metrics,
                              lambda: current_learning_rate(observed.optimizer), logged)
 
 

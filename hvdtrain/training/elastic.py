@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import sys
 import tempfile
@@ -124,7 +125,7 @@ class Job:
         assert el is not None
         return {"steps_per_epoch": self.steps, "global_batch_size": self.virtual * self.cfg.train.batch_size,
                 "scaled_learning_rate": scaled_learning_rate(self.cfg.train.learning_rate, self.virtual),
-                "decay_steps": self.steps * self.cfg.train.epochs, "elastic.virtual_ranks": self.virtual}
+                "decay_steps": self.steps * self.cfg.train.epoch_count, "elastic.virtual_ranks": self.virtual}
 
     def save(self, state: Any, epoch_end: bool) -> None:
         """Rank 0 stages a checkpoint of the committed state and publishes it in the background."""
@@ -209,7 +210,7 @@ def _loop(job: Job, state: Any, step_fn: VirtualStep) -> None:
     streams = _streams(job, owned, state.step)
     elastic_cfg, ck = job.cfg.train.elastic, job.cfg.checkpoint
     assert elastic_cfg is not None  # this module runs only for train.elastic
-    total, every = job.cfg.train.epochs * job.steps, elastic_cfg.commit_every_steps
+    total, every = job.cfg.train.epoch_count * job.steps, elastic_cfg.commit_every_steps
     sums, since = tf.zeros([3], tf.float64), time.perf_counter()
     while state.step < total:
         job.phase(f"elastic step {state.step + 1}: input batches, gradients and their all-reduce")
@@ -244,7 +245,7 @@ def _add_sums(job: Job, state: Any, rank: distributed.RankInfo, local: np.ndarra
     stats = epoch_stats(epoch, job.steps, np.array(totals[:3]), totals[3])
     stats.learning_rate = current_learning_rate(job.optimizer)
     state.history, state.sums = [*state.history, stats.to_dict()], [0.0, 0.0, 0.0, 0.0]
-    log.info("epoch %d/%d at %d ranks: loss %.4f, accuracy %.4f", epoch, job.cfg.train.epochs, rank.size,
+    log.info("epoch %d/%d at %d ranks: loss %.4f, accuracy %.4f", epoch, job.cfg.train.epoch_count, rank.size,
              stats.loss, stats.accuracy)
     if epoch not in job.logged_epochs:  # once per epoch, however many times a rollback redoes its end
         job.tracker.log_metrics({**stats.metrics(), "world_size": float(rank.size)}, epoch)
@@ -343,10 +344,11 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
 def _run(cfg: JobConfig, rank: distributed.RankInfo, threads: int, phase: Phase) -> dict[str, Any]:
     phase("reading the manifest and agreeing on the plan")
     manifest, shape, _ = train_lib.plan(cfg, rank)
+    cfg = dataclasses.replace(cfg, train=train_lib.with_epochs(cfg.train, manifest))
     assert cfg.train.elastic is not None  # this module runs only for train.elastic
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)
-    model, optimizer = build_state(cfg, shape, virtual, cfg.train.epochs * steps)
+    model, optimizer = build_state(cfg, shape, virtual, cfg.train.epoch_count * steps)
     head = heads.for_task(cfg.task, manifest.labels, manifest.split("train").class_counts(),
                           manifest.preprocessing.get("target"))
     step_fn = VirtualStep(model, optimizer, shape, head)

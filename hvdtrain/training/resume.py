@@ -117,7 +117,7 @@ def layout(cfg: JobConfig, world_size: int, steps_per_epoch: int, manifest_diges
     """
     return {"world_size": world_size, "batch_size": cfg.train.batch_size,
             "grad_accum_steps": cfg.train.grad_accum_steps, "steps_per_epoch": steps_per_epoch,
-            "epochs": cfg.train.epochs, "lr_schedule": cfg.train.lr_schedule,
+            "epochs": cfg.train.epoch_count, "lr_schedule": cfg.train.lr_schedule,
             "seed": cfg.train.seed, "shuffle_buffer": cfg.train.shuffle_buffer, "input_order": INPUT_ORDER,
             "manifest_digest": manifest_digest, "model_digest": cfg.section_hash("model"),
             "task_digest": cfg.section_hash("task"),

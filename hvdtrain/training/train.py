@@ -10,7 +10,7 @@ hvdtrain.training.train CONFIG [key=value ...]`` and by the YARN launcher. Each 
    under a mixed-precision policy) and Adam with linear warm-up and
    ``train.lr_schedule`` decay (peak rate ``train.learning_rate * size``),
    then takes rank 0's initial weights and optimizer state;
-3. trains ``train.epochs`` epochs of ``steps_per_epoch`` optimizer steps
+3. trains ``train.epochs`` epochs (``auto``: by the train split's size) of ``steps_per_epoch`` optimizer steps
    (:mod:`hvdtrain.training.loop`, :mod:`hvdtrain.training.steps`): plain ``tf.GradientTape``,
    optional accumulation over ``train.grad_accum_steps`` batches, one grouped
    all-reduce per optimizer step (optionally float16 on the wire), clipping
@@ -104,10 +104,11 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
             lambda obj: distributed.broadcast_object(obj, name="hvdtrain.leases")) as held:
         dog.phase("reading the manifest and agreeing on the plan")
         manifest, shape, steps = plan(cfg, rank)
+        cfg = dataclasses.replace(cfg, train=with_epochs(cfg.train, manifest))
         hosts = sorted(set(distributed.allgather_object(rank.hostname, name="hvdtrain.hosts")))
         log.info("world size %d (%s) on %s, dataset %s (digest %s), model %s, %d optimizer steps/epoch x %d "
                  "epochs, global batch %d", rank.size, rank.backend, ",".join(hosts), manifest.root,
-                 manifest.digest(), cfg.model.kind, steps, cfg.train.epochs, global_batch_size(cfg.train, rank.size))
+                 manifest.digest(), cfg.model.kind, steps, cfg.train.epoch_count, global_batch_size(cfg.train, rank.size))
         layout = resume.layout(cfg, rank.size, steps, manifest.digest(), manifest.legacy_digest())
         dog.phase("looking for a checkpoint to resume from", cfg.fault.checkpoint_timeout)
         looking = time.perf_counter()
@@ -174,11 +175,19 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
     return manifest, shape, steps
 
 
+def with_epochs(train: TrainConfig, manifest: Manifest) -> TrainConfig:
+    """``train`` with ``epochs`` a number: ``auto`` resolved by the train split's records
+    (hvdtrain.data.plan.auto_epochs). Every rank reads the same manifest, so they agree."""
+    if train.epochs != "auto":
+        return train
+    return dataclasses.replace(train, epochs=data.auto_epochs(manifest.split("train").records))
+
+
 def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
            restored: Optional[Restored] = None) -> tuple[keras.Model, list[EpochStats], Optional[dict]]:
     """Build, resume or take rank 0's initial state, fit; returns the early-stopping summary (None when off)."""
     cfg, rank = ctx.cfg, ctx.rank
-    model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epochs)
+    model, optimizer = build_state(cfg, ctx.shape, rank.size, total_steps=ctx.steps * cfg.train.epoch_count)
     stopping = cfg.train.early_stopping
     stopper = EarlyStopper(stopping, model.get_weights) if stopping is not None else None
     restored = restored or Restored()
@@ -196,7 +205,7 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
     step_fn = make_step(model, optimizer, ctx.shape.label_feature, steps_lib.input_names(model),
                         cfg.train.grad_accum_steps, reduction, guard)
     checkpointer = resume.Checkpointer(ctx, model, optimizer, stopper)
-    plan = LoopPlan(cfg.train.epochs, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size, per_call)
+    plan = LoopPlan(cfg.train.epoch_count, ctx.steps, cfg.train.grad_accum_steps, cfg.train.batch_size, per_call)
     observed = Observed(step_fn, optimizer, checkpointer, resumed, restored)
     with training_hooks(ctx, model, stopper, guard, observed) as hooks:
         history = fit(step_fn, _train_batches(ctx, resumed.plan.first_record if resumed else 0), plan, hooks=hooks,
@@ -209,7 +218,7 @@ def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
         distributed.broadcast_state(model, optimizer)  # rank 0 holds the best weights (even after a resume)
         log.info("restored the weights of epoch %d (best validation %s)", stopper.decision.best_epoch,
                  stopper.cfg.metric)
-    return model, history, stopper.summary(restored=restore, epochs=cfg.train.epochs)
+    return model, history, stopper.summary(restored=restore, epochs=cfg.train.epoch_count)
 
 
 def _sparse(ctx: TrainContext, model: keras.Model) -> tuple[bool, ...]:
@@ -261,7 +270,7 @@ def _run_params(train: TrainConfig, rank: distributed.RankInfo, steps: int, host
     return {"horovod.size": rank.size, "horovod.hosts": ",".join(hosts), "steps_per_epoch": steps,
             "global_batch_size": global_batch_size(train, rank.size),
             "scaled_learning_rate": scaled_learning_rate(train.learning_rate, rank.size),
-            "decay_steps": steps * train.epochs}
+            "decay_steps": steps * train.epoch_count}
 
 
 # -- command line ---------------------------------------------------------------------------

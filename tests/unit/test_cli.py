@@ -81,7 +81,7 @@ def test_a_user_error_is_the_last_line_and_sets_the_exit_code(tmp_path, capsys) 
     (tmp_path / "job.yaml").write_text("name: t\ntrain: {epochs: 0}\n")
     assert cli.main(["config", str(tmp_path / "job.yaml"), "train.batch_size=4"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == "hvdtrain: error: train.epochs must be > 0 (got 0)"
+    assert err.splitlines()[-1] == "hvdtrain: error: train.epochs must be > 0, or auto (by the train split's size) (got 0)"
     assert cli.main(["checkpoints", "list", str(tmp_path / "none")]) == 3
     assert capsys.readouterr().err.splitlines()[-1].startswith("hvdtrain: error: no checkpoints (ckpt-*) under ")
 

@@ -85,6 +85,32 @@ def test_training_warns_once_on_rank_0_when_the_train_split_has_fewer_shards_tha
             assert lines[0].startswith("the train split has 3 shards for 8 ranks")
 
 
+def test_auto_epochs_fall_with_the_square_root_of_the_train_split() -> None:
+    # The two tables the rule was fitted to (docs/models.md "How many epochs"), then its ends.
+    assert read_plan.auto_epochs(269_420) == 8 and read_plan.auto_epochs(43_152) == 20
+    assert read_plan.auto_epochs(1_000_000) == 4 and read_plan.auto_epochs(16_000_000) == 1
+    assert read_plan.auto_epochs(10**10) == 1 and read_plan.auto_epochs(100) == 100 == read_plan.auto_epochs(0)
+
+
+def test_train_epochs_auto_is_the_default_and_is_resolved_from_the_manifest(dataset: manifest_lib.Manifest) -> None:
+    from hvdtrain.core import config as config_mod
+    from hvdtrain.core.errors import ConfigError
+    from hvdtrain.training import train
+
+    cfg = config_mod.from_dict({"etl": {"output": dataset.location, "max_length": 12}})
+    assert cfg.train.epochs == "auto"
+    with pytest.raises(RuntimeError, match="still auto"):
+        cfg.train.epoch_count  # noqa: B018  # nothing may train on an unresolved auto
+    resolved = train.with_epochs(cfg.train, dataset)
+    assert resolved.epochs == resolved.epoch_count == read_plan.auto_epochs(90) == 100  # 90 train records
+    assert resolved == dataclasses.replace(cfg.train, epochs=100)
+    fixed = config_mod.from_dict({"etl": {"output": dataset.location}, "train": {"epochs": 2}}).train
+    assert train.with_epochs(fixed, dataset) is fixed
+    for bad in (0, "many"):
+        with pytest.raises(ConfigError, match="train.epochs"):
+            config_mod.from_dict({"train": {"epochs": bad}})
+
+
 # -- pipelines ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

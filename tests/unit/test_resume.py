@@ -21,6 +21,7 @@ TINY = {"embed_dim": 8, "num_heads": 2, "ff_dim": 16, "num_layers": 1, "dropout"
 
 def _cfg(tmp_path, **checkpoint_cfg) -> config.JobConfig:
     return config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"}, "model": TINY,
+                             "train": {"epochs": 3},  # as training resolves train.epochs: auto
                              "checkpoint": {"every_steps": 2, **checkpoint_cfg}}, base_dir=str(tmp_path))
 
 

@@ -28,7 +28,8 @@ def _manifest(created_at: str = "2026-01-01T00:00:00+00:00", folder: str = "", s
 
 
 def _cfg(tmp_path) -> config.JobConfig:
-    return config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"}},
+    return config.from_dict({"name": "r", "workdir": str(tmp_path), "source": {"table": "demo.t"},
+                             "train": {"epochs": 3}},  # as training resolves train.epochs: auto
                             base_dir=str(tmp_path))
 
 
