@@ -227,12 +227,18 @@ def venv_prefix() -> str:
     return sys.prefix
 
 
+PACK_COMPRESS_LEVEL = 1
+
+
 def venv_pack(prefix: str, output: str) -> None:
     """Pack a venv with venv-pack, leaving out the editable install of this project and PACK_EXCLUDES."""
     import venv_pack as vp  # only the packing path needs it
 
     try:
-        vp.pack(prefix=prefix, output=output, force=True, filters=[("exclude", p) for p in PACK_EXCLUDES])
+        # gzip level 1, not venv-pack's 4: this 3 GB venv packed in 23 s instead of 36 s (2 cores, idle) into
+        # 760 MB instead of 698 (+9 % to upload once and to localize per NodeManager, where it unpacks as fast)
+        vp.pack(prefix=prefix, output=output, force=True, compress_level=PACK_COMPRESS_LEVEL,
+                filters=[("exclude", p) for p in PACK_EXCLUDES])
     except vp.VenvPackException as exc:
         raise EnvironmentProblem(f"venv-pack could not pack {prefix}: {exc}") from exc
 
