@@ -429,6 +429,12 @@ def last_error(log_path: str, tail_bytes: int = 20000) -> str:
     return ""
 
 
+# What a trial's run records in its user attributes. A trial the heartbeat re-queues after its driver died starts
+# with them copied from the failed try (optuna.storages.RetryHeartbeatStaleTrialCallback copies user_attrs): a
+# try pruned just before the driver died would make its retry, run to the full budget, count as pruned.
+RUN_ATTRS = ("pruned_at_epoch", "error", "mlflow_run_id", "mlflow_model_uri")
+
+
 class Driver:
     """Runs a study: each Optuna trial becomes a training run (see :func:`run_study`)."""
 
@@ -458,6 +464,9 @@ class Driver:
         overrides = trial_overrides(self.cfg.tune, trial.number, values, self.storage, self.parent.run_id)
         cmd = trial_command(self.opts, overrides, self.cfg.fault.start_timeout)
         log_path = os.path.join(self.logs, f"trial-{trial.number:04d}.log")
+        for key in RUN_ATTRS:  # a retried trial starts with its failed try's attributes (Optuna copies them)
+            if trial.user_attrs.get(key) is not None:
+                trial.set_user_attr(key, None)
         trial.set_user_attr("output", fs.join(trial_folder(self.cfg.tune, trial.number), "model"))
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
@@ -474,7 +483,7 @@ class Driver:
         if not reported:
             raise TrialCrashed(f"trial {trial.number} finished without reporting {self.opts.metric} (log {log_path})")
         value = reported[max(reported)]
-        if "pruned_at_epoch" in frozen.user_attrs:
+        if frozen.user_attrs.get("pruned_at_epoch") is not None:
             print(f"tune: trial {trial.number} pruned after epoch {max(reported)}: {self.opts.metric} "
                   f"{value:.4f}", flush=True)
             raise optuna.TrialPruned()
@@ -493,7 +502,7 @@ class Driver:
             trial.set_user_attr("mlflow_model_uri", result["mlflow_model_uri"])
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
-            self.parent.set_child_tags(run_id, {"pruned": "pruned_at_epoch" in frozen.user_attrs,
+            self.parent.set_child_tags(run_id, {"pruned": frozen.user_attrs.get("pruned_at_epoch") is not None,
                                                 "tune_trial": trial.number})
 
 

@@ -238,6 +238,29 @@ def test_a_crashing_trial_is_failed_with_its_error_and_the_study_goes_on(tmp_pat
     assert summary["best"]["params"]["train.learning_rate"] <= 1e-3
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_a_retried_trial_is_judged_by_its_own_run_not_its_failed_try_s(tmp_path, monkeypatch):
+    """A try pruned at epoch 1 just before its driver died, failed by the heartbeat and re-queued by Optuna's own
+    callback (which copies its user attributes): the retry runs the full budget and completes."""
+    import optuna
+
+    cfg = _cfg(tmp_path, heartbeat_seconds=5)
+    cfg.tracking.enabled = False
+    space = _space(tmp_path, "train.learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    opts = tune.TuneOptions(str(tmp_path / "job.yaml"), (), space, 1, eta=3)
+    study = tune.open_study(cfg, opts, tune.load_space(space, cfg))
+    lr = optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
+    study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.FAIL, params={"train.learning_rate": 5e-4},
+                                        distributions={"train.learning_rate": lr}, intermediate_values={1: 0.55},
+                                        user_attrs={"pruned_at_epoch": 1, "error": "its driver died"}))
+    optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study.trials[0])
+    monkeypatch.setattr(tune, "trial_command", lambda opts, overrides, timeout: [
+        sys.executable, "-c", FAKE_TRIAL, *overrides])
+    summary = tune.run_study(cfg, opts)
+    retry = next(t for t in summary["trials"] if t["number"] == 1)
+    assert (retry["state"], retry["epochs"], retry["error"]) == ("COMPLETE", 3, None), summary["trials"]
+
+
 def test_yarn_trials_need_a_storage_the_executors_reach(tmp_path):
     with pytest.raises(ConfigError, match="tune.storage must be a database the YARN executors reach"):
         tune.run_study(_cfg(tmp_path), _opts(launcher="yarn"))
