@@ -333,10 +333,12 @@ class TrialReporter:
     driver would. A storage that cannot be reached only warns: the trial trains on unpruned.
     """
 
-    def __init__(self, tune_cfg: config_lib.TuneConfig):
+    def __init__(self, tune_cfg: config_lib.TuneConfig, epochs: int):
         self.number = tune_cfg.trial
         self.trial: Any = None
-        self.last_epoch = 0  # the full budget: a trial that reached it completes, it is not pruned
+        # The full budget, as this run resolved train.epochs (the study may hold auto): a trial that reached it
+        # completes, it is not pruned
+        self.last_epoch = epochs
         url = os.environ.get(STORAGE_ENV) or tune_cfg.storage or ""  # a secret one comes by environment only
         try:
             optuna = _quiet_optuna()
@@ -347,7 +349,6 @@ class TrialReporter:
                                       pruner=make_pruner(int(attrs["eta"]), int(attrs["min_epochs"])))
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, tune_cfg.trial)
             self.trial = optuna.trial.Trial(study, trial_id)
-            self.last_epoch = int(attrs.get("epochs", 0))
         except ANY_ERROR as exc:  # the study's storage never stops training
             log.warning("cannot reach trial %s of study %r at %s (%s: %s); training on without pruning",
                         tune_cfg.trial, tune_cfg.study, secrets.redact_url(url),

@@ -106,7 +106,7 @@ def _pruning(ctx: TrainContext) -> list[Hook]:
     tune_cfg = ctx.cfg.tune
     if tune_cfg.trial is None:
         return []
-    report = tune.TrialReporter(tune_cfg).report if ctx.rank.is_chief else None
+    report = tune.TrialReporter(tune_cfg, ctx.cfg.train.epoch_count).report if ctx.rank.is_chief else None
     return [hooks.PruningHook(tune.epoch_metric(tune_cfg.metric), report,
                               lambda stop, epoch: bool(distributed.broadcast_object(
                                   stop, name=f"hvdtrain.prune.{epoch}")))]

@@ -162,10 +162,12 @@ def test_pruning_hook_stops_every_rank_on_rank_0s_decision():
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path):
+@pytest.mark.parametrize("study_epochs", [3, "auto"])  # auto: the study holds it, each trial resolves it
+def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path, study_epochs):
     import optuna
 
     cfg = _cfg(tmp_path, heartbeat_seconds=5)
+    cfg.train.epochs = study_epochs
     space = tune.load_space(_space(tmp_path, "train.learning_rate: {loguniform: [1.0e-5, 1.0e-2]}\n"), cfg)
     opts = tune.TuneOptions(str(tmp_path / "job.yaml"), (), "s", 9, eta=3, min_epochs=1)
     study = tune.open_study(cfg, opts, space)
@@ -178,16 +180,16 @@ def test_reporter_prunes_through_the_study_and_stops_a_given_up_trial(tmp_path):
         study.tell(done, value)
     trial = study.ask()
     cfg.tune.storage, cfg.tune.trial = tune.storage_url(cfg.tune), trial.number
-    reporter = tune.TrialReporter(cfg.tune)
+    reporter = tune.TrialReporter(cfg.tune, 3)
     assert reporter.report(1, 0.2) is True  # worse than the top third at the first rung
     assert study.trials[trial.number].user_attrs["pruned_at_epoch"] == 1
     good = study.ask()
     cfg.tune.trial = good.number
-    assert tune.TrialReporter(cfg.tune).report(1, 0.95) is False
-    assert tune.TrialReporter(cfg.tune).report(3, 0.1) is False  # worse than 0.9 at the second rung, but
+    assert tune.TrialReporter(cfg.tune, 3).report(1, 0.95) is False
+    assert tune.TrialReporter(cfg.tune, 3).report(3, 0.1) is False  # worse than 0.9 at the second rung, but
     assert "pruned_at_epoch" not in study.trials[good.number].user_attrs  # at the full budget: it completes
     study.tell(good, state=optuna.trial.TrialState.FAIL)
-    assert tune.TrialReporter(cfg.tune).report(2, 0.95) is True  # the driver gave it up: stop
+    assert tune.TrialReporter(cfg.tune, 3).report(2, 0.95) is True  # the driver gave it up: stop
 
 
 def test_done_count_skips_failures_queued_again():
@@ -212,7 +214,7 @@ if lr > 1e-3:
     print("hvdtrain: error: rank 1 ran out of memory (injected)", file=sys.stderr)
     sys.exit(5)
 cfg = config.TuneConfig(storage=over["tune.storage"], study=over["tune.study"], trial=int(over["tune.trial"]))
-reporter = tune.TrialReporter(cfg)
+reporter = tune.TrialReporter(cfg, 3)
 for epoch in (1, 2, 3):
     if reporter.report(epoch, 0.5 + lr * 100 * epoch):
         break
