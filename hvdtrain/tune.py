@@ -46,6 +46,8 @@ import yaml
 from hvdtrain.core import config as config_lib
 from hvdtrain.core import secrets, tasks
 from hvdtrain.core.errors import ANY_ERROR, ConfigError, HvdtrainError
+from hvdtrain.data import manifest as manifest_lib
+from hvdtrain.data.plan import auto_epochs
 from hvdtrain.hadoop import fs
 from hvdtrain.observe import plots, tracking
 from hvdtrain.runtime import launch
@@ -192,27 +194,31 @@ class TuneOptions:
     min_epochs: int = 1
     metric: Optional[str] = "validation_accuracy"  # None: the task's default (tune.metric)
 
-    def check(self, cfg: config_lib.JobConfig) -> None:
-        """Option errors, named, before anything starts.
-
-        Reads cfg.train (the epochs ASHA's first rung must fit in) and cfg.task (its validation metrics). With
-        ``train.epochs: auto`` each trial resolves them from the dataset they share, all alike.
-        """
+    def check(self, task: config_lib.TaskConfig, epochs: int) -> None:
+        """Option errors, named, before anything starts: ``task`` gives the validation metrics, ``epochs`` the
+        epochs each trial trains (:func:`trial_epochs`), which ASHA's first rung must fit in."""
         for name, value, ok, expected in (
                 ("--trials", self.trials, self.trials >= 1, "must be >= 1"),
                 ("--parallel", self.parallel, self.parallel >= 1, "must be >= 1"),
                 ("--np", self.np, self.np >= 1, "must be >= 1"),
                 ("--eta", self.eta, self.eta >= 2, "must be >= 2 (keep 1/eta of the trials at each rung)"),
-                ("--min-epochs", self.min_epochs,
-                 1 <= self.min_epochs and (cfg.train.epochs == "auto" or self.min_epochs <= cfg.train.epochs),
-                 f"must be in [1, train.epochs={cfg.train.epochs}] (ASHA's first rung)"),
-                ("--metric", self.metric, self.metric in tasks.validation_metrics(cfg.task.kind),
-                 f"must be one of {', '.join(tasks.validation_metrics(cfg.task.kind))} ({cfg.task.kind} task)"),
+                ("--min-epochs", self.min_epochs, 1 <= self.min_epochs <= epochs,
+                 f"must be in [1, {epochs}], the epochs each trial trains (ASHA's first rung)"),
+                ("--metric", self.metric, self.metric in tasks.validation_metrics(task.kind),
+                 f"must be one of {', '.join(tasks.validation_metrics(task.kind))} ({task.kind} task)"),
                 ("--launcher", self.launcher, self.launcher in LAUNCHERS, f"must be one of {', '.join(LAUNCHERS)}"),
                 ("--hosts", self.hosts, self.launcher != "horovodrun" or bool(self.hosts),
                  "is needed with --launcher horovodrun, e.g. --hosts host1:2,host2:2")):
             if not ok:
                 raise ConfigError(name, value, expected)
+
+
+def trial_epochs(train: config_lib.TrainConfig, dataset: str) -> int:
+    """The epochs every trial trains: ``train.epochs``, with ``auto`` resolved from the manifest of ``dataset``
+    (``etl.output``, which the trials share) as each trial resolves it."""
+    if train.epochs != "auto":
+        return train.epochs
+    return auto_epochs(manifest_lib.read(dataset).split("train").records)
 
 
 def direction(metric: str) -> str:
@@ -554,7 +560,7 @@ def run_study(cfg: config_lib.JobConfig, opts: TuneOptions) -> dict[str, Any]:
     """Check everything, then run trials until ``--trials`` have ended; returns the study's summary."""
     if opts.metric is None:  # --metric not given: the task's own (tune.metric, resolved by the config)
         opts = dataclasses.replace(opts, metric=cfg.tune.metric)
-    opts.check(cfg)
+    opts.check(cfg.task, trial_epochs(cfg.train, cfg.etl.output))  # a missing dataset fails here too
     if opts.launcher == "yarn" and storage_url(cfg.tune).startswith("sqlite:"):
         raise ConfigError("tune.storage", storage_url(cfg.tune), "must be a database the YARN executors reach "
                           "(mysql://, postgresql://) with --launcher yarn: SQLite is a local file")

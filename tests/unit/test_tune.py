@@ -119,12 +119,24 @@ def test_trial_commands_for_each_launcher():
 
 
 @pytest.mark.parametrize("kw,named", [
-    ({"eta": 1}, "--eta must be >= 2"), ({"min_epochs": 4}, "--min-epochs must be in [1, train.epochs=3]"),
+    ({"eta": 1}, "--eta must be >= 2"), ({"min_epochs": 4}, "--min-epochs must be in [1, 3], the epochs each trial"),
     ({"metric": "accuracy"}, "--metric must be one of"), ({"launcher": "horovodrun"}, "--hosts is needed"),
 ])
 def test_bad_options_are_named(tmp_path, kw, named):
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
-        _opts(**kw).check(_cfg(tmp_path))
+        _opts(**kw).check(_cfg(tmp_path).task, 3)
+
+
+def test_auto_epochs_are_resolved_from_the_dataset_as_each_trial_resolves_them(tmp_path):
+    from hvdtrain.data.synthetic import Layout, TextSpec, make_text_dataset
+
+    make_text_dataset(str(tmp_path / "data"), TextSpec(layout=Layout(n_per_split={"train": 90, "validation": 8,
+                                                                                   "test": 8})))
+    train = config.TrainConfig()  # the default, auto
+    assert tune.trial_epochs(train, str(tmp_path / "data")) == 100  # 90 train records (hvdtrain.data.plan)
+    assert tune.trial_epochs(config.TrainConfig(epochs=3), str(tmp_path / "nowhere")) == 3  # no dataset read
+    with pytest.raises(ConfigError, match=r"--min-epochs must be in \[1, 100\]"):
+        _opts(min_epochs=101).check(_cfg(tmp_path).task, tune.trial_epochs(train, str(tmp_path / "data")))
 
 
 def test_cli_parses_the_tune_command():
