@@ -27,7 +27,7 @@ from hvdtrain.core import config as config_mod
 from hvdtrain.core import secrets
 from hvdtrain.core.config import JobConfig
 from hvdtrain.core.errors import EnvironmentProblem
-from hvdtrain.hadoop import fs
+from hvdtrain.hadoop import fs, spark_start
 from hvdtrain.observe import console
 
 # Spark's own defaults (log4j2-defaults.properties), written to a file instead of the console.
@@ -148,7 +148,7 @@ def get_session(cfg: JobConfig, master: str | None = None, verbose: bool = False
     for key, value in plain.items():
         builder = builder.config(key, value)
     with _output_to(path), _secret_properties(secret, builder):
-        spark = builder.enableHiveSupport().getOrCreate()
+        spark = spark_start.start(builder.enableHiveSupport().getOrCreate)
     for key, value in FIXED_CONF.items():  # a joined session (spark-submit) keeps its own settings otherwise
         spark.conf.set(key, value)
     if path is None:

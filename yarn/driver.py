@@ -35,7 +35,7 @@ from hvdtrain.core import config as config_mod  # noqa: E402
 from hvdtrain.core import secrets  # noqa: E402
 from hvdtrain.core.config import JobConfig, TrainConfig, YarnConfig  # noqa: E402
 from hvdtrain.core.errors import HvdtrainError, StepFailed  # noqa: E402
-from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens
+from hvdtrain.hadoop import fs, hadoop_conf, hadoop_tokens, spark_start
 from hvdtrain.observe import console
 from hvdtrain.runtime import startup, supervise
 from hvdtrain.runtime.launch import spark_malloc_env  # noqa: E402
@@ -109,7 +109,7 @@ def run_job(cfg: JobConfig, args: argparse.Namespace) -> tuple[list[dict[str, An
 
     # horovod.spark needs only the SparkContext; a SparkSession on top of it would cost about 3 s more of
     # start-up (its SQL state), before any rank runs.
-    sc = SparkContext.getOrCreate()
+    sc = spark_start.start(SparkContext.getOrCreate)
     sc.setLogLevel("WARN")
     print(f"hvdtrain: Spark application {sc.applicationId}: {args.num_proc} ranks", flush=True)
     last: dict[str, list[dict[str, Any]]] = {"records": []}

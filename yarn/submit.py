@@ -81,6 +81,8 @@ DAEMON_MODULE = "yarn.spark_daemon"
 EXECUTOR_ENV = "spark.executorEnv."
 RESULT_NAME = LAUNCHER_RECORD
 APP_ID = re.compile(r"application_\d+_\d+")
+# The client's line for each application it submits: a driver that had to start again submitted a second one.
+APP_SUBMITTED = re.compile(r"Submitted application (application_\d+_\d+)")
 TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")  # YARN's application states that are final
 APP_REPORT = "Application Report"  # the header of `yarn application -status` when the ResourceManager answers
 # spark://host:port, or a comma-separated list of masters (standalone high availability)
@@ -573,7 +575,14 @@ def format_plan(plan: SubmitPlan) -> str:
 
 # -- act: the running submission -----------------------------------------------------------------
 
-def parse_app_id(line: str) -> Optional[str]:
+def parse_app_id(line: str, current: Optional[str] = None) -> Optional[str]:
+    """The application a submission's output line names, given the one known so far (pure): the first id seen,
+    replaced by each later "Submitted application" (spark_start's retry of a client-mode driver submits anew)."""
+    submitted = APP_SUBMITTED.search(line)
+    if submitted:
+        return submitted.group(1)
+    if current is not None:
+        return current
     match = APP_ID.search(line)
     return match.group(0) if match else None
 
@@ -724,8 +733,7 @@ class Submission:
 
     def _pump(self, stream: IO[str], sink: IO[str]) -> None:
         for line in stream:
-            if self.app_id is None:
-                self.app_id = parse_app_id(line)
+            self.app_id = parse_app_id(line, self.app_id)
             if self.memory_kill is None:
                 self.memory_kill = parse_memory_kill(line)
             if self._picked_up is not None and line.rstrip("\n") == self._picked_up:  # set in __enter__
