@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
@@ -386,25 +386,37 @@ class TrialReporter:
 
 # -- the driver ----------------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """In the trial's launcher process: SIGTERM when the tune driver dies (even by SIGKILL), so no trial
+def death_signal(launcher: str) -> int:
+    """What a trial's launcher gets when the tune driver dies (pure). horovodrun gets SIGKILL: on SIGTERM it only
+    sets an event for its rank threads, so one past them (its ranks gone) lived on for hours, and a killed
+    horovodrun's ranks are ended by Horovod's own middleman processes (safe_shell_exec: they watch a pipe to it).
+    A YARN submission gets SIGTERM, which it turns into releasing the application (yarn.submit.guarded)."""
+    return int(signal.SIGTERM if launcher == "yarn" else signal.SIGKILL)
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """For the trial's launcher process: ``sig`` when the tune driver dies (even by SIGKILL), so no trial
     outlives its driver and keeps training for a study that has failed it (Linux prctl)."""
-    try:
-        import ctypes
+    def arm() -> None:
+        try:
+            import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    return arm
 
 
-def run_process(cmd: Sequence[str], log_path: str, env: Mapping[str, str]) -> tuple[int, str]:
-    """Run one trial with its output in ``log_path``; returns (exit code, its last error line)."""
+def run_process(cmd: Sequence[str], log_path: str, env: Mapping[str, str],
+                on_parent_death: int = signal.SIGTERM) -> tuple[int, str]:
+    """Run one trial with its output in ``log_path``; returns (exit code, its last error line). The trial gets
+    ``on_parent_death`` (:func:`death_signal`) if this process dies."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as out:
         out.write(f"$ {subprocess.list2cmdline(list(cmd))}\n".encode())
         out.flush()
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=_die_with_parent(on_parent_death))
         try:
             code = proc.wait()
         except BaseException:  # Ctrl-C, or the study stopping: the whole trial goes, not just horovodrun
@@ -478,7 +490,7 @@ class Driver:
         trial.set_user_attr("log", log_path)
         print(f"tune: trial {trial.number} started: {_params_text(values)} (log {log_path})", flush=True)
         env = launch.sealed_env(cmd, trial_env(_child_env(), self.storage))
-        code, error = run_process(cmd, log_path, env)
+        code, error = run_process(cmd, log_path, env, death_signal(self.opts.launcher))
         frozen = self.study._storage.get_trial(trial._trial_id)
         self._tag_child(trial, frozen, code)
         if code != 0:

@@ -278,3 +278,52 @@ def test_a_retried_trial_is_judged_by_its_own_run_not_its_failed_try_s(tmp_path,
 def test_yarn_trials_need_a_storage_the_executors_reach(tmp_path):
     with pytest.raises(ConfigError, match="tune.storage must be a database the YARN executors reach"):
         tune.run_study(_cfg(tmp_path), _opts(launcher="yarn"))
+
+
+# A launcher that, like horovodrun past its rank threads, takes SIGTERM and goes on; its pid goes to a file.
+DEAF_LAUNCHER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: None)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+# A tune driver in miniature: runs the launcher as a trial with the given death signal.
+DRIVER = """
+import sys
+from hvdtrain import tune
+tune.run_process([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3], {}, int(sys.argv[4]))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["local", "horovodrun"])
+def test_a_trial_launcher_that_swallows_sigterm_dies_with_its_killed_driver(tmp_path: Path, launcher: str) -> None:
+    import os
+    import signal
+    import time
+
+    assert tune.death_signal("yarn") == signal.SIGTERM  # a YARN submission releases its application on SIGTERM
+    pid_file = tmp_path / "pid"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, DEAF_LAUNCHER, str(pid_file), str(tmp_path / "t.log"),
+                               str(tune.death_signal(launcher))], cwd=Path(__file__).resolve().parents[2],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    driver.kill()  # as the study's driver was killed in test_tune_mp
+    driver.wait()
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the trial's launcher outlived its killed driver"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
