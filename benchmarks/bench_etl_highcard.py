@@ -19,6 +19,7 @@ the notes. Spark's Python workers are separate processes and not counted.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -32,6 +33,12 @@ from benchmarks.common import Entry
 WORDS = 300  # the text column's vocabulary
 # Where the memory figures run: Spark's local cluster, 2 executors of 1 core and 1 GB in JVMs of their own.
 MEMORY_MASTER = "local-cluster[2,1,1024]"
+
+
+def spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return os.environ.get("SPARK_HOME") or _find_spark_home()
 
 
 def make_table(spark: Any, path: str, rows: int, distinct_ids: int, items: int) -> None:
@@ -181,9 +188,16 @@ def measure(quick: bool) -> list[Entry]:
         # the executors in JVMs of their own, as on a cluster: in local[2] the driver's JVM also holds the
         # executors' cached rows and task memory, which grow with the data, not with what the driver keeps.
         spark = session.get_session(big, MEMORY_MASTER)
+        memory_master = spark.sparkContext.master
+        worker_dir = os.path.join(spark_home(), "work", spark.sparkContext.applicationId)
         _, big_mem = etl(big, full_gc=True)
         small_s, small_mem = etl(small, full_gc=True)
         spark.stop()
+        # The local cluster's workers run in this JVM, which fixed their folder at its start: $SPARK_HOME/work,
+        # inside pyspark's install. The executors' folders (their logs) go with the run.
+        shutil.rmtree(worker_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(worker_dir))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     in_use_peak_mb = round(max(m.heap for m in mems) / 1e6, 1)  # the timing runs' heap in use (no forced collection)
@@ -192,7 +206,7 @@ def measure(quick: bool) -> list[Entry]:
     common = {"rows": rows, "distinct_ids": ids, "item_values": items, "spark_master": "local[2]",
               "driver_memory": f"Spark default (spark.driver.memory unset): heap max {heap_max_mb} MB",
               "load_average_1_5_15": [round(x, 2) for x in load]}
-    memory = {**common, "spark_master": MEMORY_MASTER}
+    memory = {**common, "spark_master": memory_master}
     stage_median = {k: round(statistics.median(s[k] for s in big_stages), 2) for k in big_stages[0]}
     return [Entry.paired("etl_high_cardinality", [rows / s for s in etl_s], "rows/s",
                          "Spark writing the same rows to Parquet", [rows / s for s in pq_s], 0.25,

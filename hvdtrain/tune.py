@@ -388,22 +388,27 @@ class TrialReporter:
 
 def death_signal(launcher: str) -> int:
     """What a trial's launcher gets when the tune driver dies (pure). horovodrun gets SIGKILL: on SIGTERM it only
-    sets an event for its rank threads, so one past them (its ranks gone) lived on for hours, and a killed
-    horovodrun's ranks are ended by Horovod's own middleman processes (safe_shell_exec: they watch a pipe to it).
-    A YARN submission gets SIGTERM, which it turns into releasing the application (yarn.submit.guarded)."""
+    sets an event for its rank threads, so one past them (its ranks gone) lived on for hours. A killed
+    horovodrun's ranks on this host are ended by Horovod's own middleman processes (safe_shell_exec: they watch a
+    pipe to it); with ``--hosts``, a remote rank ends when its ssh connection is gone and it next writes or meets
+    its peers, as it did before. A YARN submission gets SIGTERM, which it turns into releasing the application
+    (yarn.submit.guarded)."""
     return int(signal.SIGTERM if launcher == "yarn" else signal.SIGKILL)
 
 
 def _die_with_parent(sig: int) -> Callable[[], None]:
     """For the trial's launcher process: ``sig`` when the tune driver dies (even by SIGKILL), so no trial
-    outlives its driver and keeps training for a study that has failed it (Linux prctl)."""
-    def arm() -> None:
-        try:
-            import ctypes
+    outlives its driver and keeps training for a study that has failed it (Linux prctl). libc is loaded here, in
+    the parent: the child of a process with threads runs only the prctl call before it execs."""
+    try:
+        import ctypes
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def arm() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
     return arm
 
 

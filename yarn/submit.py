@@ -733,7 +733,10 @@ class Submission:
 
     def _pump(self, stream: IO[str], sink: IO[str]) -> None:
         for line in stream:
-            self.app_id = parse_app_id(line, self.app_id)
+            known = self.app_id
+            named = parse_app_id(line, known)
+            if named != known:  # written only for a line that names an id: the stdout and stderr pumps share it
+                self.app_id = named
             if self.memory_kill is None:
                 self.memory_kill = parse_memory_kill(line)
             if self._picked_up is not None and line.rstrip("\n") == self._picked_up:  # set in __enter__

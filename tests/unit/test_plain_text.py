@@ -6,10 +6,10 @@ plain text (tabs, control characters, accents, full-width letters, upper case th
 """
 from __future__ import annotations
 
+import pydoc_data.topics
 from collections import Counter
 
 import numpy as np
-import pydoc_data.topics
 import pytest
 
 from hvdtrain.data import features
@@ -43,7 +43,9 @@ def test_plain_text_gives_the_tokenizers_own_ids_on_real_prose(opts: features.Te
         plain = features.plain_text(tok)
         assert plain is not None and plain.lowercase == opts.lowercase
         want = features.encode(tok, texts)
-        for batch in (texts, texts[:500], [t for t in texts if t.isascii()]):  # mixed, and wholly plain batches
+        wholly_plain = [t for t in texts if features._NOT_PLAIN.search(t) is None]
+        assert len(wholly_plain) > 8000 and any(t != t.lower() for t in wholly_plain)
+        for batch in (texts, texts[:500], wholly_plain):  # mixed batches, and one that takes the whole-batch path
             got = features.encode(tok, batch, plain)
             ref = want if batch is texts else features.encode(tok, batch)
             assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
@@ -60,17 +62,26 @@ def test_several_text_columns_take_the_plain_path_to_the_same_ids() -> None:
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-def test_a_tokenizer_with_a_normalizer_of_unknown_effect_gets_no_plain_path() -> None:
+def test_a_tokenizer_with_a_normalizer_of_unknown_effect_or_added_tokens_gets_no_plain_path() -> None:
     tok = tokenizer(OPTIONS[0], 300)
     tok.normalizer = features.normalizers.Sequence([features.normalizers.Replace("a", "b")])
     assert features.plain_text(tok) is None
     tok = tokenizer(OPTIONS[0], 300)
     tok.pre_tokenizer = features.pre_tokenizers.Whitespace()
     assert features.plain_text(tok) is None
+    tok = tokenizer(OPTIONS[0], 300)
+    tok.add_tokens(["Hello"])  # matched in the raw text, before lower-casing
+    assert features.plain_text(tok) is None
 
 
 def test_the_shard_writer_and_scoring_use_it() -> None:
     enc = features.FeatureEncoder(tokenizer(OPTIONS[0], 300).to_str(), None)
     assert enc.plain is not None
-    ids = enc.encode(["Plain TEXT here", "Café"])["input_ids"]
-    assert np.array_equal(ids, features.encode(enc.tok, ["Plain TEXT here", "Café"])[0])
+    texts = ["Plain TEXT here", "Café", "more plain text"]
+    want = features.encode(enc.tok, texts)[0]
+    assert np.array_equal(enc.encode(texts)["input_ids"], want)
+    # The encoder tokenizes with its plain path: one that turns every e into é shows in the plain rows only.
+    enc.plain = features.PlainText(tokenizer(OPTIONS[0], 300), lowercase=True)
+    enc.plain.tok.normalizer = features.normalizers.Replace("e", "\u00e9")  # every plain word with an e changes
+    got = enc.encode(texts)["input_ids"]
+    assert not np.array_equal(got[[0, 2]], want[[0, 2]]) and np.array_equal(got[1], want[1])
