@@ -47,7 +47,7 @@ from hvdtrain.core import config as config_lib
 from hvdtrain.core import secrets, tasks
 from hvdtrain.core.errors import ANY_ERROR, ConfigError, HvdtrainError
 from hvdtrain.data import manifest as manifest_lib
-from hvdtrain.data.plan import auto_epochs
+from hvdtrain.data.plan import with_epochs
 from hvdtrain.hadoop import fs
 from hvdtrain.observe import plots, tracking
 from hvdtrain.runtime import launch
@@ -216,9 +216,9 @@ class TuneOptions:
 def trial_epochs(train: config_lib.TrainConfig, dataset: str) -> int:
     """The epochs every trial trains: ``train.epochs``, with ``auto`` resolved from the manifest of ``dataset``
     (``etl.output``, which the trials share) as each trial resolves it."""
-    if train.epochs != "auto":
+    if train.epochs != "auto":  # the dataset is read only for auto
         return train.epochs
-    return auto_epochs(manifest_lib.read(dataset).split("train").records)
+    return with_epochs(train, manifest_lib.read(dataset)).epoch_count
 
 
 def direction(metric: str) -> str:
@@ -413,7 +413,7 @@ def _die_with_parent(sig: int) -> Callable[[], None]:
 
 
 def run_process(cmd: Sequence[str], log_path: str, env: Mapping[str, str],
-                on_parent_death: int = signal.SIGTERM) -> tuple[int, str]:
+                on_parent_death: int) -> tuple[int, str]:
     """Run one trial with its output in ``log_path``; returns (exit code, its last error line). The trial gets
     ``on_parent_death`` (:func:`death_signal`) if this process dies."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)

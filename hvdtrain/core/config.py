@@ -527,10 +527,10 @@ class TrainConfig:
     @property
     def epoch_count(self) -> int:
         """``epochs`` as a number, once training has resolved ``auto`` from the dataset
-        (hvdtrain.training.train.with_epochs)."""
+        (hvdtrain.data.plan.with_epochs)."""
         if self.epochs == "auto":
             raise RuntimeError("train.epochs is still auto: resolve it from the manifest first "
-                               "(hvdtrain.training.train.with_epochs)")
+                               "(hvdtrain.data.plan.with_epochs)")
         return self.epochs
 
     def __post_init__(self) -> None:

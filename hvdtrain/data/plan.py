@@ -18,11 +18,14 @@ read, so it can be resumed exactly (:func:`resume_point`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
+from hvdtrain.core.config import TrainConfig
 from hvdtrain.core.errors import DataError
+from hvdtrain.data.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,14 @@ AUTO_EPOCHS_MAX = 100
 def auto_epochs(train_records: int) -> int:
     """``train.epochs: auto`` for a train split of ``train_records`` records (pure): at least 1, at most 100."""
     return max(1, min(AUTO_EPOCHS_MAX, math.ceil(AUTO_EPOCHS_SCALE / math.sqrt(max(train_records, 1)))))
+
+
+def with_epochs(train: TrainConfig, manifest: Manifest) -> TrainConfig:
+    """``train`` with ``epochs`` a number: ``auto`` resolved by the train split's records (:func:`auto_epochs`).
+    Every rank, and a tune study's driver, reads the same manifest, so they agree."""
+    if train.epochs != "auto":
+        return train
+    return dataclasses.replace(train, epochs=auto_epochs(manifest.split("train").records))
 
 
 def steps_per_epoch(total_records: int, batch_size: int, size: int, accum_steps: int = 1) -> int:

@@ -344,7 +344,7 @@ def run(cfg: JobConfig, guard: runtime.Guard = runtime.guarded) -> dict[str, Any
 def _run(cfg: JobConfig, rank: distributed.RankInfo, threads: int, phase: Phase) -> dict[str, Any]:
     phase("reading the manifest and agreeing on the plan")
     manifest, shape, _ = train_lib.plan(cfg, rank)
-    cfg = dataclasses.replace(cfg, train=train_lib.with_epochs(cfg.train, manifest))
+    cfg = dataclasses.replace(cfg, train=data_plan.with_epochs(cfg.train, manifest))
     assert cfg.train.elastic is not None  # this module runs only for train.elastic
     virtual = cfg.train.elastic.max_ranks
     steps = data_plan.steps_per_epoch(manifest.split("train").records, cfg.train.batch_size, virtual)

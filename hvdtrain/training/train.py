@@ -71,6 +71,7 @@ from hvdtrain.core import tasks as tasks_lib
 from hvdtrain.core.config import JobConfig, TrainConfig, TuneConfig
 from hvdtrain.core.errors import DataError, HvdtrainError
 from hvdtrain.data.manifest import Manifest
+from hvdtrain.data.plan import with_epochs
 from hvdtrain.model.schedules import scaled_learning_rate
 from hvdtrain.training import runtime
 from hvdtrain.training import steps as steps_lib
@@ -173,14 +174,6 @@ def plan(cfg: JobConfig, rank: distributed.RankInfo) -> tuple[Manifest, data.Inp
                         "train.validate_every_epoch evaluate it after every epoch: give etl.splits a validation "
                         "fraction and rerun the ETL, or turn both off")
     return manifest, shape, steps
-
-
-def with_epochs(train: TrainConfig, manifest: Manifest) -> TrainConfig:
-    """``train`` with ``epochs`` a number: ``auto`` resolved by the train split's records
-    (hvdtrain.data.plan.auto_epochs). Every rank reads the same manifest, so they agree."""
-    if train.epochs != "auto":
-        return train
-    return dataclasses.replace(train, epochs=data.auto_epochs(manifest.split("train").records))
 
 
 def _train(ctx: TrainContext, resumed: Optional[resume.Resumed],
