@@ -33,6 +33,8 @@ setup(
         "tokenizers>=0.20,<0.24",
         "tqdm>=4.66,<5",
         "google-crc32c>=1.5,<2",
+        # hvdtrain/data/features.py: XXH64, the hash of hashed categorical columns (Spark SQL's xxhash64); tested with 3.6.0
+        "xxhash>=3.0,<4",
         "matplotlib>=3.8,<4",
         "venv-pack>=0.2,<0.3",
         # hvdtrain/observe/monitoring.py: start_http_server returns (server, thread) from 0.20; tested with 0.26.0

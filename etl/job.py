@@ -267,7 +267,7 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
 
     from pyspark.sql import functions as F
 
-    rows, columns = encoder_inputs(rows, cfg.source)
+    rows, columns = encoder_inputs(rows, cfg.source, fitted.tabular_stats)
     label = (F.expr("try_cast(label AS DOUBLE)") if cfg.task.kind == "regression" else F.col("label"))
     shard: Any = None
     for split in SPLITS:
@@ -288,12 +288,13 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     return [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
 
 
-def encoder_inputs(rows: Any, src: Any) -> tuple[Any, writer.Columns]:
+def encoder_inputs(rows: Any, src: Any, stats: Optional[dict]) -> tuple[Any, writer.Columns]:
     """(rows with the encoder's input columns added, their names as the write tasks read them).
 
-    Categorical values as the strings the fit counted and datetime values as the numbers it derived its
-    features from, made by the fit's own Spark expressions (:mod:`etl.stats`), so nothing the writer encodes
-    depends on this process's time zone or on how Spark hands a type to Python. The numeric row is the numeric
+    Categorical values as their ids (:func:`etl.tabular.category_ids`, from the strings the fit counted) and
+    datetime values as the numbers the fit derived its features from, made by the fit's own Spark expressions
+    (:mod:`etl.stats`), so nothing the writer encodes depends on this process's time zone or on how Spark hands a
+    type to Python. ``stats``: the fitted tabular statistics (None when there are no tabular columns). The numeric row is the numeric
     columns, then the datetime columns (:func:`hvdtrain.data.features.transform`), as doubles; the sample weight
     (``source.weight_column``, validated a finite number >= 0 by etl.validate.weight_rules) too.
     """
@@ -305,8 +306,11 @@ def encoder_inputs(rows: Any, src: Any) -> tuple[Any, writer.Columns]:
     rows = rows.select("*", *[x.alias(f"{INTERNAL}n{j}") for j, x in enumerate(numbers)],
                        *[stats_mod.category_value(rows, c).alias(f"{INTERNAL}cat{j}") for j, c in enumerate(cats)],
                        *([F.expr(f"try_cast(`{weight}` AS DOUBLE)").alias(f"{INTERNAL}weight")] if weight else []))
-    return rows, writer.Columns(numeric=tuple(f"{INTERNAL}n{j}" for j in range(len(numbers))),
-                                categorical=tuple(f"{INTERNAL}cat{j}" for j in range(len(cats))),
+    ids = tuple(f"{INTERNAL}cid{j}" for j in range(len(cats)))
+    if cats:
+        assert stats is not None, "categorical columns are fitted before they are written"
+        rows = tabular.category_ids(rows, stats, [f"{INTERNAL}cat{j}" for j in range(len(cats))], ids)
+    return rows, writer.Columns(numeric=tuple(f"{INTERNAL}n{j}" for j in range(len(numbers))), categorical=ids,
                                 several_texts=len(src.text_columns) > 1,
                                 weight=f"{INTERNAL}weight" if weight else None)
 

@@ -91,3 +91,34 @@ def ple_edges(tab: dict[str, Any], raw: Sequence[Sequence[Optional[float]]]) -> 
     view = {**tab, "numeric_columns": list(names), "datetime": {}, "categorical_columns": []}
     scaled, _ = transform(view, grid.tolist(), [])
     return [sorted({float(v) for v in scaled[:, j]}) for j in range(len(names))]
+
+
+def category_ids(df: Any, stats: dict[str, Any], values: Sequence[str], names: Sequence[str]) -> Any:
+    """``df`` with column ``names[j]``: the int64 id of categorical column ``j`` (long), from its values as
+    strings in column ``values[j]`` (:func:`etl.stats.category_value`), computed in Spark SQL.
+
+    The same ids as :func:`hvdtrain.data.features.category_ids_of`, the code scoring runs: a hashed column's is
+    ``pmod(xxhash64(value), buckets) + 1`` (the scheme :data:`~hvdtrain.data.features.HASH`); a vocabulary
+    column's is 1 + the value's index in its fitted vocabulary, found by a broadcast join with the vocabulary
+    as a small DataFrame (so the plan does not grow with the categories); 0 for a missing, unseen or rare value.
+    """
+    from pyspark.sql import functions as F
+
+    columns = stats["categorical_columns"]
+    buckets = stats.get("hash_buckets") or {}
+    if buckets and stats.get("hash") != HASH:
+        raise ValueError(f"statistics hashed with {stats.get('hash')!r}; the ETL buckets with {HASH!r}")
+    vocab = [(j, c) for j, c in enumerate(columns) if c not in buckets]
+    index = df.sparkSession.createDataFrame(
+        [(j, v, i + 1) for j, c in vocab for i, v in enumerate(stats["categories"][c])], "c int, v string, id long")
+    zero = F.lit(0).cast("long")
+    for j, c in enumerate(columns):
+        value = F.col(values[j])
+        if c in buckets:
+            df = df.withColumn(names[j], F.when(value.isNull(), zero)
+                               .otherwise(F.pmod(F.xxhash64(value), F.lit(buckets[c]).cast("long")) + 1))
+            continue
+        v, i = f"{names[j]}_v", f"{names[j]}_i"
+        lookup = F.broadcast(index.where(F.col("c") == j).select(F.col("v").alias(v), F.col("id").alias(i)))
+        df = df.join(lookup, value == F.col(v), "left").withColumn(names[j], F.coalesce(F.col(i), zero)).drop(v, i)
+    return df

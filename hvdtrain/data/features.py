@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+import xxhash
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from hvdtrain.data import wordpiece
@@ -242,7 +243,12 @@ def encode_columns(tok: Tokenizer, rows: Sequence[Sequence[Optional[str]]],
 
 # -- tabular -----------------------------------------------------------------------------------
 
-HASH = "blake2b-64"  # the hash of hashed categorical columns (:func:`hash_bucket`), recorded in the manifest
+# The hash of hashed categorical columns (:func:`hash_bucket`), recorded in the manifest: XXH64 with seed 42 of the
+# value's UTF-8 bytes, which is Spark SQL's own ``xxhash64``, so the ETL buckets in the JVM what scoring buckets here.
+HASH = "xxhash64-42"
+# Every scheme this hvdtrain reads: models whose ETL hashed with BLAKE2b (before 2026-11-30) still score as trained.
+HASHES = (HASH, "blake2b-64")
+_XXH_SEED = 42
 
 # etl.datetime_parts: the cycle length of each periodic part (None: a plain number, scaled like the others)
 DATETIME_PERIODS: dict[str, Optional[int]] = {"year": None, "month": 12, "day": 31, "day_of_week": 7,
@@ -343,11 +349,13 @@ def row_arrays(stats: dict[str, Any], numeric: Sequence[Sequence[Optional[float]
     return x, [[category_string(row[j]) for row in categorical] for j in range(cats)], n
 
 
-def transform_arrays(stats: dict[str, Any], x: np.ndarray, categorical: Sequence[Sequence[Optional[str]]],
-                     n: int) -> tuple[np.ndarray, np.ndarray]:
+def transform_arrays(stats: dict[str, Any], x: np.ndarray,
+                     categorical: Sequence[Sequence[Optional[str]]] | np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`transform` on columns: ``x`` float64 [n, k] (the numeric row's slots as numbers, NaN missing) and one
-    list per categorical column of its values' :func:`category_string` (None missing). The ETL's shard writer
-    hands these over from Arrow batches as they come, with no per-row Python."""
+    list per categorical column of its values' :func:`category_string` (None missing), or the ids themselves, an
+    int64 array [n, m] made by Spark SQL (the ETL's ``etl.job.category_ids``, checked against
+    :func:`category_ids_of`). The ETL's shard writer hands these over from Arrow batches as they come, with no
+    per-row Python."""
     dt_cols = (stats.get("datetime") or {}).get("columns", [])
     k = len(stats["numeric_columns"])
     cols = numeric_names(stats)
@@ -362,7 +370,9 @@ def transform_arrays(stats: dict[str, Any], x: np.ndarray, categorical: Sequence
         mean = np.array([stats["numeric"][c]["mean"] or 0.0 for c in cols])
         std = np.array([stats["numeric"][c]["std"] or 0.0 for c in cols])
         x = (x - mean) / np.where(std > 0, std, 1.0)
-    return x.astype(np.float32), category_ids_of(stats, categorical, n)
+    ids = (categorical.astype(np.int64, copy=False).reshape(n, len(stats["categorical_columns"]))
+           if isinstance(categorical, np.ndarray) else category_ids_of(stats, categorical, n))
+    return x.astype(np.float32), ids
 
 
 def category_string(value: Any) -> Optional[str]:
@@ -412,25 +422,34 @@ def category_ids_of(stats: dict[str, Any], columns: Sequence[Sequence[Optional[s
     """:func:`category_ids` on columns: one list per categorical column of its values' :func:`category_string`."""
     names = stats["categorical_columns"]
     buckets = stats.get("hash_buckets") or {}
+    scheme = stats.get("hash") or HASH
     out = np.zeros((n, len(names)), dtype=np.int64)
     for j, c in enumerate(names):
         values = columns[j]
         if c in buckets:
-            out[:, j] = [0 if v is None else hash_bucket(v, buckets[c]) for v in values]
+            out[:, j] = [0 if v is None else hash_bucket(v, buckets[c], scheme) for v in values]
         else:
             lookup = {v: i + 1 for i, v in enumerate(stats["categories"][c])}
             out[:, j] = [lookup.get(v, 0) for v in values]
     return out
 
 
-def hash_bucket(value: str, buckets: int) -> int:
-    """1 + a stable 64-bit hash of ``value`` (BLAKE2b, 8 bytes, little-endian) mod ``buckets``.
+def hash_bucket(value: str, buckets: int, scheme: str = HASH) -> int:
+    """1 + a stable 64-bit hash of ``value``'s UTF-8 bytes mod ``buckets``.
 
-    The same in every process, host and Python version (unlike ``hash()``, which is salted per process), so
-    the ETL and scoring put a value in the same bucket. The manifest records the scheme (``HASH``).
+    ``xxhash64-42`` (:data:`HASH`): XXH64 with seed 42 as a signed long, ``pmod`` ``buckets``: Spark SQL's
+    ``pmod(xxhash64(value), buckets) + 1``, which the ETL computes on the JVM (``etl.job.category_ids``).
+    ``blake2b-64``: BLAKE2b, 8 bytes, little-endian, mod ``buckets`` (what the ETL wrote before; read so that
+    those models keep scoring). Both are the same in every process, host and Python version (unlike ``hash()``,
+    which is salted per process); the manifest records the scheme.
     """
-    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
-    return 1 + int.from_bytes(digest, "little") % buckets
+    data = value.encode("utf-8")
+    if scheme == HASH:
+        h = xxhash.xxh64_intdigest(data, _XXH_SEED)
+        return 1 + (h - (1 << 64) if h >= 1 << 63 else h) % buckets  # Python's % of a positive is Spark's pmod
+    if scheme == "blake2b-64":
+        return 1 + int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % buckets
+    raise ValueError(f"unknown categorical hash {scheme!r}; this hvdtrain hashes with {', '.join(HASHES)}")
 
 
 def feature_specs(stats: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
@@ -450,11 +469,11 @@ def cardinalities(stats: dict[str, Any]) -> list[int]:
 
 
 def check_hash(stats: Optional[dict[str, Any]]) -> None:
-    """Refuse statistics whose hashed columns were bucketed by another scheme than :func:`hash_bucket`."""
-    if stats and stats.get("hash_buckets") and stats.get("hash") != HASH:
+    """Refuse statistics whose hashed columns were bucketed by a scheme this hvdtrain does not know (:data:`HASHES`)."""
+    if stats and stats.get("hash_buckets") and stats.get("hash") not in HASHES:
         raise ValueError(f"categorical columns {', '.join(stats['hash_buckets'])} were hashed with "
-                         f"{stats.get('hash')!r}, this hvdtrain hashes with {HASH!r}: rerun the ETL and retrain "
-                         "with one hvdtrain version")
+                         f"{stats.get('hash')!r}, this hvdtrain hashes with {' or '.join(map(repr, HASHES))}: rerun "
+                         "the ETL and retrain with one hvdtrain version")
 
 
 # -- labels ------------------------------------------------------------------------------------
@@ -492,9 +511,9 @@ class FeatureEncoder:
         return self.encode_arrays(texts, *row_arrays(self.stats, numeric, categorical))
 
     def encode_arrays(self, texts: Optional[Sequence[Any]], numeric: np.ndarray,
-                      categorical: Sequence[Sequence[Optional[str]]], n: int) -> dict[str, np.ndarray]:
+                      categorical: Sequence[Sequence[Optional[str]]] | np.ndarray, n: int) -> dict[str, np.ndarray]:
         """:meth:`encode` on columns (:func:`transform_arrays`): ``numeric`` float64 [n, k] (NaN missing) and one
-        list per categorical column of its values' :func:`category_string` (None missing)."""
+        list per categorical column of its values' :func:`category_string` (None missing), or their ids."""
         out: dict[str, np.ndarray] = {}
         if self.tok is not None:
             texts = list(texts or [])

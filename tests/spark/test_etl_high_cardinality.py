@@ -164,3 +164,31 @@ def test_text_numeric_vocabulary_and_hashed_columns_in_one_run_with_non_finite_v
                                                      [[r[5], r[6]] for r in raw])["categorical"], categorical)
     counts = collections.Counter(r[5] for r in rows)
     assert set(tab["categories"]["colour"]) == {c for c in counts if c}
+
+
+def test_category_ids_in_spark_sql_are_the_ids_scoring_computes_in_python(spark):
+    """The ETL buckets and looks up categorical values on the JVM (``etl.tabular.category_ids``); scoring does it in
+    Python (``features.category_ids_of``). Both on the same values: hashed columns at several bucket counts (a
+    hash with its top bit set is negative in Spark, so ``pmod`` matters), a vocabulary column, and values that are
+    empty, missing, unseen, non-ASCII, control characters or long."""
+    import random
+
+    from etl import tabular
+
+    rng = random.Random(5)
+    alphabet = "abcXYZ019 -_.,;:'\"\\/\t\n\x00\x1féüß漢字😀Ωł\u0301\u200b"
+    values = ["", " ", "a", "A", "1", "1.0", "true", "x" * 300, None, *(
+        "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(3000))]
+    vocab = sorted({v for v in values[::7] if v is not None})
+    buckets = {"h2": 2, "h97": 97, "hbig": 2**31 - 2}
+    stats = {"categorical_columns": ["h2", "voc", "h97", "hbig"], "hash_buckets": buckets, "hash": features.HASH,
+             "categories": {"voc": vocab}, "numeric_columns": []}
+    df = spark.createDataFrame([(i, v, v, v, v) for i, v in enumerate(values)], "id long, a string, b string, "
+                               "c string, d string").repartition(3)
+    got = tabular.category_ids(df, stats, ["a", "b", "c", "d"], ["i0", "i1", "i2", "i3"]).orderBy("id") \
+        .select("i0", "i1", "i2", "i3").toPandas().to_numpy()
+    want = features.category_ids_of(stats, [values] * 4, len(values))
+    assert got.dtype == np.int64 and got.shape == want.shape == (len(values), 4)
+    np.testing.assert_array_equal(got, want)
+    assert got[:, 1].max() == len(vocab) and (got[:, 1] == 0).sum() > 1000  # found and unseen values both met
+    assert set(got[:, 0]) == {0, 1, 2} and got[:, 3].max() > 2**30  # every bucket of 2; large buckets reached

@@ -18,7 +18,7 @@ def etl_encode(df: Any, src: Any, stats: dict) -> dict[str, np.ndarray]:
     from etl import job, writer
     from etl.fitted import Fitted
 
-    rows, columns = job.encoder_inputs(df, src)
+    rows, columns = job.encoder_inputs(df, src, stats)
     table = rows.orderBy("id").toArrow()
     encoder = writer.RecordEncoder(Fitted(labels=[], tabular_stats=stats), columns)
     return encoder.features_of(table.combine_chunks().to_batches()[0]) if table.num_rows else {}

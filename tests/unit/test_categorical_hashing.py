@@ -21,8 +21,12 @@ def stats(**extra):
 
 def test_hash_buckets_are_pinned_and_the_same_in_another_process():
     # Pinned values: a change of the hash would silently move every hashed ID of every trained model.
-    assert [features.hash_bucket(v, 1000) for v in ("u1", "u2", "")] == [131, 115, 757]
-    assert features.hash_bucket("user-42", 1_000_000) == 375024
+    assert features.HASH == "xxhash64-42"
+    assert [features.hash_bucket(v, 1000) for v in ("u1", "u2", "")] == [288, 373, 653]
+    assert features.hash_bucket("user-42", 1_000_000) == 175242
+    # XXH64 as a signed long, pmod: a hash with the top bit set (negative in Spark) lands where Spark's pmod puts it
+    assert features.xxhash.xxh64_intdigest(b"u2", 42) >= 1 << 63 and features.hash_bucket("u2", 7) == 1 + (
+        features.xxhash.xxh64_intdigest(b"u2", 42) - (1 << 64)) % 7
     here = [features.hash_bucket(f"id{i}", 97) for i in range(50)]
     code = "from hvdtrain.data import features; print([features.hash_bucket(f'id{i}', 97) for i in range(50)])"
     repo = hvdtrain.code_root()  # the folder that holds the package, as a fresh interpreter would import it
@@ -43,6 +47,18 @@ def test_transform_hashes_named_columns_and_indexes_the_others():
     # the same encoder the ETL writes with and scoring predicts with
     enc = features.FeatureEncoder(None, stats())
     np.testing.assert_array_equal(enc.encode(None, [[] for _ in rows], rows)["categorical"], cat)
+
+
+def test_models_whose_etl_hashed_with_blake2b_still_score_in_their_buckets():
+    """Manifests written before the ETL hashed in Spark SQL record ``blake2b-64``: their buckets are kept."""
+    assert [features.hash_bucket(v, 1000, "blake2b-64") for v in ("u1", "u2", "")] == [131, 115, 757]
+    assert features.hash_bucket("user-42", 1_000_000, "blake2b-64") == 375024
+    old = stats(hash="blake2b-64")
+    rows = [["a", "u1"], ["b", "u2"]]
+    _, cat = features.transform(old, [[] for _ in rows], rows)
+    assert cat[:, 1].tolist() == [131, 115]
+    np.testing.assert_array_equal(features.FeatureEncoder(None, old).encode(None, [[] for _ in rows], rows)
+                                  ["categorical"], cat)
 
 
 def test_statistics_hashed_by_another_scheme_are_refused():
