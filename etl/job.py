@@ -254,12 +254,13 @@ def _tabular_stats(rows: Any, src: SourceConfig, etl: EtlConfig) -> Optional[dic
 def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobConfig, fault: Any = None) -> list:
     """Stage every shard (etl.writer's commit protocol); the results of the successful attempts.
 
-    Partition = shard: a row's shard is its split's offset plus a hash of its key; inside a shard, rows follow a
-    seeded hash of the key (etl.split.add_order), never the key's own order, which on most real tables follows
-    time or the target. Both are Spark SQL, and the shuffle and sort run on the JVM (``repartition`` on a
-    column whose hash lands each shard in its own partition, then ``sortWithinPartitions``); the write tasks
-    get Arrow batches (``mapInArrow``). Shard contents and order are the same on every rerun, whatever the
-    input partitioning.
+    A row's shard is its split's offset plus a hash of its key; inside a shard, rows follow a seeded hash of the
+    key (etl.split.add_order), never the key's own order, which on most real tables follows time or the target.
+    Each write task writes a contiguous run of whole shards (:func:`write_tasks` of them: a few per core, not one
+    per shard, since each Python task costs Spark about 0.13 s on top of its work). All of it is Spark SQL, and
+    the shuffle and sort run on the JVM (``repartition`` on a column whose hash lands each run of shards in its
+    own partition, then ``sortWithinPartitions``); the write tasks get Arrow batches (``mapInArrow``). Shard
+    contents and order are the same on every rerun, whatever the input partitioning or the number of tasks.
 
     Reads cfg.source (the feature columns), cfg.task (the label's encoding) and cfg.etl (seed, compression).
     """
@@ -277,10 +278,11 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     keyed = split_mod.add_order(rows, cfg.etl.seed, writer.ORDER).select(
         shard.cast("int").alias(writer.SHARD), writer.ORDER, "key", "text", label.alias("label"),
         *columns.numeric, *columns.categorical, *([columns.weight] if columns.weight else []))
-    places = F.array(*[F.lit(k) for k in placing_keys(rows.sparkSession, plan.total)]).cast("array<bigint>")
+    tasks = write_tasks(plan.total, rows.sparkSession.sparkContext.defaultParallelism)
+    places = F.array(*[F.lit(k) for k in placing_keys(rows.sparkSession, tasks)]).cast("array<bigint>")
     place = f"{INTERNAL}place"
-    placed = keyed.withColumn(place, F.element_at(places, F.col(writer.SHARD) + 1))
-    ordered = placed.repartition(plan.total, place).drop(place) \
+    placed = keyed.withColumn(place, F.element_at(places, task_of(writer.SHARD, plan.total, tasks) + 1))
+    ordered = placed.repartition(tasks, place).drop(place) \
         .sortWithinPartitions(writer.SHARD, writer.ORDER, "key")
     columns = dataclasses.replace(columns, encode_label=label_mod.encoder(cfg.task, fitted.labels))
     task = partial(writer.write_batches, plan=plan, staging=staging, fitted=fitted, columns=columns,
@@ -328,6 +330,25 @@ def stable_shard(key: str, count: int) -> int:
     import zlib
 
     return zlib.crc32(key[::-1].encode("utf-8")) % count
+
+
+# Write tasks per core of the application (Spark's defaultParallelism): enough that a slow task or a retry is a
+# small part of the stage, few enough that Spark's cost per Python task (about 0.13 s on local[2]) stays small.
+TASKS_PER_CORE = 4
+
+
+def write_tasks(shards: int, cores: int) -> int:
+    """How many tasks write ``shards`` shards with ``cores`` cores (pure): :data:`TASKS_PER_CORE` a core, never more
+    than one a shard, at least one."""
+    return max(1, min(shards, TASKS_PER_CORE * max(1, cores)))
+
+
+def task_of(shard: str, shards: int, tasks: int) -> Any:
+    """Spark SQL: the write task of the shard in column ``shard``, ``shard * tasks div shards`` (integer division):
+    contiguous runs of whole shards, their sizes differing by at most one shard (:func:`write_tasks`)."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"CAST((CAST(`{shard}` AS BIGINT) * {int(tasks)}) div {int(shards)} AS INT)")
 
 
 def placing_keys(spark: Any, partitions: int) -> list[int]:

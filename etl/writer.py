@@ -1,8 +1,8 @@
 """TFRecord shards written by Spark tasks, published by the driver.
 
-Commit protocol: each task writes its shard straight to the output filesystem
+Commit protocol: each task writes its shards straight to the output filesystem
 under ``_staging/<run>/`` with a name unique to the task attempt, and returns
-a :class:`ShardResult`. ``collect()`` returns the results of the successful
+a :class:`ShardResult` for each. ``collect()`` returns the results of the successful
 attempt of each partition only, so the driver knows exactly which staged files
 are the dataset: ``etl.publish`` moves those into place and the staging folder
 (with any failed or speculative attempts' files) is deleted. The manifest is
@@ -31,7 +31,7 @@ _EST_BYTES_PER_TOKEN = 2.2
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Which Spark partition writes which shard."""
+    """How many shards each split gets; a shard's place in the plan (its ``partition``) names its split and index."""
 
     counts: dict[str, int]  # split -> number of shards
 

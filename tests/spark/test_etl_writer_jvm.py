@@ -50,21 +50,27 @@ def test_the_spark_shard_of_a_key_matches_python_on_any_key(spark):
     assert all(job.stable_shard(k, 7) == zlib.crc32(k.encode()[::-1]) % 7 for k in keys if k.isascii())
 
 
-@pytest.mark.parametrize("partitions", [1, 3, 17, 64])
-def test_each_shard_lands_in_its_own_partition(spark, partitions):
-    """The placing keys are found by Spark's partitioner itself: repartitioning on them puts shard s in partition
-    s, every partition gets exactly one shard, so the write tasks are balanced as the shards are."""
+@pytest.mark.parametrize("shards,tasks", [(1, 1), (3, 3), (17, 17), (64, 64), (90, 8), (17, 5), (64, 63)])
+def test_each_run_of_shards_lands_in_its_own_partition(spark, shards, tasks):
+    """The placing keys are found by Spark's partitioner itself: repartitioning on them puts the shards of write
+    task t, a contiguous run whose size differs from the others' by at most one shard, in partition t and nowhere
+    else, and every partition gets its run, so the write tasks are balanced as the shards are."""
     from pyspark.sql import functions as F
 
     from etl import job
 
-    places = job.placing_keys(spark, partitions)
-    assert len(set(places)) == partitions
-    df = spark.range(partitions * 5).select((F.col("id") % partitions).cast("int").alias("shard"))
+    places = job.placing_keys(spark, tasks)
+    assert len(set(places)) == tasks
+    df = spark.range(shards * 5).select((F.col("id") % shards).cast("int").alias("shard"))
     arr = F.array(*[F.lit(k) for k in places]).cast("array<bigint>")
-    placed = df.withColumn("place", F.element_at(arr, F.col("shard") + 1)).repartition(partitions, "place")
-    seen = placed.select("shard", F.spark_partition_id().alias("p")).distinct().collect()
-    assert sorted((r["shard"], r["p"]) for r in seen) == [(s, s) for s in range(partitions)]
+    placed = df.withColumn("place", F.element_at(arr, job.task_of("shard", shards, tasks) + 1)) \
+        .repartition(tasks, "place")
+    seen = sorted((r["shard"], r["p"]) for r in placed.select("shard", F.spark_partition_id().alias("p"))
+                  .distinct().collect())
+    assert [s for s, _ in seen] == list(range(shards))  # each shard in one partition only
+    assert [p for _, p in seen] == sorted(p for _, p in seen)  # in runs: task t's shards come before t + 1's
+    runs = collections.Counter(p for _, p in seen)
+    assert sorted(runs) == list(range(tasks)) and max(runs.values()) - min(runs.values()) <= 1
 
 
 def _corpus() -> list[str]:

@@ -204,3 +204,12 @@ def test_etl_job_takes_overrides_around_its_options():
                            "--master", "local[1]", "etl.compression=gzip"])
     assert args.overrides == ["etl.max_length=8", "etl.vocab_size=50", "etl.compression=gzip"]
     assert args.overwrite and args.verbose and args.master == "local[1]"
+
+
+def test_write_tasks_are_a_few_per_core_and_never_more_than_the_shards():
+    from etl import job
+
+    assert job.write_tasks(90, 2) == 2 * job.TASKS_PER_CORE  # the bench's 90 shards on local[2]
+    assert job.write_tasks(3, 2) == 3 and job.write_tasks(1, 64) == 1  # one shard a task at most
+    assert job.write_tasks(5000, 200) == 200 * job.TASKS_PER_CORE  # a cluster's cores, not its shards
+    assert job.write_tasks(0, 2) == 1 and job.write_tasks(7, 0) == min(7, job.TASKS_PER_CORE)
