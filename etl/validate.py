@@ -234,8 +234,9 @@ def run(raw: Any, src: SourceConfig, v: ValidationConfig, fault: Optional[faults
 def dedup(passed: Any, unique_key: bool, cached: Optional[list] = None) -> tuple[Any, Optional[Any], int, int, tuple]:
     """(one row per key, the dropped duplicates as rejects, rows before, rows after, what it keeps cached).
 
-    Both counts come from one aggregation over the numbered rows, the pass the
-    dedup needs anyway.
+    One aggregation counts the rows of each key, shuffling the keys only, and gives both counts. Only when some
+    key repeats are its rows (a join with the repeated keys) numbered by a window to keep one per key, so a
+    table without duplicates, the usual case, never shuffles whole rows here.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -245,19 +246,25 @@ def dedup(passed: Any, unique_key: bool, cached: Optional[list] = None) -> tuple
         return passed, None, n, n, ()
     from pyspark import StorageLevel
 
-    # Keep one row per key, chosen by content so reruns keep the same one. The numbered rows are kept
-    # (memory, then disk) so the shuffle that numbers them runs once: the counts below, the valid rows and the
-    # dropped duplicates all read the same copy (Checked.release frees it).
+    per_key = passed.groupBy("key").agg(F.count(F.lit(1)).alias("_rows"))
+    agg = per_key.agg(F.sum("_rows").alias("before"), F.count(F.lit(1)).alias("after")).first()
+    before, after = int(agg["before"] or 0), int(agg["after"] or 0)
+    if before == after:
+        return passed, None, before, after, ()
+    # Keep one row per repeated key, chosen by content so reruns keep the same one. The numbered rows are kept
+    # (memory, then disk) so the shuffle that numbers them runs once: the kept rows and the dropped duplicates
+    # read the same copy (Checked.release frees it). Keys compare null-safe, as groupBy groups them.
+    repeated = per_key.where("_rows > 1").select(F.col("key").alias("_key"))
+    same = F.col("key").eqNullSafe(F.col("_key"))
     w = Window.partitionBy("key").orderBy("text", "label")
-    numbered = passed.withColumn("_n", F.row_number().over(w)).persist(StorageLevel.MEMORY_AND_DISK)
+    numbered = (passed.join(repeated, same, "left_semi").withColumn("_n", F.row_number().over(w))
+                .persist(StorageLevel.MEMORY_AND_DISK))
     if cached is not None:
         cached.append(numbered)
-    agg = numbered.agg(F.count(F.lit(1)).alias("before"),
-                       F.sum(F.when(F.col("_n") == 1, 1).otherwise(0)).alias("after")).first()
+    kept = passed.join(repeated, same, "left_anti").unionByName(numbered.where("_n = 1").drop("_n"))
     dropped = (numbered.where("_n > 1").select("key", "text", "label")
                .withColumn("rule", F.lit(DUPLICATE)).withColumn("value", F.col("key")))
-    return (numbered.where("_n = 1").drop("_n"), dropped, int(agg["before"] or 0), int(agg["after"] or 0),
-            (numbered,))
+    return kept, dropped, before, after, (numbered,)
 
 
 def refuse_undecodable(checked: Checked, src: SourceConfig, source_name: str) -> None:
