@@ -151,7 +151,7 @@ def markdown_table(entries: list[Entry]) -> str:
     for e in entries:
         target = "report" if e.target is None else ("≤ " if e.lower_is_better else "≥ ") + f"{e.target:g}"
         met = "—" if e.passed is None else ("yes" if e.passed else "**no**")
-        ratio = f"{e.ratio:.3f}" + (f" ({e.spread['min']:.2f}–{e.spread['max']:.2f})" if e.spread else "")
+        ratio = f"{e.ratio:.3f}" + (f" ({e.spread['min']:.3f}–{e.spread['max']:.3f})" if e.spread else "")
         rows.append(f"| {e.name} | {e.value:,.4g} {e.unit} | {e.baseline_name}: {e.baseline_value:,.4g} {e.unit} "
                     f"| {ratio} | {target} | {met} |")
     return "\n".join(rows)
