@@ -266,7 +266,6 @@ class RecordEncoder:
         return self.features.encode_arrays(texts, numeric, categorical, n)
 
     def columns(self, batch: Any) -> dict[str, tuple[str, Any]]:
-        import pyarrow as pa
 
         if self.task == "regression":
             labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
@@ -286,7 +285,7 @@ class RecordEncoder:
         if self.weighted:
             weights = batch.column(self.input.weight).to_numpy(zero_copy_only=False)
             cols[WEIGHT_FEATURE] = (tfrecord.FLOAT, weights.astype(np.float32))
-        cols["key"] = (tfrecord.BYTES, batch.column("key").cast(pa.binary()).to_pylist())
+        cols["key"] = (tfrecord.BYTES, tfrecord.ragged_of(batch.column("key")))  # never null: validation's key_null
         return cols
 
     def write(self, writer: tfrecord.TFRecordWriter, batch: Any) -> None:

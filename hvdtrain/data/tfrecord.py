@@ -16,7 +16,7 @@ import operator
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
@@ -100,6 +100,23 @@ class Ragged:
         return [blob[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
+def ragged_of(array: Any) -> Ragged:
+    """One byte string per row from an Arrow binary or string array without nulls (its buffers, no per-row Python).
+
+    Raises:
+        ValueError: when a row is null.
+    """
+    import pyarrow as pa
+
+    if array.null_count:
+        raise ValueError(f"{array.null_count} null value(s) where every row needs one")
+    array = array.cast(pa.large_binary())  # 64-bit offsets whatever the input type
+    offsets = np.frombuffer(array.buffers()[1], np.int64)[array.offset:array.offset + len(array) + 1]
+    data = np.frombuffer(array.buffers()[2], np.uint8) if len(array) and offsets[-1] > offsets[0] \
+        else np.empty(0, np.uint8)
+    return Ragged(data[offsets[0]:offsets[-1]], np.diff(offsets))
+
+
 def _const(value: bytes, n: int) -> Ragged:
     return Ragged(np.tile(np.frombuffer(value, np.uint8), n), np.full(n, len(value), np.int64))
 
@@ -148,7 +165,7 @@ def _delimited(field_number: int, inner: _Message) -> _Message:
                      *inner.pieces], inner.lengths + size_lengths + 1)
 
 
-def _feature(kind: str, values: np.ndarray | Sequence) -> _Message:
+def _feature(kind: str, values: np.ndarray | Ragged | Sequence) -> _Message:
     """Serialized ``Feature`` messages, one per row."""
     if kind == INT64:
         arr = np.asarray(values)
@@ -158,6 +175,10 @@ def _feature(kind: str, values: np.ndarray | Sequence) -> _Message:
         arr = np.ascontiguousarray(np.asarray(values, dtype="<f4").reshape(len(values), -1))
         packed = Ragged(arr.view(np.uint8).reshape(-1), np.full(arr.shape[0], arr.shape[1] * 4, np.int64))
         return _delimited(2, _delimited(1, _raw(packed)))
+    if isinstance(values, Ragged):  # one bytes value per row, already laid end to end (:func:`ragged_of`)
+        if kind != BYTES:
+            raise ValueError(f"byte strings given for a {kind} feature; they make a bytes feature")
+        return _delimited(1, _delimited(1, _raw(values)))
     if kind == BYTES and isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype == np.uint8:
         # One bytes value per row: the row's bytes (a packed feature, see :func:`pack`), without a Python loop.
         arr = np.ascontiguousarray(values)

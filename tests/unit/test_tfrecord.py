@@ -136,3 +136,21 @@ def test_iter_records_checks_crcs_and_names_the_file():
         list(tfrecord.iter_records(io.BytesIO(bytes(data)), "shard-7"))
     with pytest.raises(DataError, match="truncated"):
         list(tfrecord.iter_records(io.BytesIO(bytes(buf.getvalue()[:-3])), "x"))
+
+
+def test_byte_strings_from_arrow_buffers_encode_as_the_list_of_them():
+    """The shard writer hands the key column over as Arrow's buffers (``ragged_of``): the same records as the
+    list of byte strings, for sliced arrays (a batch's piece), 64-bit offsets, empty and non-ASCII values."""
+    import pyarrow as pa
+
+    keys = ["r1", "", "café", "東京", "x" * 300, "k"]
+    arr = pa.array(keys)
+    for piece in (arr, arr.slice(1, 4), arr.slice(5), pa.array(keys, pa.large_string()).slice(2, 3),
+                  pa.array([k.encode() for k in keys], pa.binary()).slice(3)):
+        got = tfrecord.encode_examples({"key": (tfrecord.BYTES, tfrecord.ragged_of(piece)),
+                                        "n": (tfrecord.INT64, np.arange(len(piece)))})
+        want = tfrecord.encode_examples({"key": (tfrecord.BYTES, piece.cast(pa.binary()).to_pylist()),
+                                         "n": (tfrecord.INT64, np.arange(len(piece)))})
+        assert got == want and len(got) == len(piece)
+    with pytest.raises(ValueError, match="1 null value"):
+        tfrecord.ragged_of(pa.array(["a", None]))
