@@ -25,7 +25,7 @@ def test_paired_entry_reports_the_spread_and_passes_on_the_median_pair_ratio():
     d = e.to_dict()
     assert (d["ratio_min"], d["ratio_median"], d["ratio_max"]) == pytest.approx((0.3, 1.0, 10.0))
     assert (d["value"], d["baseline_value"]) == (3.0, 1.0)
-    assert "1.000 (0.30–10.00)" in common.markdown_table([e])
+    assert "1.000 (0.300–10.000)" in common.markdown_table([e])
     assert common.Entry("y", 4.0, "u", "b", 2.0, 1.5).to_dict().get("ratio_min") is None
 
 
