@@ -138,7 +138,7 @@ def _run_leased(spark: Any, cfg: JobConfig, held: lease.Lease) -> dict[str, Any]
             plan = writer.plan_shards(counts, cfg.etl.max_length if tok else 4, cfg.etl.target_shard_mb,
                                       cfg.etl.min_shards_per_split, cfg.etl.min_shard_mb)
             results = _write_shards(rows, fitted, plan, staging, cfg, fault)
-        rows.unpersist()
+        _release(cached)  # `rows` itself is a filter of the persisted copy: its unpersist would free nothing
         with timer.stage("publish"):
             held.check()  # a lease broken while this run could not renew it: another run may be publishing
             facts = publish.RunFacts(staging=staging, stage_seconds=timer.seconds, versions=_versions(),
@@ -156,7 +156,8 @@ def _run_leased(spark: Any, cfg: JobConfig, held: lease.Lease) -> dict[str, Any]
 
 
 def _release(cached: list) -> None:
-    """Free the run's cached rows after a failure (clean-up must not hide the real error)."""
+    """Free the run's cached rows, once the shards are written or after a failure (clean-up must not hide the
+    real error)."""
     try:
         for df in cached:
             df.unpersist()

@@ -81,7 +81,10 @@ def test_hive_table_to_manifest_and_shards_that_read_back(spark, hive_cfg, tmp_p
     sources.create_sample_table(spark, hive_cfg)
     cfg = job(hive_cfg, tmp_path)
     spark.sparkContext.setJobGroup("etl-read-back", "the ETL under test")
+    persisted = spark.sparkContext._jsc.getPersistentRDDs().size()
     report = etl_job.run(spark, cfg)
+    # Nothing the run cached outlives it (a long-lived session runs many ETLs: a bench, a notebook, a scheduler)
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == persisted
     # Tasks per stage follow the data, not spark.sql.shuffle.partitions: a cached plan keeping all 200 shuffle
     # partitions made every later stage run 200 Python tasks (the ETL took 42 s instead of 2 s on these rows).
     assert max(stage_tasks(spark, "etl-read-back")) <= 16
