@@ -4,16 +4,18 @@ Each term is counted where it happens, never derived from the others:
 
 - ``rows_in``: rows read from the source;
 - ``rejected``: rows each rule rejected (one count per rule);
-- ``before_dedup`` / ``after_dedup``: rows that passed the rules, counted before
-  and after dropping duplicate keys (``duplicates`` is their difference);
+- ``before_dedup`` / ``after_dedup``: rows that passed the rules, and their distinct
+  keys, the rows dedup keeps (``duplicates`` is their difference); the kept rows
+  themselves are counted by the next stage, so a dedup that kept more or fewer shows
+  as a leak at ``split``;
 - ``by_split`` and ``label_unknown``: rows entering the writers per split, and
   rows quarantined because their label never occurs in train;
 - ``written``: records the write tasks report having written, per split.
 
 :func:`check` then walks the stages in order and names the first one whose
 rows in differ from its rows out plus the rows it set aside. The counts come
-from aggregations the job runs anyway (the cached tagged rows, the dedup
-window, the per-split group-by, the writers' results), so accounting adds no
+from aggregations the job runs anyway (the cached tagged rows, the dedup's
+rows per key, the per-split group-by, the writers' results), so accounting adds no
 full pass over the data. Spark accumulators are not used: they over-count
 when a transformation's task is retried.
 """

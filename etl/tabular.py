@@ -3,7 +3,9 @@
 Statistics are fitted here on the training split only (Spark aggregates) and
 stored in the manifest, so serving applies exactly what training saw. Applying
 them is pure NumPy code in :mod:`hvdtrain.data.features` (shared with scoring),
-re-exported here.
+re-exported here, but for categorical ids: the ETL makes them in Spark SQL
+(:func:`category_ids`), held to scoring's :func:`~hvdtrain.data.features.category_ids_of`
+by a test on the same values.
 
 Features written: ``numeric`` float32 [len(numeric_columns)] and
 ``categorical`` int64 [len(categorical_columns)], where index 0 is the

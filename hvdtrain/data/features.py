@@ -3,7 +3,10 @@
 Training and serving cannot preprocess differently because there is one copy
 of this code: the ETL's Spark tasks call it to write TFRecords, and scoring's
 Spark tasks call it on raw rows with the tokenizer and statistics the ETL saved
-(``tokenizer.json``, the manifest's ``preprocessing`` block).
+(``tokenizer.json``, the manifest's ``preprocessing`` block). One exception:
+categorical ids, which the ETL computes in Spark SQL (``etl.tabular.category_ids``)
+and scoring here (:func:`category_ids_of`); a Spark test holds the two to the same
+ids on the same values.
 
 Text: normalization (NFKC, control characters, lowercasing), a WordPiece
 tokenizer (the ``tokenizers`` library), truncation and padding to fixed-length
@@ -353,7 +356,7 @@ def transform_arrays(stats: dict[str, Any], x: np.ndarray,
                      categorical: Sequence[Sequence[Optional[str]]] | np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`transform` on columns: ``x`` float64 [n, k] (the numeric row's slots as numbers, NaN missing) and one
     list per categorical column of its values' :func:`category_string` (None missing), or the ids themselves, an
-    int64 array [n, m] made by Spark SQL (the ETL's ``etl.job.category_ids``, checked against
+    int64 array [n, m] made by Spark SQL (the ETL's ``etl.tabular.category_ids``, checked against
     :func:`category_ids_of`). The ETL's shard writer hands these over from Arrow batches as they come, with no
     per-row Python."""
     dt_cols = (stats.get("datetime") or {}).get("columns", [])
@@ -370,6 +373,9 @@ def transform_arrays(stats: dict[str, Any], x: np.ndarray,
         mean = np.array([stats["numeric"][c]["mean"] or 0.0 for c in cols])
         std = np.array([stats["numeric"][c]["std"] or 0.0 for c in cols])
         x = (x - mean) / np.where(std > 0, std, 1.0)
+    if isinstance(categorical, np.ndarray) and not np.issubdtype(categorical.dtype, np.integer):
+        raise TypeError(f"categorical ids must be integers, got an array of {categorical.dtype}; give the values "
+                        "as one list per column instead")
     ids = (categorical.astype(np.int64, copy=False).reshape(n, len(stats["categorical_columns"]))
            if isinstance(categorical, np.ndarray) else category_ids_of(stats, categorical, n))
     return x.astype(np.float32), ids
@@ -438,7 +444,7 @@ def hash_bucket(value: str, buckets: int, scheme: str = HASH) -> int:
     """1 + a stable 64-bit hash of ``value``'s UTF-8 bytes mod ``buckets``.
 
     ``xxhash64-42`` (:data:`HASH`): XXH64 with seed 42 as a signed long, ``pmod`` ``buckets``: Spark SQL's
-    ``pmod(xxhash64(value), buckets) + 1``, which the ETL computes on the JVM (``etl.job.category_ids``).
+    ``pmod(xxhash64(value), buckets) + 1``, which the ETL computes on the JVM (``etl.tabular.category_ids``).
     ``blake2b-64``: BLAKE2b, 8 bytes, little-endian, mod ``buckets`` (what the ETL wrote before; read so that
     those models keep scoring). Both are the same in every process, host and Python version (unlike ``hash()``,
     which is salted per process); the manifest records the scheme.
@@ -490,7 +496,8 @@ class FeatureEncoder:
 
     The one place a row becomes features: the ETL's shard writer and scoring
     both call :meth:`encode`, with the tokenizer JSON and tabular statistics
-    the ETL fitted.
+    the ETL fitted (the writer with categorical ids already made by Spark SQL,
+    the same ids as :func:`category_ids_of`).
     """
 
     def __init__(self, tokenizer_json: Optional[str], tabular_stats: Optional[dict]):

@@ -89,3 +89,12 @@ def test_the_contract_gives_model_builders_the_bucket_counts():
                           label_feature="label", labels=["x", "y"], splits={}, preprocessing={"tabular": tab})
     shape = contract.check_manifest(m, config.ModelConfig(kind="mlp"))
     assert shape.cardinalities == (3, 1001) and shape.hash_buckets == (0, 1000)
+
+
+def test_ids_made_elsewhere_pass_through_and_an_array_of_values_is_refused():
+    """The ETL hands over ids Spark SQL made (an integer array); an array of the values themselves is not ids."""
+    ids = np.array([[1, 288], [0, 0]])
+    _, cat = features.transform_arrays(stats(), np.zeros((2, 0)), ids, 2)
+    np.testing.assert_array_equal(cat, ids)
+    with pytest.raises(TypeError, match="categorical ids must be integers"):
+        features.transform_arrays(stats(), np.zeros((2, 0)), np.array([["a", "u1"], ["5", None]], dtype=object), 2)
