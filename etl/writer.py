@@ -10,6 +10,7 @@ written last.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -126,23 +127,33 @@ def write_batches(batches: Iterable[Any], *, plan: ShardPlan, staging: str, fitt
     Python but the tokenizer's. ``fault`` is the test-only hook (``etl.faults``); its partition is the shard's
     place in the plan.
     """
+    fs.prepare_hdfs_client(staging)  # libhdfs in this executor: the Hadoop classpath, as training ranks get it
+    with one_thread_tokenizer():
+        yield from _write_all(batches, plan, staging, fitted, columns, compression, fault)
+
+
+_PARALLELISM = "TOKENIZERS_PARALLELISM"
+
+
+@contextlib.contextmanager
+def one_thread_tokenizer() -> Iterator[None]:
+    """The ``tokenizers`` library on the calling thread only, until the block ends however it ends.
+
+    Spark runs one task per core: the tokenizer's own thread pool would only contend with the other tasks (its
+    CPU time in the write tasks fell 23% without it, 200,000 rows on local[2]). The library reads the variable at
+    each call; its earlier value (or its absence) is restored.
+    """
     import os
 
-    fs.prepare_hdfs_client(staging)  # libhdfs in this executor: the Hadoop classpath, as training ranks get it
-    # Spark runs one task per core: the tokenizer's own thread pool would only contend with the other tasks (its
-    # CPU time in the write tasks fell 23% without it, 200,000 rows on local[2]). Read at each call; restored after.
     prior = os.environ.get(_PARALLELISM)
     os.environ[_PARALLELISM] = "false"
     try:
-        yield from _write_all(batches, plan, staging, fitted, columns, compression, fault)
+        yield
     finally:
         if prior is None:
             os.environ.pop(_PARALLELISM, None)
         else:
             os.environ[_PARALLELISM] = prior
-
-
-_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 def _write_all(batches: Iterable[Any], plan: ShardPlan, staging: str, fitted: Fitted, columns: Columns,

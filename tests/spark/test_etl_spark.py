@@ -494,16 +494,22 @@ def published_files(out: str) -> dict[str, bytes]:
     return files
 
 
-@pytest.mark.parametrize("hook", ["fail_write_once:1", "write_twice:2"])
+@pytest.mark.parametrize("hook,tasks_per_core,extra", [("fail_write_once:1", None, 1), ("write_twice:2", None, 1),
+                                                        ("fail_write_once:1", 1, 2), ("write_twice:2", 1, 1)])
 def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(spark, hive_cfg, tmp_path,
-                                                                                fault_table, monkeypatch, hook):
-    """local[2,4]: the first attempt of partition 1's write dies after one record (Spark retries it), or
-    partition 2's write runs twice as a speculative attempt would. Staging holds the extra attempt's file;
-    only the successful attempts' shards may be published."""
+                                                                                fault_table, monkeypatch, hook,
+                                                                                tasks_per_core, extra):
+    """local[2,4]: the first attempt of shard 1's write dies after one record (Spark retries the task), or shard
+    2 is written twice as a speculative attempt would. Staging holds the extra attempts' files; only the
+    successful attempts' shards may be published. With one write task a core, the 6 shards are written by 2 tasks
+    of 3: the failed attempt had staged shard 0 whole and one record of shard 1 (2 extra files), and the copy of
+    shard 2 is the last of its task's run."""
     from etl import faults, publish
     from etl import job as etl_job
 
     monkeypatch.delenv(faults.ENV, raising=False)
+    if tasks_per_core is not None:
+        monkeypatch.setattr(etl_job, "TASKS_PER_CORE", tasks_per_core)
     cfg = fault_job(hive_cfg, tmp_path, "out", overwrite=True)  # the same config (and config hash) for both runs
     etl_job.run(spark, cfg)
     want = published_files(cfg.etl.output)
@@ -517,7 +523,7 @@ def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(
 
     monkeypatch.setattr(publish, "act", act)
     monkeypatch.setenv(faults.ENV, hook)
-    group = "faulty-etl-" + hook.replace(":", "-")
+    group = f"faulty-etl-{hook.replace(':', '-')}-{tasks_per_core}"  # a group of its own: jobs are counted by it
     spark.sparkContext.setJobGroup(group, "fault hook " + hook)
     etl_job.run(spark, cfg)
     spark.sparkContext.setJobGroup("", "")
@@ -527,7 +533,9 @@ def test_retried_and_duplicated_write_tasks_publish_the_clean_run_byte_for_byte(
     for rel in want:
         assert hashlib.sha256(got[rel]).hexdigest() == hashlib.sha256(want[rel]).hexdigest(), rel
     shards = sum(len(m.shards) for m in manifest.read(cfg.etl.output).splits.values())
-    assert len(staged[0]) == shards + 1, staged  # the extra attempt's file existed and was not published
+    assert shards == 6 and etl_job.write_tasks(shards, spark.sparkContext.defaultParallelism) == (
+        6 if tasks_per_core is None else 2)
+    assert len(staged[0]) == shards + extra, staged  # the extra attempts' files existed and were not published
     tracker = spark.sparkContext.statusTracker()
     stages = [st for j in tracker.getJobIdsForGroup(group) for st in tracker.getJobInfo(j).stageIds]
     failed = sum(tracker.getStageInfo(st).numFailedTasks for st in stages if tracker.getStageInfo(st))

@@ -213,3 +213,31 @@ def test_write_tasks_are_a_few_per_core_and_never_more_than_the_shards():
     assert job.write_tasks(3, 2) == 3 and job.write_tasks(1, 64) == 1  # one shard a task at most
     assert job.write_tasks(5000, 200) == 200 * job.TASKS_PER_CORE  # a cluster's cores, not its shards
     assert job.write_tasks(0, 2) == 1 and job.write_tasks(7, 0) == min(7, job.TASKS_PER_CORE)
+
+
+@pytest.mark.parametrize("prior", [None, "true"])
+def test_the_write_tasks_tokenizer_setting_is_restored_however_the_task_ends(monkeypatch, prior):
+    import os
+
+    if prior is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", prior)
+
+    def task(fail: bool):  # a write task's generator, as Spark drives it
+        with writer.one_thread_tokenizer():
+            yield os.environ.get("TOKENIZERS_PARALLELISM")
+            if fail:
+                raise RuntimeError("task failed")
+            yield "second"
+
+    assert list(task(False)) == ["false", "second"] and os.environ.get("TOKENIZERS_PARALLELISM") == prior
+    failing = task(True)
+    assert next(failing) == "false"
+    with pytest.raises(RuntimeError):
+        next(failing)
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == prior
+    stopped = task(False)  # Spark stops reading (a failed stage): the generator is closed
+    next(stopped)
+    stopped.close()
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == prior
