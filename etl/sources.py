@@ -149,6 +149,6 @@ def create_sample_table(spark: Any, cfg: JobConfig) -> int:
     parts = max(2, sample_cfg.rows // 50_000)
     bounds = [(i * sample_cfg.rows // parts, (i + 1) * sample_cfg.rows // parts) for i in range(parts)]
     rdd = spark.sparkContext.parallelize(bounds, parts).flatMap(lambda b: sample.generate(sample_cfg, b[0], b[1], task))
-    df = rdd.toDF(["id", "text", "label"])
+    df = spark.createDataFrame(rdd, "id string, text string, label string")  # given, not inferred by a job
     df.write.mode("overwrite").format("parquet").saveAsTable(cfg.source.table)
     return sample_cfg.rows
