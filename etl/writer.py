@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import numpy as np
 
@@ -171,14 +171,14 @@ def _write_all(batches: Iterable[Any], plan: ShardPlan, staging: str, fitted: Fi
         split, index = plan.locate(shard)
         path = fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}.tfrecord")
         if fault and fault.fails_write(shard, ctx.attemptNumber() if ctx else 0):
-            _write_shard([next(iter(pieces)).slice(0, 1)], path, encode, compression)  # part reaches storage
+            write_shard([next(iter(pieces)).slice(0, 1)], path, encode, compression)  # part reaches storage
             raise faults.InjectedFault(f"fail_write_once: attempt 0 of partition {shard} dies after one record")
         if fault and fault.writes_twice(shard):
             kept = list(pieces)  # a speculative copy: the same rows written whole to a second attempt's file
-            _write_shard(kept, fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}-copy.tfrecord"), encode,
+            write_shard(kept, fs.join(staging, f"{split}-{index:05d}-attempt-{attempt}-copy.tfrecord"), encode,
                          compression)
             pieces = iter(kept)
-        stats = _write_shard(pieces, path, encode, compression)
+        stats = write_shard(pieces, path, encode, compression)
         if stats is not None:
             counts = json.dumps({str(k): v for k, v in sorted(stats.class_counts.items())})
             yield pa.RecordBatch.from_pylist([{
@@ -228,9 +228,10 @@ def _by_shard(batches: Iterable[Any]) -> Iterator[tuple[int, Iterator[Any]]]:
         yield shard, (piece for _, piece in group)
 
 
-def _write_shard(pieces: Iterable[Any], path: str, encode: "RecordEncoder", compression: str) -> Optional[Any]:
-    """Write a shard's rows (Arrow batch slices, in order) to ``path``, :data:`BATCH` rows at a time; the
-    writer's stats, or None when there were no rows."""
+def write_shard(pieces: Iterable[Any], path: str, encode: "BatchEncoder", compression: str) -> Optional[Any]:
+    """Write a shard's rows (Arrow batch slices, in order) to ``path``, :data:`BATCH` rows at a time, each
+    through ``encode.write`` (a :class:`RecordEncoder` in the ETL); the writer's stats, or None when there were
+    no rows."""
     stream = None
     writer = None
     try:
@@ -244,6 +245,12 @@ def _write_shard(pieces: Iterable[Any], path: str, encode: "RecordEncoder", comp
     finally:
         if stream is not None:
             stream.close()
+
+
+class BatchEncoder(Protocol):
+    """What :func:`write_shard` needs of an encoder: the records of an Arrow batch, written through ``writer``."""
+
+    def write(self, writer: tfrecord.TFRecordWriter, batch: Any) -> None: ...
 
 
 class RecordEncoder:

@@ -24,7 +24,7 @@ SMOKE_GROUPS = ("allreduce", "checkpoint")
 EXPECTED = {"allreduce_vs_tcp", "allreduce_vs_tf_ring", "allreduce_fusion", "checkpoint_save", "checkpoint_restore"}
 # Peer comparisons: interleaved repetitions, a min/median/max of the per-pair ratios.
 PAIRED = {"input_vs_stock", "allreduce_vs_tcp", "allreduce_vs_tf_ring", "train_vs_mwms", "embedding_sparse_vs_dense",
-          "etl_high_cardinality"}
+          "etl_high_cardinality", "etl_high_cardinality_spark_floor", "etl_write"}
 
 
 def test_every_group_module_has_a_runner():
