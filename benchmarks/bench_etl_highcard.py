@@ -5,6 +5,9 @@ against Spark writing the same rows to Parquet, interleaved in the same run.
 etl_high_cardinality_driver_memory: the driver's peak memory during the ETL with 1,000,000 distinct IDs vs the
 same table with 100,000 (flat when distinct values grow 10x; the bounded aggregations of etl.stats).
 etl_high_cardinality_driver_peak: that peak against the 1 GB target.
+etl_high_cardinality_spark_floor: the passes over the rows the ETL's guarantees need, in bare Spark SQL with no
+Python and Parquet out (:func:`spark_floor`), against the same Parquet write, interleaved with the two above: the
+ratio a TFRecord ETL on Spark could reach on this machine with any encoder, even one costing nothing.
 
 The group runs in a Python process of its own, so its Spark JVM starts with Spark's default driver heap
 (``-Xmx1g``), whatever other groups started before it; the heap's maximum is in the notes.
@@ -51,6 +54,42 @@ def make_table(spark: Any, path: str, rows: int, distinct_ids: int, items: int) 
         f"concat_ws(' ', transform(sequence(0, 7), j -> concat('w', CAST((id * (j + 3) + j) % {WORDS} AS STRING))))"
         " AS text",
         "CAST(id % 3 AS STRING) AS label").repartition(8).write.mode("overwrite").parquet(path)
+
+
+def spark_floor(spark: Any, source: str, out: str, shards: int, tasks: int) -> None:
+    """The ETL's passes over the rows, each as bare Spark SQL (what any ETL with its guarantees runs), no Python:
+
+    read and cache, one count per rule; rows and distinct keys (dedup); the distinct labels; the top words of the
+    text (lower-cased, split on spaces); mean, std and quantiles of the numeric column; the top 1,000 values and
+    the distinct count of each categorical column; each row's shard and place by seeded hashes of its key, the
+    rows moved to their shards' tasks and sorted there, written as Parquet (the TFRecord encoding left out).
+    Validation's other rules, the split, the drift bins and tokenization are left out, so it is a floor.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    rows = spark.read.parquet(source).withColumn(
+        "rule", F.when(F.col("id").isNull(), "key_null").when(F.col("text").isNull(), "text_null")
+        .when(F.col("label").isNull(), "label_null")).cache()
+    try:
+        rows.groupBy("rule").count().collect()
+        rows.groupBy("id").count().agg(F.sum("count"), F.count(F.lit(1))).first()
+        rows.select("label").distinct().collect()
+        words = rows.select(F.explode(F.split(F.lower("text"), " ")).alias("w")).groupBy("w").count()
+        words.orderBy(F.desc("count"), "w").limit(10_000).collect()
+        rows.agg(F.mean("amount"), F.stddev_pop("amount"),
+                 F.percentile_approx("amount", [i / 10 for i in range(11)], 10_000)).first()
+        for column in ("user", "item"):
+            counts = rows.groupBy(column).count().persist(StorageLevel.MEMORY_AND_DISK)
+            counts.orderBy(F.desc("count"), column).limit(1000).collect()
+            counts.count()
+            counts.unpersist()
+        shard = F.pmod(F.xxhash64("id"), F.lit(shards))
+        (rows.withColumn("shard", shard).withColumn("order", F.xxhash64("id", F.lit(7)))
+         .repartition(tasks, F.floor(F.col("shard") * tasks / shards)).sortWithinPartitions("shard", "order", "id")
+         .write.mode("overwrite").parquet(out))
+    finally:
+        rows.unpersist()
 
 
 def job_config(source: str, output: str, workdir: str) -> Any:
@@ -159,29 +198,42 @@ def measure(quick: bool) -> list[Entry]:
         make_table(spark, small.source.path, rows, ids // 10, items)
         counter = iter(range(1000))
 
+        def floor() -> None:
+            spark_floor(spark, big.source.path, os.path.join(tmp, f"floor{next(counter)}"), shards, tasks)
+
         def parquet() -> None:
             spark.read.parquet(big.source.path).write.mode("overwrite").parquet(os.path.join(tmp, f"pq{next(counter)}"))
 
         stages: list[dict] = []
+        last: dict[str, int] = {}
+        shards: Any = None
+        tasks = 0
 
         def etl(cfg: Any, full_gc: bool = False) -> tuple[float, DriverMemory]:
             started = time.perf_counter()
             with DriverMemory(spark, interval=0.5 if full_gc else 0.1, full_gc=full_gc) as mem:
                 report = etl_job.run(spark, cfg)
+            last["shards"] = sum(report["shards_by_split"].values())
             assert report["rows_written"] == rows, report
             if not full_gc:
                 stages.append(report["stage_seconds"])
             return time.perf_counter() - started, mem
 
         parquet()  # warm-up: JVM code paths and the source files' page cache, outside the figures
-        etl_s, pq_s, mems = [], [], []
+        etl_s, pq_s, floor_s, mems = [], [], [], []
         for _ in range(reps):
             seconds, mem = etl(big)
             etl_s.append(seconds)
             mems.append(mem)
+            if shards is None:  # the ETL's own shard and task counts, from its first run's report
+                shards = last["shards"]
+                tasks = etl_job.write_tasks(shards, spark.sparkContext.defaultParallelism)
             started = time.perf_counter()
             parquet()
             pq_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            floor()
+            floor_s.append(time.perf_counter() - started)
         big_stages = list(stages)
         spark.stop()
         # The memory figures: one ETL of each table with a full collection every half second (not timed), with
@@ -214,6 +266,11 @@ def measure(quick: bool) -> list[Entry]:
                                 "heap_in_use_peak_mb": in_use_peak_mb,
                                 "parquet_seconds": [round(s, 2) for s in pq_s], "stage_seconds_median": stage_median,
                                 "etl_stage_seconds": big_stages}),
+            Entry.paired("etl_high_cardinality_spark_floor", [rows / s for s in floor_s], "rows/s",
+                         "Spark writing the same rows to Parquet", [rows / s for s in pq_s], None,
+                         notes={**common, "floor_seconds": [round(s, 2) for s in floor_s], "shards": shards,
+                                "write_tasks": tasks, "passes": "rule counts, dedup counts, labels, top words, numeric "
+                                "summary, top values and distinct count per categorical, shard sort and write"}),
             Entry("etl_high_cardinality_driver_memory", big_mem.mb, "MB",
                   f"the same ETL with {ids // 10:,} distinct IDs", small_mem.mb, 1.1, lower_is_better=True,
                   notes={**memory, "at_distinct_ids": big_mem.notes(), "at_tenth_distinct_ids": small_mem.notes(),
