@@ -70,6 +70,7 @@ TABLES = (
 )
 LOWER_IS_BETTER = ("mae", "rmse", "log_loss", "loss")
 BATCH, LEARNING_RATE, RANKS = 64, 1e-3, 2
+MAX_GBDT_CATEGORIES = 255
 
 
 def load(table: Table, rows: int = 0, keys: str = "table") -> Any:
@@ -251,12 +252,15 @@ def practitioner_runs(config: str, seed: int = 0) -> dict[str, dict[str, float]]
     cfg = config_lib.load(config)
     (x, y), (tx, ty) = read_split(cfg.etl.output, "train"), read_split(cfg.etl.output, "test")
 
-    def matrix(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, list[bool]]:
+    def matrix(cols: dict[str, np.ndarray]) -> np.ndarray:
         num = cols.get("numeric", np.zeros((len(next(iter(cols.values()))), 0), np.float32))
         cat = cols.get("categorical", np.zeros((len(num), 0), np.int64))
-        return np.hstack([num, cat.astype(np.float64)]), [False] * num.shape[1] + [True] * cat.shape[1]
+        return np.hstack([num, cat.astype(np.float64)])
 
-    (xm, is_cat), (txm, _) = matrix(x), matrix(tx)
+    xm, txm = matrix(x), matrix(tx)
+    n_num = x["numeric"].shape[1] if "numeric" in x else 0
+    # HistGradientBoosting takes at most 255 categories a column: a column with more (a hashed ID) goes in as a number.
+    is_cat = [j >= n_num and len(np.unique(xm[:, j])) <= MAX_GBDT_CATEGORIES for j in range(xm.shape[1])]
     task = cfg.task.kind
     gbdt_cls = HistGradientBoostingRegressor if task == "regression" else HistGradientBoostingClassifier
     gbdt = gbdt_cls(categorical_features=np.array(is_cat), random_state=seed).fit(xm, y)
