@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 .PHONY: env demo lint test test-quick bench bench-gpu clean check-build
 env: $(STAMP)
 
-$(STAMP): setup.py scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
+$(STAMP): setup.py native/setup.py native/hvdtrain_native.c scripts/bootstrap.sh scripts/build_horovod.sh scripts/patches/*.patch
 	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
 	@touch $(STAMP)
 

@@ -11,8 +11,10 @@ hvdtrain.hadoop.fs. Tokenization is left out of both: each row's 128 ids are a f
 (:func:`ids_of`), made in the task from the batch's indices as the ETL's tasks make ids from the batch's text,
 so the JVM hands the task what the ETL's tasks get (a key, a label, a small column), not 1 KB of ids a row.
 The notes also time, in the same interleaved rounds, the same encoder fed Python row tuples through an RDD
-(how this bench, and until 2026-11-30 the ETL's write, fed it). The SparkSession is started and the input cached before timing,
-so JVM start-up is excluded.
+(how this bench, and until 2026-11-30 the ETL's write, fed it), and the same ``mapInArrow`` job with a task
+that only counts its rows (``feed_floor``): what Spark's hand-over of the rows to Python costs alone, the most
+any encoder in the tasks could reach. ``encoder`` notes which loops encoded (hvdtrain_native or NumPy).
+The SparkSession is started and the input cached before timing, so JVM start-up is excluded.
 """
 from __future__ import annotations
 
@@ -92,6 +94,14 @@ def arrow_task(out_dir: str):
         yield pa.RecordBatch.from_pylist([{"records": stats.records if stats else 0}],
                                          schema=pa.schema([("records", pa.int64())]))
     return task
+
+
+def count_task(batches: Any) -> Any:
+    """A ``mapInArrow`` function that only counts its rows: the feed without a writer."""
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pylist([{"records": sum(b.num_rows for b in batches)}],
+                                     schema=pa.schema([("records", pa.int64())]))
 
 
 def write_partition(index: int, rows: Any, out_dir: str):
@@ -176,11 +186,16 @@ def run(quick: bool, extra: dict) -> list[Entry]:
             assert written == n, (written, n)
             shutil.rmtree(out)
 
+        def feed() -> None:
+            assert sum(r["records"] for r in frame.mapInArrow(count_task, "records long").collect()) == n
+
         started = time.perf_counter()
         times = interleaved({"tf_loop": lambda: tf_loop(ids, labels, os.path.join(tmp, "base.tfrecord")),
-                             "arrow": arrow_write, "rdd": rdd_write}, reps=REPS)
+                             "arrow": arrow_write, "rdd": rdd_write, "feed": feed}, reps=REPS)
         spark_s = time.perf_counter() - started
         from google.protobuf.internal import api_implementation
+
+        from hvdtrain.data.tfrecord import encoder_kind
 
         per_row_us = _serialize_cost_us(ids[:4096], labels[:4096])
         vocab = _vocab_driver_memory(spark, 50_000 if quick else 5_000_000)
@@ -188,6 +203,7 @@ def run(quick: bool, extra: dict) -> list[Entry]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     vs_rdd = [r / a for a, r in zip(times["arrow"], times["rdd"])]
+    vs_feed = [f / a for a, f in zip(times["arrow"], times["feed"])]
     return [Entry.paired("etl_write", [n / t for t in times["arrow"]], "rows/s", "tf.io.TFRecordWriter loop, 1 process",
                          [n / t for t in times["tf_loop"]], 1.5,
                          notes={"rows": n, "tokens_per_row": TOKENS, "serialize_us_per_row": round(per_row_us, 2),
@@ -195,6 +211,10 @@ def run(quick: bool, extra: dict) -> list[Entry]:
                                 "row_rdd_rows_per_s": round(n / statistics.median(times["rdd"])),
                                 "vs_row_rdd": round(statistics.median(vs_rdd), 3),
                                 "vs_row_rdd_range": [round(min(vs_rdd), 3), round(max(vs_rdd), 3)],
+                                "feed_floor_rows_per_s": round(n / statistics.median(times["feed"])),
+                                "vs_feed_floor": round(statistics.median(vs_feed), 3),
+                                "vs_feed_floor_range": [round(min(vs_feed), 3), round(max(vs_feed), 3)],
+                                "encoder": encoder_kind(),
                                 "interleaved_rounds": REPS, "timing_s": round(spark_s, 1)}),
             vocab]
 

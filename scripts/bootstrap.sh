@@ -15,6 +15,9 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24" "setuptools>=70,<81" wheel
 echo "[env] installing hvdtrain and its dependencies (TensorFlow, Spark, MLflow; a few minutes the first time)"
 "$VENV/bin/python" -m pip install --quiet -e "$HERE/..[dev]"
+# The TFRecord writer's compiled loops (native/): installed, not editable, so a packed YARN environment carries them
+echo "[env] building hvdtrain-native (the TFRecord writer's compiled loops)"
+"$VENV/bin/python" -m pip install --quiet --no-build-isolation "$HERE/../native"
 bash "$HERE/build_horovod.sh" "$VENV/bin/python"
 # The one-machine Hadoop's jars (hvdtrain cluster, the hadoop test tier): fetched once by Maven, here rather
 # than inside the first test session. Without a JDK and Maven the tier says so itself; nothing else needs them.

@@ -23,6 +23,8 @@ else
 fi
 command -v "${CXX:-g++}" >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 \
   || miss "no C++ compiler (g++); Horovod is built from source: apt-get install g++"
+command -v "${CC:-gcc}" >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 \
+  || miss "no C compiler (gcc); the TFRecord writer's loops (native/) are compiled: apt-get install gcc"
 command -v cmake >/dev/null 2>&1 \
   || miss "cmake not found; Horovod's build needs CMake >= 3.13: apt-get install cmake (or pip install 'cmake<4')"
 command -v patch >/dev/null 2>&1 || miss "patch not found; the Horovod build applies a patch: apt-get install patch"
