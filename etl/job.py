@@ -288,7 +288,15 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     columns = dataclasses.replace(columns, encode_label=label_mod.encoder(cfg.task, fitted.labels))
     task = partial(writer.write_batches, plan=plan, staging=staging, fitted=fitted, columns=columns,
                    compression=cfg.etl.compression, fault=fault)
-    return [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
+    results = [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
+    slow = sum(r.encoder != "native" for r in results)
+    if slow:
+        log.warning("etl: %d of %d shards were encoded by the NumPy loops (about 3x slower than compiled): the "
+                    "executors' Python has no hvdtrain_native; install it in the environment they run (pip install "
+                    "./native from the hvdtrain checkout; on YARN the next submission packs that environment anew, "
+                    "or repack yarn.env_archive with hvdtrain yarn pack ARCHIVE)",
+                    slow, len(results))
+    return results
 
 
 def encoder_inputs(rows: Any, src: Any, stats: Optional[dict]) -> tuple[Any, writer.Columns]:
@@ -421,6 +429,8 @@ def summary_table(report: dict[str, Any]) -> str:
         lines.append(f"{'  rejected: ' + rule:<22}{n:>12,}")
     for stage, sec in report["stage_seconds"].items():
         lines.append(f"{'  time: ' + stage:<34}{sec:>7.1f}s")
+    encoders = ", ".join(f"{kind} {n}" for kind, n in report.get("shards_by_encoder", {}).items())
+    lines.append(f"{'shards encoded by':<22}{encoders:>12}")
     lines.append(f"manifest: {report['manifest']}")
     return "\n".join(lines)
 

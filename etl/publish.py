@@ -24,6 +24,7 @@ published manifest, names; never a file because of its name (``train/``,
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -108,6 +109,7 @@ def plan_publish(cfg: JobConfig, shards: writer.ShardPlan, results: list[writer.
         "rows_in": counts.rows_in, "rows_written": counts.rows_written, "rows_rejected": counts.rejected_total,
         "duplicates_dropped": counts.duplicates, "rejects_by_rule": counts.by_rule,
         "rows_by_split": dict(counts.written), "shards_by_split": shards.counts, "stage_seconds": run.stage_seconds,
+        "shards_by_encoder": dict(sorted(collections.Counter(r.encoder for r in results).items())),
     }
     features, vocab_info, preprocessing = _features(cfg.source, cfg.etl, cfg.task.kind, fitted, prefix)
     m = manifest.Manifest(

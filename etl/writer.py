@@ -91,11 +91,12 @@ class ShardResult:
     bytes: int
     sha256: str
     class_counts: dict[int, int]  # label index -> records
+    encoder: str = "native"  # the loops that encoded it (hvdtrain.data.tfrecord.encoder_kind in the task)
 
 
 # What the write tasks hand back to the driver, one row per staged shard (mapInArrow's output schema).
 RESULT_SCHEMA = ("partition int, split string, index int, staged string, records long, bytes long, sha256 string, "
-                 "class_counts string")
+                 "class_counts string, encoder string")
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,11 @@ def _write_all(batches: Iterable[Any], plan: ShardPlan, staging: str, fitted: Fi
             counts = json.dumps({str(k): v for k, v in sorted(stats.class_counts.items())})
             yield pa.RecordBatch.from_pylist([{
                 "partition": shard, "split": split, "index": index, "staged": path, "records": stats.records,
-                "bytes": stats.bytes, "sha256": stats.sha256, "class_counts": counts}],
+                "bytes": stats.bytes, "sha256": stats.sha256, "class_counts": counts,
+                "encoder": tfrecord.encoder_kind()}],
                 schema=pa.schema([("partition", pa.int32()), ("split", pa.string()), ("index", pa.int32()),
                                   ("staged", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
-                                  ("sha256", pa.string()), ("class_counts", pa.string())]))
+                                  ("sha256", pa.string()), ("class_counts", pa.string()), ("encoder", pa.string())]))
 
 
 def result_of(row: Any) -> ShardResult:
@@ -195,7 +197,8 @@ def result_of(row: Any) -> ShardResult:
 
     return ShardResult(partition=row["partition"], split=row["split"], index=row["index"], staged=row["staged"],
                        records=row["records"], bytes=row["bytes"], sha256=row["sha256"],
-                       class_counts={int(k): v for k, v in json.loads(row["class_counts"]).items()})
+                       class_counts={int(k): v for k, v in json.loads(row["class_counts"]).items()},
+                       encoder=row["encoder"])
 
 
 def _drop_key(batches: Iterable[Any], fault: Optional[faults.Fault]) -> Iterator[Any]:

@@ -416,6 +416,9 @@ def test_yarn_etl_publishes_a_dataset_on_hdfs(hadoop_cluster: dict, hdfs_dataset
         {k: oct(v) for k, v in modes.items()}
     if fs.exists(f"{hdfs_dataset}/rejects"):
         assert fs.permission(f"{hdfs_dataset}/rejects") == 0o700
+    # the packed environment carried the compiled encoder to the executors (hvdtrain-native, not the code zip)
+    report = json.loads(fs.read_bytes(f"{hdfs_dataset}/etl_report.json"))
+    assert report["shards_by_encoder"] == {"native": sum(len(m.split(s).shards) for s in m.splits)}, report
 
 
 # -- a container lost mid-training -------------------------------------------------------------------------

@@ -200,6 +200,8 @@ def test_bad_rows_are_quarantined_with_rule_and_value(spark, hive_cfg, tmp_path)
                                          "label_unknown": 1}
     assert report["duplicates_dropped"] == 1 and report["rows_written"] == 60
     assert report["rows_in"] == report["rows_written"] + report["rows_rejected"] + report["duplicates_dropped"]
+    # every shard encoded by the compiled loops in the executors' Python (hvdtrain_native, installed by make env)
+    assert report["shards_by_encoder"] == {"native": sum(report["shards_by_split"].values())}
     rejects = spark.read.parquet(os.path.join(data["etl"]["output"], "rejects")).collect()
     assert os.stat(os.path.join(data["etl"]["output"], "rejects")).st_mode & 0o777 == 0o700  # raw rows (#54)
     assert sorted((r.rule, r.value) for r in rejects) == sorted([

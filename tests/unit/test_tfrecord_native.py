@@ -8,12 +8,20 @@ import pytest
 
 from hvdtrain.data import tfrecord
 
-native = pytest.importorskip("hvdtrain_native", reason="checked by test_the_project_environment_has_it")
+
+@pytest.fixture
+def native():
+    """The compiled module. make env installs native/ (scripts/bootstrap.sh); without it every shard is written
+    by the NumPy loops, and these tests fail (not skip): the environment is incomplete."""
+    if tfrecord.encoder_kind() != "native":
+        pytest.fail("hvdtrain_native is not installed: run make env (or pip install ./native)")
+    import hvdtrain_native
+
+    return hvdtrain_native
 
 
-def test_the_project_environment_has_it():
-    # make env installs native/ (scripts/bootstrap.sh); without it every shard is written by the NumPy loops
-    assert tfrecord.encoder_kind() == "native", "hvdtrain_native is not installed: run make env (pip install ./native)"
+def test_the_project_environment_has_it(native):
+    assert native.__name__ == "hvdtrain_native"
 
 
 def keys(values):
@@ -47,7 +55,7 @@ def numpy_only(monkeypatch, fn, *args):
 
 
 @pytest.mark.parametrize("n,seed", [(1, 1), (7, 2), (1024, 3)])
-def test_records_are_the_bytes_the_numpy_encoder_writes(monkeypatch, n, seed):
+def test_records_are_the_bytes_the_numpy_encoder_writes(native, monkeypatch, n, seed):
     cols = batch(n, seed)
     framed = tfrecord.encode_framed(cols)
     assert framed == numpy_only(monkeypatch, tfrecord.encode_framed, cols)
@@ -60,7 +68,7 @@ def test_records_are_the_bytes_the_numpy_encoder_writes(monkeypatch, n, seed):
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_a_file_is_the_file_the_numpy_encoder_writes(monkeypatch, compression):
+def test_a_file_is_the_file_the_numpy_encoder_writes(native, monkeypatch, compression):
     def write(cols_list):
         stream = io.BytesIO()
         writer = tfrecord.TFRecordWriter(stream, compression)
@@ -77,7 +85,7 @@ def test_a_file_is_the_file_the_numpy_encoder_writes(monkeypatch, compression):
     assert len(list(tfrecord.iter_records(io.BytesIO(data)))) == 900
 
 
-def test_varints_of_every_width_and_sign():
+def test_varints_of_every_width_and_sign(native):
     values = np.array([[(1 << k) - 1, 1 << k, -(1 << k)] for k in range(63)], np.int64)
     data, lengths = tfrecord._varints(values)
     expected = [b"".join(tfrecord._varint(int(x) & (2 ** 64 - 1)) for x in row) for row in values]
@@ -86,14 +94,14 @@ def test_varints_of_every_width_and_sign():
 
 
 @pytest.mark.parametrize("software", [False, True])
-def test_masked_crc_is_google_crc32c_masked(software):
+def test_masked_crc_is_google_crc32c_masked(native, software):
     rng = np.random.default_rng(0)
     for length in list(range(0, 40)) + [255, 256, 1000, 4099]:
         data = rng.integers(0, 256, length, np.uint8).tobytes()
         assert native.masked_crc32c(data, software) == tfrecord.masked_crc(data), length
 
 
-def test_pieces_that_do_not_add_up_are_refused():
+def test_pieces_that_do_not_add_up_are_refused(native):
     data = np.arange(6, dtype=np.uint8)
     with pytest.raises(ValueError, match="add up to 5 bytes, its data has 6"):
         native.assemble([(data, np.array([2, 3], np.int64))], 2, True)
