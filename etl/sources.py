@@ -51,10 +51,12 @@ def read(spark: Any, cfg: JobConfig) -> Any:
     if missing:
         raise DataError(f"{describe(src)} has no column {', '.join(missing)}; its columns are "
                         f"{', '.join(c for c in df.columns if c != CORRUPT)}: fix the column names in the config")
-    reserved = sorted({c for c in (*wanted.values(), *extras) if c and c.startswith(INTERNAL)})
+    # in any case: Spark resolves column names case-insensitively (spark.sql.caseSensitive is false by default)
+    reserved = sorted({c for c in (*wanted.values(), *extras) if c and c.lower().startswith(INTERNAL)})
     if reserved:
-        raise DataError(f"{describe(src)}: column {', '.join(map(repr, reserved))} starts with {INTERNAL!r}, which "
-                        "the ETL keeps for the columns it adds: rename it (e.g. in a Hive view over the table)")
+        raise DataError(f"{describe(src)}: column {', '.join(map(repr, reserved))} starts with {INTERNAL!r} (in any "
+                        "case), which the ETL keeps for the columns it adds: rename it (e.g. in a Hive view over the "
+                        "table)")
     check_feature_types(df, src)
     missing = [f"source.text_columns {c!r}" for c in src.text_columns if c not in df.columns]
     if missing:

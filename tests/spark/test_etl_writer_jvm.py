@@ -152,17 +152,20 @@ def test_shards_are_byte_identical_to_the_per_row_writers(spark, tmp_path):
     assert pinned_digests(spark, str(tmp_path)) == want
 
 
-def test_a_source_column_named_like_the_etls_own_is_refused_in_one_line(spark, tmp_path):
-    """The write tasks' columns are prefixed ``__hvd_``: a configured column with that prefix would collide."""
+@pytest.mark.parametrize("upper", [False, True])
+def test_a_source_column_named_like_the_etls_own_is_refused_in_one_line(spark, tmp_path, upper):
+    """The write tasks' columns are prefixed ``__hvd_``: a configured column with that prefix would collide, in
+    any case (Spark resolves column names case-insensitively unless spark.sql.caseSensitive)."""
     from etl import sources
     from etl.writer import INTERNAL
     from hvdtrain.core.errors import DataError
 
+    name = f"{INTERNAL.upper() if upper else INTERNAL}n0"
     path = str(tmp_path / "src")
-    spark.sql(f"SELECT 'k' AS id, 'a' AS label, 'w' AS text, 1.0 AS {INTERNAL}n0").write.parquet(path)
+    spark.sql(f"SELECT 'k' AS id, 'a' AS label, 'w' AS text, 1.0 AS {name}").write.parquet(path)
     cfg = config.from_dict({"name": "r", "workdir": str(tmp_path),
-                            "source": {"path": path, "format": "parquet", "numeric_columns": [f"{INTERNAL}n0"]},
+                            "source": {"path": path, "format": "parquet", "numeric_columns": [name]},
                             "etl": {"output": str(tmp_path / "out")}}, base_dir=str(tmp_path))
     with pytest.raises(DataError) as err:
         sources.read(spark, cfg)
-    assert "\n" not in str(err.value) and f"'{INTERNAL}n0'" in str(err.value) and "rename" in str(err.value)
+    assert "\n" not in str(err.value) and f"'{name}'" in str(err.value) and "rename" in str(err.value)
