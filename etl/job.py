@@ -291,7 +291,7 @@ def _write_shards(rows: Any, fitted: Fitted, plan: Any, staging: str, cfg: JobCo
     results = [writer.result_of(r) for r in ordered.mapInArrow(task, writer.RESULT_SCHEMA).collect()]
     slow = sum(r.encoder != "native" for r in results)
     if slow:
-        log.warning("etl: %d of %d shards were encoded by the NumPy loops (about 3x slower than compiled): the "
+        log.warning("etl: %d of %d shards were encoded by the NumPy loops (about 5x slower than compiled): the "
                     "executors' Python has no hvdtrain_native; install it in the environment they run (pip install "
                     "./native from the hvdtrain checkout; on YARN the next submission packs that environment anew, "
                     "or repack yarn.env_archive with hvdtrain yarn pack ARCHIVE)",

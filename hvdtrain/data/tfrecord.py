@@ -7,7 +7,7 @@ feature kinds, laid out with NumPy over a batch of rows; the framing is
 TFRecord's (length, masked CRC32C of the length, data, masked CRC32C of the
 data). The per-value loops (varints, copying each row's pieces together, the
 CRCs) run compiled in ``hvdtrain_native`` (native/, installed beside this
-package) when it is installed, else in NumPy: the same bytes, about 3x slower.
+package) when it is installed, else in NumPy: the same bytes, 5x slower (1,024 rows of 128 ids).
 Tests check every record against ``tf.io.parse_example`` and the independent
 ``tfrecord`` package, and the two paths against each other.
 """
