@@ -145,9 +145,6 @@ class Const:
         self.value = value
         self.n = n
 
-    def __len__(self) -> int:
-        return self.n
-
     @property
     def lengths(self) -> np.ndarray:
         return np.full(self.n, len(self.value), np.int64)
@@ -155,10 +152,6 @@ class Const:
     @property
     def data(self) -> np.ndarray:
         return np.tile(np.frombuffer(self.value, np.uint8), self.n)
-
-
-def _const(value: bytes, n: int) -> Const:
-    return Const(value, n)
 
 
 def _assemble(parts: Sequence[Ragged | Const], n: int, framed: bool) -> bytes:
@@ -209,7 +202,7 @@ def _join(messages: Sequence[_Message]) -> _Message:
 def _delimited(field_number: int, inner: _Message) -> _Message:
     """Each row wrapped as a length-delimited protobuf field (tag, varint length, bytes)."""
     sizes, size_lengths = _varints(inner.lengths.reshape(-1, 1))
-    return _Message([_const(bytes([(field_number << 3) | 2]), len(inner.lengths)), Ragged(sizes, size_lengths),
+    return _Message([Const(bytes([(field_number << 3) | 2]), len(inner.lengths)), Ragged(sizes, size_lengths),
                      *inner.pieces], inner.lengths + size_lengths + 1)
 
 
@@ -270,7 +263,7 @@ def _examples(columns: Mapping[str, tuple[str, np.ndarray | Sequence]]) -> _Mess
     for name in sorted(columns):  # map entries in key order, as protobuf's deterministic serialization writes them
         kind, values = columns[name]
         feature = _feature(kind, values)
-        key = _raw(_const(_len_delimited(1, name.encode()), len(feature.lengths)))
+        key = _raw(Const(_len_delimited(1, name.encode()), len(feature.lengths)))
         entries.append(_delimited(1, _join([key, _delimited(2, feature)])))
     return _delimited(1, _join(entries))
 
@@ -316,7 +309,7 @@ def _frame(message: _Message) -> bytes:
         return b""
     if _native is not None:
         return _assemble(message.pieces, n, True)
-    framed = _concat([_const(bytes(12), n), *message.pieces, _const(bytes(4), n)])
+    framed = _concat([Const(bytes(12), n), *message.pieces, Const(bytes(4), n)])
     buf, lengths = framed.data, message.lengths
     starts = np.cumsum(framed.lengths) - framed.lengths
     buf[starts[:, None] + np.arange(8)] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
